@@ -1,0 +1,112 @@
+"""Command line of the dialogue generator.
+
+  python -m data_gen base --num-dialogues N --seed S --out DIR
+      the toy world's base SFT corpus (instructions local to their turn) -> DIR/base.jsonl
+  python -m data_gen gatt --teacher (oracle|MODEL_DIR) --num-dialogues N --min-turns A --max-turns B
+                          --samples-per-turn K --seed S --out DIR [--user-turns FILE|DIR] [--constraints FILE.yaml]
+      GAtt dialogues by context distillation with rejection sampling -> DIR/gatt.jsonl (resumable)
+
+Both outputs load with `datasets.load_dataset("json", data_files=...)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from data_gen.constraints import FAMILIES, catalogue
+from data_gen.synthesis import SynthesisConfig, synthesize
+from data_gen.teacher import ModelTeacher, OracleTeacher
+from data_gen.toy_world import base_corpus
+from data_gen.user_turns import load_user_turns, split_user_turns
+from gatt.checks import load_constraints
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-dialogues", type=int, required=True, help="dialogues to generate")
+    parser.add_argument("--seed", type=int, default=0, help="same seed and inputs -> byte-identical output")
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--short-prob", type=float, default=0.5, help="chance of the shortened instruction form")
+    parser.add_argument(
+        "--heldout-families", nargs="*", default=["brevity"], choices=FAMILIES,
+        help="catalogue families kept out of GAtt data (the base corpus still teaches them)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `base` and `gatt` subcommands."""
+    parser = argparse.ArgumentParser(prog="python -m data_gen", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    base = commands.add_parser("base", help="write the toy world's base SFT corpus")
+    _common(base)
+    gatt = commands.add_parser("gatt", help="write GAtt dialogues by context distillation")
+    _common(gatt)
+    gatt.add_argument("--teacher", required=True, help="'oracle' (the toy world's responder) or a causal LM directory")
+    gatt.add_argument("--min-turns", type=int, default=2, help="shortest dialogue kept")
+    gatt.add_argument("--max-turns", type=int, default=24, help="longest dialogue drawn")
+    gatt.add_argument("--samples-per-turn", type=int, default=4, help="candidates per turn (k) for rejection")
+    gatt.add_argument("--user-turns", type=Path, help="your dialogues (JSONL/Parquet/datasets folder) or a .txt of messages")
+    gatt.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad input dialogues: stop, or count and skip")
+    gatt.add_argument("--constraints", type=Path, help="YAML constraint file (default: the built-in catalogue)")
+    gatt.add_argument("--temperature", type=float, default=0.7)
+    gatt.add_argument("--top-p", type=float, default=0.95)
+    gatt.add_argument("--max-new-tokens", type=int, default=64)
+    gatt.add_argument("--batch-size", type=int, default=32, help="prompts per teacher generate() call")
+    gatt.add_argument("--shard-size", type=int, default=64, help="dialogues per resumable shard")
+    return parser
+
+
+def run_base(args: argparse.Namespace) -> dict:
+    """Write DIR/base.jsonl atomically and return its summary."""
+    constraints = catalogue(heldout_families=args.heldout_families)
+    train_turns, _ = split_user_turns()
+    args.out.mkdir(parents=True, exist_ok=True)
+    path, tmp = args.out / "base.jsonl", args.out / ".base.jsonl.tmp"
+    kinds, turns = Counter(), 0
+    with tmp.open("w", encoding="utf-8") as f:
+        records = base_corpus(args.num_dialogues, args.seed, constraints, train_turns, short_prob=args.short_prob)
+        for record in tqdm(records, total=args.num_dialogues, desc="base corpus", unit="dialogue"):
+            kinds[record["kind"]] += 1
+            turns += sum(m["role"] == "assistant" for m in record["messages"])
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return {"records": args.num_dialogues, "kinds": dict(sorted(kinds.items())), "assistant_turns": turns, "path": str(path)}
+
+
+def run_gatt(args: argparse.Namespace) -> dict:
+    """Write DIR/gatt.jsonl (resuming) and return its summary."""
+    constraints = load_constraints(args.constraints) if args.constraints else catalogue(heldout_families=args.heldout_families)
+    constraints = [c for c in constraints if c.split == "train"]  # held-out values never enter GAtt data
+    user_pool = load_user_turns(args.user_turns, on_error=args.on_error) if args.user_turns else split_user_turns()[0]
+    if args.teacher == "oracle":
+        teacher = OracleTeacher(constraints)
+    else:
+        teacher = ModelTeacher(
+            args.teacher, temperature=args.temperature, top_p=args.top_p,
+            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+        )
+    config = SynthesisConfig(
+        num_dialogues=args.num_dialogues, min_turns=args.min_turns, max_turns=args.max_turns,
+        samples_per_turn=args.samples_per_turn, seed=args.seed, short_prob=args.short_prob, shard_size=args.shard_size,
+    )
+    return {**synthesize(args.out, config, teacher, constraints, user_pool), "path": str(args.out / "gatt.jsonl")}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse, run, print the summary; input errors exit with a one-line message."""
+    args = build_parser().parse_args(argv)
+    try:
+        summary = run_base(args) if args.command == "base" else run_gatt(args)
+    except (ValueError, FileNotFoundError) as error:
+        sys.exit(f"error: {error}")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""The constraint catalogue: the paper's families (hobby, language, public figure) plus format families.
+
+Every constraint has a full instruction and a shortened form ("Always answer in French." /
+"Language: French"), checks for every reply given under it, and attribute probes. The values of each
+family are split into train and held-out sets with a fixed seed: held-out values (and whole held-out
+families) never appear in GAtt data, only in the base SFT corpus as local instructions, so the
+evaluation can measure whether GAtt's persistence transfers.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from gatt.checks import Check, Constraint, Probe
+
+FAMILIES = ("hobby", "language", "figure", "caps", "signoff", "brevity")
+
+HOBBIES = (
+    "tennis", "golf", "yoga", "football", "jazz", "karate", "judo", "hockey", "rugby", "volleyball", "basketball",
+    "baseball", "poker", "origami", "sudoku", "badminton", "bowling", "cricket", "salsa", "tango", "pilates", "surfing",
+)
+# English name -> (ISO 639-1 code, the language's own name).
+LANGUAGES = {
+    "French": ("fr", "français"),
+    "Spanish": ("es", "español"),
+    "German": ("de", "Deutsch"),
+    "Italian": ("it", "italiano"),
+    "Portuguese": ("pt", "português"),
+    "Dutch": ("nl", "Nederlands"),
+}
+# Full name -> the names a reply may use for them.
+FIGURES = {
+    "Napoleon": ("Napoleon", "Napoléon"),
+    "Albert Einstein": ("Einstein",),
+    "Marie Curie": ("Marie Curie",),
+    "William Shakespeare": ("Shakespeare",),
+    "Ada Lovelace": ("Ada Lovelace",),
+    "Nikola Tesla": ("Tesla",),
+    "Frida Kahlo": ("Frida Kahlo",),
+    "Wolfgang Amadeus Mozart": ("Mozart",),
+    "Charles Darwin": ("Darwin",),
+    "Isaac Newton": ("Newton",),
+    "Ludwig van Beethoven": ("Beethoven",),
+    "Pablo Picasso": ("Picasso",),
+    "Mahatma Gandhi": ("Gandhi",),
+    "Abraham Lincoln": ("Lincoln",),
+    "Leonardo da Vinci": ("Leonardo",),
+    "Cleopatra": ("Cleopatra",),
+}
+SIGN_OFFS = ("Cheers!", "Stay curious!", "Over and out.", "Have a great day!", "Peace and love.", "Until next time!")
+
+# Pairs that cannot hold together: one sentence leaves no room for a persona line or a sign-off,
+# and capital letters would change the sign-off the check expects.
+CONFLICTS = frozenset(
+    {frozenset(p) for p in [("brevity", "hobby"), ("brevity", "figure"), ("brevity", "signoff"), ("caps", "signoff")]}
+)
+
+
+def _hobby(value: str) -> Constraint:
+    mentions = Check("contains_any", {"words": [value]})
+    return Constraint(
+        name=f"hobby:{value}",
+        instruction=f"You enjoy {value}, and you mention it in every answer.",
+        short=f"Hobby: {value}",
+        checks=(mentions,),
+        probes=(Probe("What is your favorite hobby?", (mentions,)), Probe("What do you do in your free time?", (mentions,))),
+        family="hobby",
+        value=value,
+    )
+
+
+def _language(value: str) -> Constraint:
+    code, native = LANGUAGES[value]
+    names = Check("contains_any", {"words": [value, native]})
+    return Constraint(
+        name=f"language:{value}",
+        instruction=f"Always answer in {value}.",
+        short=f"Language: {value}",
+        checks=(Check("language", {"code": code}),),
+        probes=(Probe("Which language do you speak?", (names,)), Probe("What language are we using?", (names,))),
+        family="language",
+        value=value,
+    )
+
+
+def _figure(value: str) -> Constraint:
+    names = Check("contains_any", {"words": list(FIGURES[value])})
+    return Constraint(
+        name=f"figure:{value}",
+        instruction=f"Act as {value}, and say who you are in every answer.",
+        short=f"Figure: {value}",
+        checks=(names,),
+        probes=(Probe("Who are you?", (names,)), Probe("What is your name?", (names,))),
+        family="figure",
+        value=value,
+    )
+
+
+def _caps() -> Constraint:
+    caps = Check("all_caps", {})
+    return Constraint(
+        name="caps:all caps",
+        instruction="Always answer in capital letters.",
+        short="Format: all caps",
+        checks=(caps,),
+        probes=(Probe("Say something about yourself.", (caps,)),),
+        family="caps",
+        value="all caps",
+    )
+
+
+def _signoff(value: str) -> Constraint:
+    ends = Check("endswith", {"text": value})
+    return Constraint(
+        name=f"signoff:{value}",
+        instruction=f'End every answer with "{value}"',
+        short=f"Sign-off: {value}",
+        checks=(ends,),
+        probes=(Probe("How do you end your messages?", (ends,)),),
+        family="signoff",
+        value=value,
+    )
+
+
+def _brevity() -> Constraint:
+    one = Check("max_sentences", {"n": 1})
+    return Constraint(
+        name="brevity:one sentence",
+        instruction="Answer in one sentence only.",
+        short="Format: one sentence",
+        checks=(one,),
+        probes=(Probe("Describe your day.", (one,)),),
+        family="brevity",
+        value="one sentence",
+    )
+
+
+def split_values(values: Sequence[str], heldout_fraction: float, seed: int) -> set[str]:
+    """The held-out values of one family: a fixed-seed draw of round(fraction * n), none for single values."""
+    if len(values) < 2:
+        return set()
+    count = max(1, round(heldout_fraction * len(values)))
+    return set(random.Random(seed).sample(sorted(values), count))
+
+
+def catalogue(*, heldout_fraction: float = 0.25, seed: int = 0, heldout_families: Sequence[str] = ("brevity",)) -> list[Constraint]:
+    """Every catalogue constraint, tagged split="train" or "heldout" (held-out values and whole held-out families)."""
+    unknown = set(heldout_families) - set(FAMILIES)
+    if unknown:
+        raise ValueError(f"unknown held-out families {sorted(unknown)}; expected some of {', '.join(FAMILIES)}")
+    by_family = {
+        "hobby": [_hobby(v) for v in HOBBIES],
+        "language": [_language(v) for v in LANGUAGES],
+        "figure": [_figure(v) for v in FIGURES],
+        "caps": [_caps()],
+        "signoff": [_signoff(v) for v in SIGN_OFFS],
+        "brevity": [_brevity()],
+    }
+    constraints = []
+    for family, members in by_family.items():
+        heldout = split_values([c.value for c in members], heldout_fraction, seed + FAMILIES.index(family))
+        for constraint in members:
+            is_heldout = family in heldout_families or constraint.value in heldout
+            constraints.append(replace(constraint, split="heldout" if is_heldout else "train"))
+    return constraints
+
+
+@dataclass
+class ConstraintSampler:
+    """Draws 1 to `max_combined` non-contradictory constraints (one per family) and the instruction form."""
+
+    constraints: Sequence[Constraint]
+    short_prob: float = 0.5
+    max_combined: int = 3
+    combine_prob: float = 0.3  # chance of adding each further constraint, so single constraints dominate
+
+    def __post_init__(self) -> None:
+        if not self.constraints:
+            raise ValueError("ConstraintSampler needs at least one constraint")
+        if not 0.0 <= self.short_prob <= 1.0:
+            raise ValueError(f"short_prob must be in [0, 1], got {self.short_prob}")
+
+    def sample(self, rng: random.Random) -> tuple[list[Constraint], bool]:
+        """(constraints, use_short) for one dialogue."""
+        families = sorted({c.family for c in self.constraints})
+        chosen = [rng.choice(self.constraints)]
+        while len(chosen) < self.max_combined and rng.random() < self.combine_prob:
+            taken = {c.family for c in chosen}
+            allowed = [f for f in families if f not in taken and not any(frozenset((f, t)) in CONFLICTS for t in taken)]
+            if not allowed:
+                break
+            family = rng.choice(allowed)
+            chosen.append(rng.choice([c for c in self.constraints if c.family == family]))
+        return chosen, rng.random() < self.short_prob
+
+
+def instruction_text(constraints: Sequence[Constraint], short: bool) -> str:
+    """The combined instruction: full sentences joined by spaces, or short forms joined by "; "."""
+    if short:
+        return "; ".join(c.short for c in constraints)
+    return " ".join(c.instruction for c in constraints)

@@ -1,0 +1,238 @@
+"""GAtt synthesis (the paper's steps 1-3): append the instruction to every user turn, sample each reply
+from a teacher with it in view, keep a candidate that passes every check (rejection sampling).
+
+Dialogues advance in lockstep, one turn at a time, so the teacher answers a whole shard's turn in one
+batched call. A turn with no passing candidate ends its dialogue there: the dialogue is kept up to its
+last passing turn if that still reaches `min_turns`, else dropped; both are counted.
+
+Work is written in shards (`<out>/gatt.shards/shard-NNNNN.jsonl`, renamed into place when complete),
+so a killed run resumes on the same command without duplicates or losses; each dialogue's draws depend
+only on (seed, its index), so the output is the same however often the run was interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from data_gen.constraints import ConstraintSampler, instruction_text
+from data_gen.teacher import Teacher, TurnRequest
+from data_gen.toy_world import with_instruction
+from data_gen.user_turns import UserTurn
+from gatt.checks import Constraint, passes_all
+
+
+@dataclass(frozen=True)
+class SynthesisConfig:
+    """What decides the output: the same config, inputs and teacher give byte-identical records."""
+
+    num_dialogues: int
+    min_turns: int = 2
+    max_turns: int = 24
+    samples_per_turn: int = 4
+    seed: int = 0
+    short_prob: float = 0.5
+    probe_prob: float = 0.15
+    shard_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.num_dialogues < 1:
+            raise ValueError(f"num_dialogues must be >= 1, got {self.num_dialogues}")
+        if not 1 <= self.min_turns <= self.max_turns:
+            raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns} and {self.max_turns}")
+        if self.samples_per_turn < 1:
+            raise ValueError(f"samples_per_turn must be >= 1, got {self.samples_per_turn}")
+
+
+@dataclass
+class _Dialogue:
+    """One dialogue in flight."""
+
+    index: int
+    constraints: list[Constraint]
+    use_short: bool
+    turns: list[UserTurn]
+    replies: list[str]
+    ended: str | None = None  # None while running; "complete", "rejected" or "context_full"
+
+    @property
+    def instruction(self) -> str:
+        return instruction_text(self.constraints, self.use_short)
+
+    def request(self) -> TurnRequest:
+        """The augmented history: the instruction appended to every user message so far."""
+        messages = []
+        for turn, reply in zip(self.turns, self.replies + [None]):
+            messages.append({"role": "user", "content": with_instruction(turn.text, self.instruction)})
+            if reply is not None:
+                messages.append({"role": "assistant", "content": reply})
+        return TurnRequest(messages, self.turns[len(self.replies)], self.constraints)
+
+
+def turn_checks(constraints: Sequence[Constraint], turn: UserTurn) -> list:
+    """Every constraint's reply checks, plus the probe's own checks when the turn is a probe."""
+    checks = [check for c in constraints for check in c.checks]
+    for c in constraints:
+        checks += [check for probe in c.probes if probe.question == turn.text for check in probe.checks]
+    return checks
+
+
+def draw_dialogue(index: int, config: SynthesisConfig, sampler: ConstraintSampler, user_pool: Sequence[UserTurn]) -> _Dialogue:
+    """Constraints, instruction form and user turns of dialogue `index`, from (seed, index) alone."""
+    rng = random.Random(f"gatt-{config.seed}-{index}")
+    constraints, use_short = sampler.sample(rng)
+    probes = [p.question for c in constraints for p in c.probes]
+    turns = []
+    for _ in range(rng.randint(config.min_turns, config.max_turns)):
+        if rng.random() < config.probe_prob:
+            turns.append(UserTurn(rng.choice(probes), None))
+        else:
+            recent = {t.topic for t in turns[-3:]}
+            turns.append(rng.choice([t for t in user_pool if t.topic is None or t.topic not in recent] or user_pool))
+    return _Dialogue(index, constraints, use_short, turns, [])
+
+
+def synthesize_shard(dialogues: list[_Dialogue], teacher: Teacher, k: int, stats: Counter) -> None:
+    """Run every dialogue of a shard to its end, one batched teacher call per turn."""
+    while active := [d for d in dialogues if d.ended is None]:
+        requests = [d.request() for d in active]
+        for dialogue, request, candidates in zip(active, requests, teacher.sample(requests, k)):
+            checks = turn_checks(dialogue.constraints, request.turn)
+            kept = next((c for c in candidates if passes_all(c, checks)), None)
+            stats["candidates"] += len(candidates)
+            stats["rejected_candidates"] += len(candidates) - (candidates.index(kept) + 1 if kept is not None else 0)
+            if not candidates:
+                dialogue.ended = "context_full"
+            elif kept is None:
+                dialogue.ended = "rejected"
+                stats["rejected_turns"] += 1
+            else:
+                dialogue.replies.append(kept)
+                if len(dialogue.replies) == len(dialogue.turns):
+                    dialogue.ended = "complete"
+
+
+def to_record(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -> dict[str, Any]:
+    """The record format of architecture.md: clean messages, the instruction kept apart."""
+    messages = []
+    for turn, reply in zip(dialogue.turns, dialogue.replies):
+        messages += [{"role": "user", "content": turn.text}, {"role": "assistant", "content": reply}]
+    return {
+        "id": f"d-{dialogue.index:06d}",
+        "instruction": instruction_text(dialogue.constraints, short=False),
+        "instruction_short": instruction_text(dialogue.constraints, short=True),
+        "use_short": dialogue.use_short,
+        "constraints": [
+            {"family": c.family, "value": c.value, "split": c.split, "checks": [ch.to_dict() for ch in c.checks]}
+            for c in dialogue.constraints
+        ],
+        "messages": messages,
+        "sampled_with_instruction": [True] * len(dialogue.replies),
+        "meta": {"teacher": teacher_name, "seed": config.seed, "k": config.samples_per_turn, "ended": dialogue.ended},
+    }
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def synthesize(
+    out_dir: str | Path,
+    config: SynthesisConfig,
+    teacher: Teacher,
+    constraints: Sequence[Constraint],
+    user_pool: Sequence[UserTurn],
+    *,
+    seed_teacher: Callable[[int], None] = torch.manual_seed,
+) -> dict[str, Any]:
+    """Write `out_dir/gatt.jsonl` (resuming finished shards) and return the summary."""
+    out_dir = Path(out_dir)
+    shard_dir = out_dir / "gatt.shards"
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    settings = {"config": asdict(config), "teacher": teacher.name, "constraints": [c.name for c in constraints],
+                "user_pool": len(user_pool)}
+    _check_settings(shard_dir / "settings.json", settings)
+    sampler = ConstraintSampler(constraints, short_prob=config.short_prob)
+    num_shards = -(-config.num_dialogues // config.shard_size)
+    for shard in tqdm(range(num_shards), desc="gatt synthesis (shards)", unit="shard"):
+        path = shard_dir / f"shard-{shard:05d}.jsonl"
+        if path.exists():
+            continue  # finished before an interruption
+        seed_teacher(config.seed * 100_003 + shard)  # the shard's sampling does not depend on earlier shards
+        indices = range(shard * config.shard_size, min((shard + 1) * config.shard_size, config.num_dialogues))
+        dialogues = [draw_dialogue(i, config, sampler, user_pool) for i in indices]
+        stats: Counter = Counter()
+        synthesize_shard(dialogues, teacher, config.samples_per_turn, stats)
+        lines = [json.dumps(_shard_entry(d, teacher.name, config), ensure_ascii=False) for d in dialogues]
+        _write_atomic(path, "".join(line + "\n" for line in lines))
+        _write_atomic(path.with_suffix(".stats.json"), json.dumps(stats))
+    return _merge(out_dir, shard_dir, num_shards, config)
+
+
+def _shard_entry(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -> dict[str, Any]:
+    """A kept record, or the bookkeeping of a dropped dialogue (so the summary can count it)."""
+    kept = len(dialogue.replies) >= config.min_turns
+    entry: dict[str, Any] = {"kept": kept, "families": sorted(c.family for c in dialogue.constraints),
+                             "ended": dialogue.ended, "turns": len(dialogue.replies), "planned": len(dialogue.turns)}
+    if kept:
+        entry["record"] = to_record(dialogue, teacher_name, config)
+    return entry
+
+
+def _check_settings(path: Path, settings: dict[str, Any]) -> None:
+    if path.exists():
+        previous = json.loads(path.read_text())
+        if previous != settings:
+            raise ValueError(
+                f"{path.parent} holds shards made with other settings ({path}); use another --out or delete that folder"
+            )
+    else:
+        _write_atomic(path, json.dumps(settings, indent=2))
+
+
+def _merge(out_dir: Path, shard_dir: Path, num_shards: int, config: SynthesisConfig) -> dict[str, Any]:
+    """Concatenate the shards into gatt.jsonl (atomically) and summarise yield and lengths."""
+    stats: Counter = Counter()
+    records, entries = [], []
+    for shard in range(num_shards):
+        path = shard_dir / f"shard-{shard:05d}.jsonl"
+        stats.update(json.loads(path.with_suffix(".stats.json").read_text()))
+        for line in path.read_text(encoding="utf-8").splitlines():
+            entries.append(json.loads(line))
+    records = [e["record"] for e in entries if e["kept"]]
+    _write_atomic(out_dir / "gatt.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    lengths = [e["turns"] for e in entries if e["kept"]]
+    attempted, kept = Counter(), Counter()
+    for e in entries:
+        for family in e["families"]:
+            attempted[family] += 1
+            kept[family] += e["kept"]
+    summary = {
+        "records": len(records),
+        "dialogues": len(entries),
+        "dropped": sum(not e["kept"] for e in entries),
+        "truncated": sum(e["kept"] and e["turns"] < e["planned"] for e in entries),
+        "ended": dict(Counter(e["ended"] for e in entries)),
+        "rejected_turns": stats["rejected_turns"],
+        "candidates": stats["candidates"],
+        "rejected_candidates": stats["rejected_candidates"],
+        "yield_per_family": {f: round(kept[f] / attempted[f], 4) for f in sorted(attempted)},
+        "turns": {
+            "min": min(lengths, default=0), "median": statistics.median(lengths) if lengths else 0,
+            "max": max(lengths, default=0), "histogram": dict(sorted(Counter(lengths).items())),
+        },
+    }
+    _write_atomic(out_dir / "gatt.summary.json", json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,321 @@
+"""Programmatic checks of assistant replies, the constraints and probes built on them, and their YAML files."""
+
+import copy
+import functools
+import os
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lingua import Language, LanguageDetector, LanguageDetectorBuilder
+
+CHECK_TYPES: dict[str, tuple[str, ...]] = {
+    "language": ("code",),
+    "regex": ("pattern",),
+    "startswith": ("text",),
+    "endswith": ("text",),
+    "contains_any": ("words",),
+    "not_contains": ("words",),
+    "all_caps": (),
+    "max_words": ("n",),
+    "min_words": ("n",),
+    "max_sentences": ("n",),
+}
+SPLITS = ("train", "heldout")
+_CONSTRAINT_KEYS = ("name", "instruction", "short", "checks", "probes", "family", "value", "split")
+_PROBE_KEYS = ("question", "checks")
+
+
+@functools.cache
+def _detector() -> LanguageDetector:
+    # Built once per process: the first detection loads every language model (~1 GB, several seconds).
+    return LanguageDetectorBuilder.from_all_languages().build()
+
+
+@functools.cache
+def _known_language_codes() -> frozenset[str]:
+    return frozenset(language.iso_code_639_1.name.lower() for language in Language.all())
+
+
+def detect_language(text: str) -> str | None:
+    """ISO 639-1 code (lower case) of the text's language, or None if undecidable."""
+    if not text.strip():
+        return None
+    # Detection quality depends on letter case; lower case keeps ALL-CAPS replies detectable.
+    language = _detector().detect_language_of(text.lower())
+    return None if language is None else language.iso_code_639_1.name.lower()
+
+
+@functools.cache
+def _words_regex(words: tuple[str, ...]) -> re.Pattern[str]:
+    # Look-arounds instead of \b so words that start or end with punctuation ("C++") still match whole.
+    alternatives = (r"\s+".join(re.escape(part) for part in word.split()) for word in words)
+    return re.compile("|".join(rf"(?<!\w){alt}(?!\w)" for alt in alternatives), re.IGNORECASE)
+
+
+def _count_sentences(text: str) -> int:
+    return sum(1 for piece in re.split(r"[.!?]+", text) if piece.strip())
+
+
+def _field_problem(key: str, value: Any) -> str | None:
+    """What is wrong with one check field's value, or None if it is fine."""
+    if key == "code" and (not isinstance(value, str) or value not in _known_language_codes()):
+        known = ", ".join(sorted(_known_language_codes()))
+        return f"must be a lower-case ISO 639-1 code known to the detector, got {value!r}; known: {known}"
+    if key in ("pattern", "text") and (not isinstance(value, str) or not value):
+        return f"must be a non-empty string, got {value!r}"
+    if key == "pattern":
+        try:
+            re.compile(value)
+        except re.error as exc:
+            return f"is not a valid regular expression ({exc}): {value!r}"
+    words_problem = f"must be a non-empty list of non-empty strings, got {value!r}"
+    if key == "words" and not (isinstance(value, list | tuple) and value):
+        return words_problem
+    if key == "words" and not all(isinstance(word, str) and word.strip() for word in value):
+        return words_problem
+    # bool is an int subclass; `n: true` in YAML is a mistake, not 1.
+    if key == "n" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        return f"must be a positive integer, got {value!r}"
+    return None
+
+
+def _validated_args(check_type: str, args: Mapping[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(check_type, str) or check_type not in CHECK_TYPES:
+        expected = ", ".join(sorted(CHECK_TYPES))
+        raise ValueError(f"{where}: unknown check type {check_type!r}; expected one of {expected}")
+    required = CHECK_TYPES[check_type]
+    for key in args:
+        if key not in required:
+            allowed = ", ".join(required) or "none"
+            raise ValueError(f"{where}: unknown field {key!r} for check type {check_type!r}; allowed: {allowed}")
+    for key in required:
+        if key not in args:
+            raise ValueError(f"{where}: check type {check_type!r} needs field {key!r}")
+        problem = _field_problem(key, args[key])
+        if problem:
+            raise ValueError(f"{where}: field {key!r} {problem}")
+    # A private copy: the caller's lists must not change a frozen check behind its back.
+    out = copy.deepcopy(dict(args))
+    if "words" in out:
+        out["words"] = list(out["words"])
+    return out
+
+
+@dataclass(frozen=True)
+class Check:
+    """One programmatic test of a reply, e.g. Check("language", {"code": "fr"})."""
+
+    type: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Validate here too, so a Check built in code cannot fail later inside `passes`.
+        object.__setattr__(self, "args", _validated_args(self.type, self.args, f"check {self.type!r}"))
+
+    def passes(self, reply: str) -> bool:
+        """Whether the reply satisfies this check."""
+        text = reply.strip()
+        args = self.args
+        match self.type:
+            case "language":
+                return bool(text) and detect_language(text) == args["code"]
+            case "regex":
+                return re.search(args["pattern"], text) is not None
+            case "startswith":
+                return text.startswith(args["text"])
+            case "endswith":
+                return text.endswith(args["text"])
+            case "contains_any":
+                return _words_regex(tuple(args["words"])).search(text) is not None
+            case "not_contains":
+                return _words_regex(tuple(args["words"])).search(text) is None
+            case "all_caps":
+                return any(char.isupper() or char.islower() for char in text) and text == text.upper()
+            case "max_words":
+                return len(text.split()) <= args["n"]
+            case "min_words":
+                return len(text.split()) >= args["n"]
+            case "max_sentences":
+                return _count_sentences(text) <= args["n"]
+        raise AssertionError(f"unhandled check type {self.type!r}")  # CHECK_TYPES and this match disagree
+
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML/JSON form: {"type": ..., **args}."""
+        return {"type": self.type, **copy.deepcopy(dict(self.args))}
+
+    @classmethod
+    def from_dict(cls, spec: Mapping[str, Any], where: str = "check") -> "Check":
+        """Build a check from its YAML/JSON form; ValueError starting with `where` if it is malformed."""
+        if not isinstance(spec, Mapping) or "type" not in spec:
+            raise ValueError(f"{where}: expected a mapping with a 'type' key, got {spec!r}")
+        args = {key: value for key, value in spec.items() if key != "type"}
+        return cls(type=spec["type"], args=_validated_args(spec["type"], args, where))
+
+
+@dataclass(frozen=True)
+class Probe:
+    """An attribute question asked late in a dialogue, with the checks its answer must pass."""
+
+    question: str
+    checks: tuple[Check, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "checks", tuple(self.checks))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML/JSON form: {"question": ..., "checks": [...]}."""
+        return {"question": self.question, "checks": [check.to_dict() for check in self.checks]}
+
+    @classmethod
+    def from_dict(cls, spec: Mapping[str, Any], where: str = "probe") -> "Probe":
+        """Build a probe from its YAML/JSON form; ValueError starting with `where` if it is malformed."""
+        _require_mapping(spec, _PROBE_KEYS, where)
+        question = _require_text(spec, "question", where)
+        return cls(question=question, checks=_parse_checks(spec, where, f"{where}.checks"))
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """An instruction that must hold for a whole dialogue, with the checks a reply under it must pass."""
+
+    name: str
+    instruction: str
+    short: str
+    checks: tuple[Check, ...]
+    probes: tuple[Probe, ...] = ()
+    family: str = "custom"
+    value: str = ""
+    split: str = "train"
+
+    def __post_init__(self) -> None:
+        # Lists would make equal constraints compare unequal to loaded ones.
+        object.__setattr__(self, "checks", tuple(self.checks))
+        object.__setattr__(self, "probes", tuple(self.probes))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The constraint-file entry form, with family, value and split."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "instruction": self.instruction,
+            "short": self.short,
+            "checks": [check.to_dict() for check in self.checks],
+        }
+        if self.probes:
+            out["probes"] = [probe.to_dict() for probe in self.probes]
+        out.update(family=self.family, value=self.value, split=self.split)
+        return out
+
+    @classmethod
+    def from_dict(cls, spec: Mapping[str, Any], where: str = "constraint") -> "Constraint":
+        """Build a constraint from its file entry; ValueError starting with `where` and the name if malformed."""
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"{where}: expected a mapping, got {spec!r}")
+        name = _require_text(spec, "name", where)
+        where = f"{where} {name!r}"
+        _require_mapping(spec, _CONSTRAINT_KEYS, where)
+        probes = spec.get("probes", [])
+        if not isinstance(probes, list):
+            raise ValueError(f"{where}: 'probes' must be a list, got {probes!r}")
+        split = spec.get("split", "train")
+        if split not in SPLITS:
+            raise ValueError(f"{where}: 'split' must be one of {', '.join(SPLITS)}, got {split!r}")
+        value = spec.get("value", "")
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: 'value' must be a string, got {value!r}")
+        return cls(
+            name=name,
+            instruction=_require_text(spec, "instruction", where),
+            short=_require_text(spec, "short", where),
+            checks=_parse_checks(spec, where, f"{where} checks"),
+            probes=tuple(Probe.from_dict(p, f"{where} probes[{k}]") for k, p in enumerate(probes)),
+            family=_require_text(spec, "family", where) if "family" in spec else "custom",
+            value=value,
+            split=split,
+        )
+
+
+def _require_mapping(spec: Any, allowed: tuple[str, ...], where: str) -> None:
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"{where}: expected a mapping, got {spec!r}")
+    for key in spec:
+        if key not in allowed:
+            raise ValueError(f"{where}: unknown key {key!r}; allowed keys: {', '.join(allowed)}")
+
+
+def _require_text(spec: Mapping[str, Any], key: str, where: str) -> str:
+    value = spec.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}: {key!r} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _parse_checks(spec: Mapping[str, Any], where: str, prefix: str) -> tuple[Check, ...]:
+    checks = spec.get("checks")
+    if not isinstance(checks, list) or not checks:
+        raise ValueError(f"{where}: 'checks' must be a non-empty list of checks, got {checks!r}")
+    return tuple(Check.from_dict(check, f"{prefix}[{j}]") for j, check in enumerate(checks))
+
+
+def check_reply(reply: str, checks: Iterable[Check]) -> list[dict[str, Any]]:
+    """One result per check, {"type": ..., **args, "passed": bool}: transcripts record why a reply failed."""
+    return [{**check.to_dict(), "passed": check.passes(reply)} for check in checks]
+
+
+def passes_all(reply: str, checks: Iterable[Check]) -> bool:
+    """Whether the reply passes every check (True for no checks)."""
+    return all(check.passes(reply) for check in checks)
+
+
+def load_constraints(path: str | Path) -> list[Constraint]:
+    """Read a constraint file (YAML: a top-level `constraints` list of entries, see architecture.md)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"constraint file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("constraints"), list):
+        raise ValueError(f"{path}: expected a mapping with a 'constraints' list at the top level")
+    if set(data) != {"constraints"}:
+        extra = ", ".join(repr(key) for key in data if key != "constraints")
+        raise ValueError(f"{path}: unknown top-level key(s) {extra}; only 'constraints' is read")
+
+    constraints: list[Constraint] = []
+    first_index: dict[str, int] = {}
+    for i, spec in enumerate(data["constraints"]):
+        constraint = Constraint.from_dict(spec, f"{path}: constraints[{i}]")
+        if constraint.name in first_index:
+            raise ValueError(
+                f"{path}: constraints[{i}] {constraint.name!r}: duplicate name, "
+                f"already used by constraints[{first_index[constraint.name]}]"
+            )
+        first_index[constraint.name] = i
+        constraints.append(constraint)
+    return constraints
+
+
+def dump_constraints(constraints: Iterable[Constraint], path: str | Path) -> None:
+    """Write constraints in the file format of `load_constraints`, atomically (temporary file, then rename)."""
+    path = Path(path)
+    entries = [constraint.to_dict() for constraint in constraints]
+    names = [entry["name"] for entry in entries]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"cannot write {path}: duplicate constraint names {duplicates} would not load back")
+
+    # Same folder, so the rename stays on one file system and is atomic.
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            yaml.safe_dump({"constraints": entries}, f, sort_keys=False, allow_unicode=True, width=100)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
