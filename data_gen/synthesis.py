@@ -29,7 +29,7 @@ from data_gen.constraints import ConstraintSampler, instruction_text
 from data_gen.teacher import Teacher, TurnRequest
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import UserTurn
-from gatt.checks import Constraint, passes_all
+from gatt.checks import Check, Constraint, passes_all
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class _Dialogue:
         return TurnRequest(messages, self.turns[len(self.replies)], self.constraints)
 
 
-def turn_checks(constraints: Sequence[Constraint], turn: UserTurn) -> list:
+def turn_checks(constraints: Sequence[Constraint], turn: UserTurn) -> list[Check]:
     """Every constraint's reply checks, plus the probe's own checks when the turn is a probe."""
     checks = [check for c in constraints for check in c.checks]
     for c in constraints:
@@ -94,7 +94,7 @@ def draw_dialogue(index: int, config: SynthesisConfig, sampler: ConstraintSample
     probes = [p.question for c in constraints for p in c.probes]
     turns = []
     for _ in range(rng.randint(config.min_turns, config.max_turns)):
-        if rng.random() < config.probe_prob:
+        if probes and rng.random() < config.probe_prob:
             turns.append(UserTurn(rng.choice(probes), None))
         else:
             recent = {t.topic for t in turns[-3:]}
@@ -110,7 +110,7 @@ def synthesize_shard(dialogues: list[_Dialogue], teacher: Teacher, k: int, stats
             checks = turn_checks(dialogue.constraints, request.turn)
             kept = next((c for c in candidates if passes_all(c, checks)), None)
             stats["candidates"] += len(candidates)
-            stats["rejected_candidates"] += len(candidates) - (candidates.index(kept) + 1 if kept is not None else 0)
+            stats["rejected_candidates"] += candidates.index(kept) if kept is not None else len(candidates)
             if not candidates:
                 dialogue.ended = "context_full"
             elif kept is None:
@@ -205,7 +205,7 @@ def _check_settings(path: Path, settings: dict[str, Any]) -> None:
 def _merge(out_dir: Path, shard_dir: Path, num_shards: int, config: SynthesisConfig) -> dict[str, Any]:
     """Concatenate the shards into gatt.jsonl (atomically) and summarise yield and lengths."""
     stats: Counter = Counter()
-    records, entries = [], []
+    entries = []
     for shard in range(num_shards):
         path = shard_dir / f"shard-{shard:05d}.jsonl"
         stats.update(json.loads(path.with_suffix(".stats.json").read_text()))

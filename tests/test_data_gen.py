@@ -1,0 +1,280 @@
+"""data_gen: catalogue, toy world, base corpus, GAtt synthesis (oracle and model teachers), CLI, resume."""
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from data_gen.__main__ import main
+from data_gen.constraints import CONFLICTS, FAMILIES, ConstraintSampler, catalogue, instruction_text
+from data_gen.synthesis import SynthesisConfig, _Dialogue, synthesize_shard, turn_checks
+from data_gen.teacher import TurnRequest
+from data_gen.toy_world import ToyResponder
+from data_gen.user_turns import UserTurn, all_user_turns, split_user_turns
+from gatt.checks import Check, Constraint, passes_all
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def gatt_args(out: Path, *extra: str, n: int = 40, seed: int = 0) -> list[str]:
+    return ["gatt", "--teacher", "oracle", "--num-dialogues", str(n), "--min-turns", "2", "--max-turns", "12",
+            "--samples-per-turn", "2", "--seed", str(seed), "--out", str(out), "--shard-size", "8", *extra]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def gatt_run(tmp_path_factory) -> tuple[Path, list[dict]]:
+    out = tmp_path_factory.mktemp("gatt")
+    main(gatt_args(out, n=60))
+    return out, read_jsonl(out / "gatt.jsonl")
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("base")
+    main(["base", "--num-dialogues", "1500", "--seed", "0", "--out", str(out)])
+    return read_jsonl(out / "base.jsonl")
+
+
+# --- catalogue -------------------------------------------------------------------------------
+
+
+def test_shortened_form_rate_is_about_half():
+    sampler, rng = ConstraintSampler(catalogue()), random.Random(0)
+    rate = sum(sampler.sample(rng)[1] for _ in range(1000)) / 1000
+    assert 0.4 <= rate <= 0.6
+
+
+def test_combinations_hold_one_constraint_per_family_and_never_conflict():
+    sampler, rng = ConstraintSampler(catalogue()), random.Random(1)
+    sizes = Counter()
+    for _ in range(1000):
+        chosen, _ = sampler.sample(rng)
+        families = [c.family for c in chosen]
+        sizes[len(chosen)] += 1
+        assert len(set(families)) == len(families)
+        assert not any(frozenset((a, b)) in CONFLICTS for a in families for b in families if a != b)
+    assert set(sizes) == {1, 2, 3}
+
+
+def test_every_family_has_full_short_forms_probes_and_a_fixed_heldout_split():
+    constraints = catalogue()
+    assert {c.family for c in constraints} == set(FAMILIES)
+    for c in constraints:
+        assert c.instruction and c.short and c.checks and c.probes and c.short != c.instruction
+    by_family = {f: [c for c in constraints if c.family == f] for f in FAMILIES}
+    for family in ("hobby", "language", "figure", "signoff"):
+        splits = Counter(c.split for c in by_family[family])
+        assert splits["heldout"] >= 1 and splits["train"] > splits["heldout"]
+    assert all(c.split == "heldout" for c in by_family["brevity"])  # a whole family held out by default
+    assert [c.split for c in catalogue()] == [c.split for c in constraints]  # fixed seed
+    assert instruction_text(by_family["language"][:1], short=True) == "Language: French"
+    with pytest.raises(ValueError, match="unknown held-out families"):
+        catalogue(heldout_families=["weather"])
+
+
+# --- toy world ---------------------------------------------------------------------------------
+
+
+def test_oracle_replies_pass_their_checks_for_every_constraint_and_probe():
+    constraints = catalogue()
+    responder = ToyResponder(constraints)
+    turns = all_user_turns()[::23] + [UserTurn(p.question, None) for c in constraints for p in c.probes]
+    for constraint in constraints:
+        for turn in turns:
+            reply = responder.reply(turn, [constraint])
+            assert passes_all(reply, turn_checks([constraint], turn)), (constraint.name, turn.text, reply)
+
+
+def test_oracle_stays_on_topic_and_answers_probes_by_default():
+    responder = ToyResponder(catalogue())
+    turn = next(t for t in all_user_turns() if t.topic == "volcanoes")
+    assert responder.reply(turn).startswith("Volcanoes: ")
+    assert responder.reply(UserTurn("Who are you?", None)) == "I am a helpful assistant. I am happy to help you with anything."
+    french = next(c for c in catalogue() if c.name == "language:French")
+    figure = next(c for c in catalogue() if c.name == "figure:Napoleon")
+    reply = responder.reply(turn, [french, figure])
+    assert reply.startswith("Je suis Napoleon. Les volcans : ")
+
+
+# --- base corpus -------------------------------------------------------------------------------
+
+
+def test_base_corpus_teaches_local_instructions_and_short_system_dialogues(base_run):
+    constraints = catalogue()
+    kinds = Counter(r["kind"] for r in base_run)
+    assert set(kinds) == {"local", "system", "plain"}
+    for record in base_run:
+        roles = [m["role"] for m in record["messages"]]
+        body = roles[1:] if roles[0] == "system" else roles
+        assert body == ["user", "assistant"] * (len(body) // 2) and body
+        if record["kind"] == "system":
+            assert roles[0] == "system" and len(body) // 2 <= 3
+        else:
+            assert roles[0] == "user"
+    # Held-out values (never in GAtt data) are taught here, as local instructions.
+    user_text = " ".join(m["content"] for r in base_run if r["kind"] == "local" for m in r["messages"] if m["role"] == "user")
+    for c in constraints:
+        if c.split == "heldout":
+            assert c.instruction in user_text or c.short in user_text, c.name
+
+
+# --- GAtt synthesis ----------------------------------------------------------------------------
+
+
+def test_gatt_records_follow_the_format_and_keep_the_instruction_out_of_messages(gatt_run):
+    out, records = gatt_run
+    constraints = {c.name: c for c in catalogue()}
+    heldout = {(c.family, c.value) for c in constraints.values() if c.split == "heldout"}
+    assert len({r["id"] for r in records}) == len(records) > 0
+    for record in records:
+        roles = [m["role"] for m in record["messages"]]
+        assert roles == ["user", "assistant"] * (len(roles) // 2) and len(roles) >= 4
+        assert record["sampled_with_instruction"] == [True] * (len(roles) // 2)
+        assert record["meta"] == {"teacher": "oracle", "seed": 0, "k": 2, "ended": "complete"}
+        for constraint in record["constraints"]:
+            assert (constraint["family"], constraint["value"]) not in heldout
+            assert constraint["split"] == "train"
+        for message in record["messages"]:
+            assert record["instruction"] not in message["content"]
+            assert record["instruction_short"] not in message["content"]
+        # Every reply the oracle wrote passes the record's own checks.
+        checks = [Check.from_dict(ch) for c in record["constraints"] for ch in c["checks"]]
+        for message in record["messages"][1::2]:
+            assert passes_all(message["content"], checks)
+
+
+def test_gatt_summary_and_datasets_loading(gatt_run):
+    from datasets import load_dataset
+
+    out, records = gatt_run
+    summary = json.loads((out / "gatt.summary.json").read_text())
+    assert summary["records"] == len(records) == 60 and summary["dropped"] == 0
+    assert set(summary["yield_per_family"]) <= set(FAMILIES) - {"brevity"}
+    assert sum(summary["turns"]["histogram"].values()) == len(records)
+    dataset = load_dataset("json", data_files=str(out / "gatt.jsonl"), split="train")
+    assert len(dataset) == len(records) and dataset[0]["messages"] == records[0]["messages"]
+
+
+def test_same_seed_gives_byte_identical_output(tmp_path, gatt_run):
+    out, _ = gatt_run
+    main(gatt_args(tmp_path / "again", n=60))
+    assert (tmp_path / "again" / "gatt.jsonl").read_bytes() == (out / "gatt.jsonl").read_bytes()
+    main(gatt_args(tmp_path / "other", n=60, seed=1))
+    assert (tmp_path / "other" / "gatt.jsonl").read_bytes() != (out / "gatt.jsonl").read_bytes()
+    for run in ("b1", "b2"):
+        main(["base", "--num-dialogues", "50", "--seed", "3", "--out", str(tmp_path / run)])
+    assert (tmp_path / "b1" / "base.jsonl").read_bytes() == (tmp_path / "b2" / "base.jsonl").read_bytes()
+
+
+def test_killed_generation_resumes_without_duplicates_or_losses(tmp_path):
+    command = [sys.executable, "-m", "data_gen", *gatt_args(tmp_path / "killed", n=240)]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    shards = tmp_path / "killed" / "gatt.shards"
+    deadline = time.time() + 120
+    while len(list(shards.glob("shard-*.jsonl"))) < 3 and time.time() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    done = len(list(shards.glob("shard-*.jsonl")))
+    assert 3 <= done < 30, "the run should have been killed part-way"
+    assert not (tmp_path / "killed" / "gatt.jsonl").exists()
+    main(gatt_args(tmp_path / "killed", n=240))  # the same command resumes
+    main(gatt_args(tmp_path / "whole", n=240))
+    resumed = (tmp_path / "killed" / "gatt.jsonl").read_bytes()
+    assert resumed == (tmp_path / "whole" / "gatt.jsonl").read_bytes()
+    ids = [r["id"] for r in read_jsonl(tmp_path / "killed" / "gatt.jsonl")]
+    assert len(ids) == len(set(ids)) == 240
+
+
+class ScriptedTeacher:
+    """Answers "ok" until a dialogue's planned failure turn, then only failing candidates."""
+
+    name = "scripted"
+
+    def __init__(self, fail_at: dict[int, int]) -> None:
+        self.fail_at = fail_at
+
+    def sample(self, requests: list[TurnRequest], k: int) -> list[list[str]]:
+        out = []
+        for request in requests:
+            turn = sum(m["role"] == "assistant" for m in request.messages)
+            dialogue = int(request.turn.text.split()[0])
+            out.append(["bad"] * k if turn == self.fail_at.get(dialogue) else ["bad", "ok"][:k])
+        return out
+
+
+def test_a_turn_without_a_passing_candidate_ends_the_dialogue():
+    must_say_ok = Constraint("ok", "Say ok.", "ok", (Check("regex", {"pattern": "^ok$"}),))
+    dialogues = [_Dialogue(i, [must_say_ok], False, [UserTurn(f"{i} hi", None)] * 5, []) for i in range(3)]
+    stats = Counter()
+    synthesize_shard(dialogues, ScriptedTeacher({0: 3, 1: 1}), k=2, stats=stats)
+    assert [len(d.replies) for d in dialogues] == [3, 1, 5]  # cut at its first failing turn
+    assert [d.ended for d in dialogues] == ["rejected", "rejected", "complete"]
+    assert stats["rejected_turns"] == 2 and stats["candidates"] == 2 * (4 + 2 + 5)
+    # Candidates looked at before a kept one, and both at each failing turn: (3 + 2) + (1 + 2) + 5.
+    assert stats["rejected_candidates"] == 13
+
+
+def tiny_teacher_dir(tmp_path: Path) -> Path:
+    from gatt import GattConfig, GattForCausalLM
+    from gatt.tokenizer import train_tokenizer
+
+    tokenizer = train_tokenizer([t.text for t in all_user_turns()], vocab_size=400)
+    config = GattConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=2, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    GattForCausalLM(config).save_pretrained(tmp_path / "teacher")
+    tokenizer.save_pretrained(tmp_path / "teacher")
+    return tmp_path / "teacher"
+
+
+def test_model_teacher_samples_k_candidates_and_rejection_drops_what_fails(tmp_path, capsys):
+    teacher = tiny_teacher_dir(tmp_path)
+    (tmp_path / "any.yaml").write_text(
+        "constraints:\n  - {name: anything, instruction: Say anything., short: 'Say: anything', checks: [{type: regex, pattern: '(?s).*'}]}\n"
+        "  - {name: never, instruction: Start with ZZZ., short: 'Start: ZZZ', family: never, checks: [{type: startswith, text: ZZZ}]}\n"
+    )
+    args = ["gatt", "--teacher", str(teacher), "--num-dialogues", "8", "--min-turns", "2", "--max-turns", "3",
+            "--samples-per-turn", "2", "--max-new-tokens", "6", "--constraints", str(tmp_path / "any.yaml")]
+    main([*args, "--out", str(tmp_path / "a")])
+    summary = json.loads(capsys.readouterr().out)
+    records = read_jsonl(tmp_path / "a" / "gatt.jsonl")
+    # A random model never starts with ZZZ: those dialogues fail at turn 1 and are dropped, counted.
+    never = sum("never" in r["families"] for r in read_jsonl(tmp_path / "a" / "gatt.shards" / "shard-00000.jsonl"))
+    assert summary["dropped"] == never == summary["rejected_turns"] and summary["records"] == 8 - never == len(records)
+    assert all(r["meta"]["teacher"] == str(teacher) and r["constraints"][0]["value"] == "" for r in records)
+    main([*args, "--out", str(tmp_path / "b")])  # sampling is seeded per shard: same bytes again
+    assert (tmp_path / "a" / "gatt.jsonl").read_bytes() == (tmp_path / "b" / "gatt.jsonl").read_bytes()
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+def test_bad_inputs_stop_with_a_message_naming_the_file_and_place(tmp_path, capsys):
+    bad = tmp_path / "dialogues.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+                   '{"messages": [{"role": "assistant", "content": "first"}]}\n')
+    with pytest.raises(SystemExit, match=r"dialogues\.jsonl:2"):
+        main(gatt_args(tmp_path / "out", "--user-turns", str(bad)))
+    main(gatt_args(tmp_path / "skip", "--user-turns", str(bad), "--on-error", "skip", n=4))
+    probes = {p.question for c in catalogue() for p in c.probes}
+    user_turns = {m["content"] for r in read_jsonl(tmp_path / "skip" / "gatt.jsonl") for m in r["messages"][::2]}
+    assert user_turns - probes == {"hi"}  # the good dialogue's user turn, between probe questions
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("constraints:\n  - {name: fr, instruction: x, short: y, checks: [{type: langage, code: fr}]}\n")
+    with pytest.raises(SystemExit, match=r"c\.yaml: constraints\[0\] 'fr' checks\[0\]: unknown check type 'langage'"):
+        main(gatt_args(tmp_path / "out2", "--constraints", str(yaml_file)))
+    with pytest.raises(SystemExit, match="other settings"):  # resuming into a folder made with other settings
+        main(gatt_args(tmp_path / "skip", n=5))
