@@ -102,9 +102,13 @@ def draw_dialogue(index: int, config: SynthesisConfig, sampler: ConstraintSample
     return _Dialogue(index, constraints, use_short, turns, [])
 
 
-def synthesize_shard(dialogues: list[_Dialogue], teacher: Teacher, k: int, stats: Counter) -> None:
+def synthesize_shard(
+    dialogues: list[_Dialogue], teacher: Teacher, k: int, stats: Counter, progress: tqdm | None = None
+) -> None:
     """Run every dialogue of a shard to its end, one batched teacher call per turn."""
     while active := [d for d in dialogues if d.ended is None]:
+        if progress is not None:
+            progress.set_postfix(turn=len(active[0].replies) + 1, active=len(active))
         requests = [d.request() for d in active]
         for dialogue, request, candidates in zip(active, requests, teacher.sample(requests, k)):
             checks = turn_checks(dialogue.constraints, request.turn)
@@ -166,18 +170,21 @@ def synthesize(
     _check_settings(shard_dir / "settings.json", settings)
     sampler = ConstraintSampler(constraints, short_prob=config.short_prob)
     num_shards = -(-config.num_dialogues // config.shard_size)
-    for shard in tqdm(range(num_shards), desc="gatt synthesis (shards)", unit="shard"):
+    progress = tqdm(total=config.num_dialogues, desc="gatt synthesis", unit="dialogue")
+    for shard in range(num_shards):
         path = shard_dir / f"shard-{shard:05d}.jsonl"
-        if path.exists():
-            continue  # finished before an interruption
-        seed_teacher(config.seed * 100_003 + shard)  # the shard's sampling does not depend on earlier shards
         indices = range(shard * config.shard_size, min((shard + 1) * config.shard_size, config.num_dialogues))
-        dialogues = [draw_dialogue(i, config, sampler, user_pool) for i in indices]
-        stats: Counter = Counter()
-        synthesize_shard(dialogues, teacher, config.samples_per_turn, stats)
-        lines = [json.dumps(_shard_entry(d, teacher.name, config), ensure_ascii=False) for d in dialogues]
-        _write_atomic(path, "".join(line + "\n" for line in lines))
-        _write_atomic(path.with_suffix(".stats.json"), json.dumps(stats))
+        if not path.exists():  # else finished before an interruption
+            seed_teacher(config.seed * 100_003 + shard)  # the shard's sampling does not depend on earlier shards
+            dialogues = [draw_dialogue(i, config, sampler, user_pool) for i in indices]
+            stats: Counter = Counter()
+            synthesize_shard(dialogues, teacher, config.samples_per_turn, stats, progress)
+            lines = [json.dumps(_shard_entry(d, teacher.name, config), ensure_ascii=False) for d in dialogues]
+            # Stats first: the shard's .jsonl appearing is what marks it finished.
+            _write_atomic(path.with_suffix(".stats.json"), json.dumps(stats))
+            _write_atomic(path, "".join(line + "\n" for line in lines))
+        progress.update(len(indices))
+    progress.close()
     return _merge(out_dir, shard_dir, num_shards, config)
 
 
