@@ -1,0 +1,239 @@
+"""The GAtt collator: the instruction only in the first turn, loss only on the supervised replies.
+
+A record (architecture.md) holds clean `messages` and the instruction apart. The collator renders it
+with the tokenizer's chat template, putting the instruction (full or short, per `use_short`) exactly
+once: in the system message (Llama 2's choice, the default) or in front of the first user message.
+Labels are -100 everywhere except the supervised assistant replies and their end-of-turn token:
+
+- `mode="last"` (the paper): only the final reply; every earlier token, replies included, is -100;
+- `mode="all"`: every reply whose `sampled_with_instruction` is true, in one pass;
+- `mode="expand"`: one example per reply, cut after it and trained only on it (the reference for `all`).
+
+Records without `sampled_with_instruction` (plain SFT data such as the base corpus) count every
+reply as sampled, so `mode="all"` trains on all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+Mode = Literal["last", "all", "expand"]
+Placement = Literal["system", "first_user"]
+
+
+@dataclass
+class Example:
+    """One tokenized training example: token ids and labels of equal length."""
+
+    input_ids: list[int]
+    labels: list[int]
+
+
+class GAttCollator:
+    """Callable on a list of records; returns `input_ids`, `labels` and `attention_mask` (or packed `position_ids`)."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        mode: Mode = "last",
+        instruction_placement: Placement = "system",
+        max_length: int = 2048,
+        packing: bool = False,
+    ) -> None:
+        if mode not in ("last", "all", "expand"):
+            raise ValueError(f"mode must be 'last', 'all' or 'expand', got {mode!r}")
+        if instruction_placement not in ("system", "first_user"):
+            raise ValueError(f"instruction_placement must be 'system' or 'first_user', got {instruction_placement!r}")
+        if not tokenizer.chat_template:
+            raise ValueError("the tokenizer has no chat template: GAttCollator renders dialogues with it")
+        self.tokenizer, self.mode, self.max_length, self.packing = tokenizer, mode, max_length, packing
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if instruction_placement == "system" and not _supports_system(tokenizer):
+            logger.warning("the chat template has no system role: the instruction goes in front of the first user message")
+            instruction_placement = "first_user"
+        self.instruction_placement = instruction_placement
+        self.uses_generation_marks = bool(re.search(r"\{%-?\s*generation\s*-?%\}", tokenizer.chat_template))
+        self.stats: Counter = Counter()  # examples, dropped_turns, skipped_examples, supervised_tokens
+
+    # -- rendering -----------------------------------------------------------------------------
+
+    def chat(self, record: dict[str, Any]) -> list[dict[str, str]]:
+        """The dialogue as the model sees it: the instruction exactly once, in the first turn."""
+        messages = [dict(m) for m in record["messages"]]
+        instruction = record.get("instruction_short" if record.get("use_short") else "instruction")
+        if not instruction:
+            return messages
+        if self.instruction_placement == "system":
+            return [{"role": "system", "content": instruction}, *messages]
+        first = next(i for i, m in enumerate(messages) if m["role"] == "user")
+        messages[first]["content"] = f"{instruction}\n{messages[first]['content']}"
+        return messages
+
+    def tokenize(self, messages: list[dict[str, str]]) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of the rendered dialogue and the token span [start, end) of each assistant reply."""
+        if self.uses_generation_marks:
+            encoded = self.tokenizer.apply_chat_template(
+                messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+            )
+            return list(encoded["input_ids"]), _runs(encoded["assistant_masks"])
+        return self._tokenize_by_prefixes(messages)
+
+    def _tokenize_by_prefixes(self, messages: list[dict[str, str]]) -> tuple[list[int], list[tuple[int, int]]]:
+        """Templates without generation marks: a reply's characters lie between the render of the
+        dialogue before it (with the generation prompt) and the render that includes it."""
+        render = self.tokenizer.apply_chat_template
+        full = render(messages, tokenize=False)
+        char_spans = []
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            start = len(render(messages[:i], tokenize=False, add_generation_prompt=True))
+            end = len(render(messages[: i + 1], tokenize=False))
+            if not full.startswith(render(messages[: i + 1], tokenize=False)):
+                raise ValueError("the chat template does not render dialogue prefixes as prefixes; add {% generation %} marks")
+            end = start + len(full[start:end].rstrip())  # the reply and its end-of-turn token, not the newline after
+            char_spans.append((start, end))
+        encoded = self.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = encoded["offset_mapping"]
+        spans = []
+        for start, end in char_spans:
+            inside = [t for t, (a, b) in enumerate(offsets) if a >= start and b <= end and b > a]
+            spans.append((inside[0], inside[-1] + 1) if inside else (0, 0))
+        return list(encoded["input_ids"]), spans
+
+    # -- examples ------------------------------------------------------------------------------
+
+    def examples(self, record: dict[str, Any]) -> list[Example]:
+        """The training examples of one record (one, or one per reply with mode="expand")."""
+        messages = self.chat(record)
+        num_replies = sum(m["role"] == "assistant" for m in messages)
+        sampled = record.get("sampled_with_instruction") or [True] * num_replies
+        if len(sampled) != num_replies:
+            raise ValueError(
+                f"record {record.get('id', '?')}: sampled_with_instruction has {len(sampled)} entries "
+                f"for {num_replies} assistant replies"
+            )
+        if self.mode == "last":
+            targets = [[num_replies - 1]]
+        elif self.mode == "all":
+            targets = [[i for i in range(num_replies) if sampled[i]]]
+        else:
+            targets = [[i] for i in range(num_replies) if sampled[i]]
+        out = []
+        for supervised in targets:
+            example = self._fit(messages, supervised, record)
+            if example is not None:
+                out.append(example)
+        return out
+
+    def _fit(self, messages: list[dict[str, str]], supervised: list[int], record: dict[str, Any]) -> Example | None:
+        """Cut after the last supervised reply; drop whole middle turns (oldest first) until it fits.
+
+        Turn k is (user message, reply k). Turn 0 holds the instruction and supervised turns are the
+        targets: neither is ever dropped.
+        """
+        if not supervised:
+            return None
+        replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        messages = messages[: replies[supervised[-1]] + 1]
+        keep = list(supervised)
+        while True:
+            ids, spans = self.tokenize(messages)
+            if len(ids) <= self.max_length:
+                break
+            droppable = [k for k in range(1, len(spans)) if k not in keep]
+            if not droppable:
+                self.stats["skipped_examples"] += 1
+                logger.debug("record %s does not fit in %d tokens: skipped", record.get("id", "?"), self.max_length)
+                return None
+            reply = [i for i, m in enumerate(messages) if m["role"] == "assistant"][droppable[0]]
+            messages = messages[: reply - 1] + messages[reply + 1 :]
+            keep = [k - 1 if k > droppable[0] else k for k in keep]
+            self.stats["dropped_turns"] += 1
+        labels = [IGNORE_INDEX] * len(ids)
+        for k in keep:
+            start, end = spans[k]
+            labels[start:end] = ids[start:end]
+        self.stats["examples"] += 1
+        return Example(ids, labels)
+
+    # -- batching ------------------------------------------------------------------------------
+
+    def __call__(self, records: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Collate records into a padded (or packed) batch."""
+        examples = [e for r in records for e in self.examples(r)]
+        if not examples:
+            raise ValueError("no example in this batch fits max_length; raise max_length or shorten the dialogues")
+        self.stats["supervised_tokens"] += sum(sum(t != IGNORE_INDEX for t in e.labels) for e in examples)
+        return self._pack(examples) if self.packing else self._pad(examples)
+
+    def _pad(self, examples: list[Example]) -> dict[str, torch.Tensor]:
+        width = max(len(e.input_ids) for e in examples)
+        input_ids = torch.full((len(examples), width), self.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
+        attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
+        for row, e in enumerate(examples):  # right padding: every example starts at position 0
+            input_ids[row, : len(e.input_ids)] = torch.tensor(e.input_ids)
+            labels[row, : len(e.labels)] = torch.tensor(e.labels)
+            attention_mask[row, : len(e.input_ids)] = 1
+        return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+
+    def _pack(self, examples: list[Example]) -> dict[str, torch.Tensor]:
+        """First-fit rows of at most max_length; positions restart at 0 for each example (its segment)."""
+        rows: list[list[Example]] = []
+        for e in examples:
+            row = next((r for r in rows if sum(len(x.input_ids) for x in r) + len(e.input_ids) <= self.max_length), None)
+            if row is None:
+                rows.append([e])
+            else:
+                row.append(e)
+        width = max(sum(len(x.input_ids) for x in r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+        position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, row in enumerate(rows):
+            offset = 0
+            for e in row:
+                n = len(e.input_ids)
+                input_ids[r, offset : offset + n] = torch.tensor(e.input_ids)
+                labels[r, offset : offset + n] = torch.tensor(e.labels)
+                labels[r, offset] = IGNORE_INDEX  # never predict a dialogue's first token from the previous one
+                position_ids[r, offset : offset + n] = torch.arange(n)
+                offset += n
+            position_ids[r, offset:] = torch.arange(width - offset)  # trailing padding: its own segment
+        return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+
+
+def _runs(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of ones: one per assistant reply, in order."""
+    spans, start = [], None
+    for i, bit in enumerate([*mask, 0]):
+        if bit and start is None:
+            start = i
+        elif not bit and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def _supports_system(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the template renders a system message (some raise, some drop it)."""
+    probe = "\u2063system-probe\u2063"
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "system", "content": probe}, {"role": "user", "content": "hi"}], tokenize=False
+        )
+    except Exception:  # templates signal "no system role" by raising their own errors
+        return False
+    return probe in text

@@ -1,0 +1,385 @@
+"""The training loop: GAtt (or plain SFT) fine-tuning with Accelerate.
+
+`TrainConfig` lists every knob; a YAML config mirrors it field for field and unknown keys are refused.
+One optimizer step consumes `batch_size` records (a global batch), split into
+`gradient_accumulation_steps` micro-batches and across processes. The loss of a step is the sum of
+the token losses over the whole global batch divided by its supervised-token count, so 1 process and
+N processes follow the same trajectory. The batch order is a pure function of (seed, step), which is
+the data position a checkpoint needs: a resumed run continues exactly where the killed one was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, get_cosine_with_min_lr_schedule_with_warmup
+
+import gatt  # noqa: F401  (registers the "gatt" model type and attention)
+from gatt.collator import IGNORE_INDEX, GAttCollator
+from gatt.modeling import GattConfig, GattForCausalLM
+from gatt.tokenizer import train_tokenizer
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of a training run; the YAML configs in recipes/configs mirror it."""
+
+    output_dir: str
+    max_steps: int
+    train_file: str
+    save_every: int = 0  # 0: only the final model
+    seed: int = 0
+    # data
+    eval_file: str | None = None
+    eval_fraction: float = 0.02  # held-out share of train_file when there is no eval_file
+    mode: str = "last"  # GAttCollator: last | all | expand
+    instruction_placement: str = "system"
+    max_length: int = 1024
+    packing: bool = True
+    # model: a directory (the library's model or any Hugging Face causal LM), or a GattConfig to start from scratch
+    model: str | None = None
+    gguf_file: str | None = None
+    model_config: dict[str, Any] | None = None
+    tokenizer: str | None = None  # default: the model directory
+    tokenizer_vocab_size: int = 0  # > 0: train a byte-level BPE of this size on the training texts
+    # optimisation
+    batch_size: int = 16
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    gradient_checkpointing: bool = False
+    # LoRA (lora_r = 0: full fine-tune)
+    lora_r: int = 0
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    merge_lora: bool = True
+    # bookkeeping
+    eval_every: int = 0
+    log_every: int = 10
+    keep_checkpoints: int = 2
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "config") -> "TrainConfig":
+        """Build from a mapping; unknown keys are refused naming them and listing the valid ones."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise ValueError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(names)}")
+        missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING and f.name not in values]
+        if missing:
+            raise ValueError(f"{source}: missing required key(s) {', '.join(missing)}")
+        config = cls(**values)
+        config.validate(source)
+        return config
+
+    def validate(self, source: str = "config") -> None:
+        """Refuse inconsistent settings, naming the key."""
+        if (self.model is None) == (self.model_config is None):
+            raise ValueError(f"{source}: set exactly one of `model` (a directory) or `model_config` (a new model)")
+        if self.model_config is not None and self.tokenizer is None and self.tokenizer_vocab_size <= 0:
+            raise ValueError(f"{source}: a new model needs `tokenizer` (a directory) or `tokenizer_vocab_size` > 0")
+        if self.max_steps < 1:
+            raise ValueError(f"{source}: max_steps must be >= 1, got {self.max_steps}")
+        if self.batch_size % self.gradient_accumulation_steps:
+            raise ValueError(f"{source}: batch_size ({self.batch_size}) must be divisible by gradient_accumulation_steps")
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
+    """Read a YAML config and apply `key=value` overrides (values parsed as YAML)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"config file not found: {path}")
+    values = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping of keys to values")
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep:
+            raise ValueError(f"override {override!r} must look like key=value")
+        values[key.strip()] = yaml.safe_load(value)
+    return TrainConfig.from_dict(values, source=str(path))
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """JSONL records; a bad line is reported with its file and line number."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from error
+            if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
+                raise ValueError(f"{path}:{number}: expected an object with a `messages` list")
+            records.append(record)
+    if not records:
+        raise ValueError(f"{path}: no records")
+    return records
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint adds to the model, optimizer, scheduler and RNG states: the step."""
+
+    step: int = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.step = state["step"]
+
+
+def batch_indices(num_records: int, batch_size: int, seed: int, step: int) -> list[int]:
+    """The records of optimizer step `step`: epochs of seeded permutations, concatenated."""
+    start = step * batch_size
+    out: list[int] = []
+    while len(out) < batch_size:
+        epoch, offset = divmod(start + len(out), num_records)
+        order = torch.randperm(num_records, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
+        out += order[offset : offset + batch_size - len(out)]
+    return out
+
+
+def build_tokenizer(config: TrainConfig, records: list[dict[str, Any]], save_dir: Path) -> PreTrainedTokenizerBase:
+    """The model's tokenizer, or a new one trained on the records (saved, so a resumed run reuses it)."""
+    if config.tokenizer_vocab_size > 0 and config.tokenizer is None:
+        if (save_dir / "tokenizer_config.json").exists():
+            return AutoTokenizer.from_pretrained(save_dir)
+        texts = [m["content"] for r in records for m in r["messages"]]
+        texts += [r.get("instruction") or "" for r in records] + [r.get("instruction_short") or "" for r in records]
+        context = (config.model_config or {}).get("max_position_embeddings", 4096)
+        tokenizer = train_tokenizer(texts, vocab_size=config.tokenizer_vocab_size, model_max_length=context)
+        tokenizer.save_pretrained(save_dir)
+        return tokenizer
+    source = config.tokenizer or config.model
+    return AutoTokenizer.from_pretrained(source, **({"gguf_file": config.gguf_file} if config.gguf_file and not config.tokenizer else {}))
+
+
+def build_model(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
+    """Load or create the model; wrap it with LoRA adapters when lora_r > 0."""
+    if config.model_config is not None:
+        special = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+                   "eos_token_id": tokenizer.eos_token_id, "vocab_size": len(tokenizer)}
+        model = GattForCausalLM(GattConfig(**{**special, **config.model_config}))
+    else:
+        kwargs = {"gguf_file": config.gguf_file} if config.gguf_file else {}
+        model = AutoModelForCausalLM.from_pretrained(config.model, **kwargs)
+    if config.gradient_checkpointing:
+        model.activation_checkpointing_enable()
+    if config.lora_r > 0:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                          target_modules=list(config.lora_targets), task_type="CAUSAL_LM")
+        model = get_peft_model(model, lora)
+    return model
+
+
+class Trainer:
+    """Holds the run's pieces; `train()` runs (or resumes) it to `max_steps`."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config
+        self.out = Path(config.output_dir)
+        self.accelerator = Accelerator(log_with="tensorboard", project_dir=str(self.out))
+        set_seed(config.seed)
+        world = self.accelerator.num_processes
+        if config.batch_size % (config.gradient_accumulation_steps * world):
+            raise ValueError(
+                f"batch_size ({config.batch_size}) must be divisible by gradient_accumulation_steps x processes "
+                f"({config.gradient_accumulation_steps} x {world})"
+            )
+        records = read_records(config.train_file)
+        if config.eval_file:
+            self.train_records, self.eval_records = records, read_records(config.eval_file)
+        else:
+            shuffled = random.Random(config.seed).sample(records, len(records))
+            n_eval = int(len(records) * config.eval_fraction) if config.eval_every else 0
+            self.eval_records, self.train_records = shuffled[:n_eval], shuffled[n_eval:]
+        self.tokenizer = build_tokenizer(config, self.train_records, self.out / "tokenizer")
+        self.collator = GAttCollator(self.tokenizer, mode=config.mode, instruction_placement=config.instruction_placement,
+                                     max_length=config.max_length, packing=config.packing)
+        model = build_model(config, self.tokenizer)
+        decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
+        no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
+        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
+                                       {"params": no_decay, "weight_decay": 0.0}], lr=config.learning_rate)
+        scheduler = get_cosine_with_min_lr_schedule_with_warmup(
+            optimizer, config.warmup_steps, config.max_steps, min_lr_rate=config.min_lr_ratio
+        )
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        self.state = TrainState()
+        self.accelerator.register_for_checkpointing(self.state)
+
+    # -- one step ------------------------------------------------------------------------------
+
+    def _micro_batches(self, step: int) -> list[dict[str, torch.Tensor]]:
+        """This process's micro-batches of the step's global batch."""
+        config, acc = self.config, self.accelerator
+        indices = batch_indices(len(self.train_records), config.batch_size, config.seed, step)
+        micro = config.batch_size // config.gradient_accumulation_steps
+        batches = []
+        for m in range(config.gradient_accumulation_steps):
+            chunk = indices[m * micro : (m + 1) * micro][acc.process_index :: acc.num_processes]
+            batches.append({k: v.to(acc.device) for k, v in self.collator([self.train_records[i] for i in chunk]).items()})
+        return batches
+
+    def _global_count(self, value: float) -> torch.Tensor:
+        return self.accelerator.reduce(torch.tensor(float(value), device=self.accelerator.device), reduction="sum")
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """One optimizer step over the global batch; returns its loss (mean over supervised tokens)."""
+        batches = self._micro_batches(step)
+        local_tokens = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
+        global_tokens = self._global_count(local_tokens)
+        world = self.accelerator.num_processes
+        step_loss = torch.zeros((), device=self.accelerator.device)
+        self.model.train()
+        for i, batch in enumerate(batches):
+            sync = i == len(batches) - 1
+            context = self.accelerator.no_sync(self.model) if not sync else nullcontext()
+            with context, self.accelerator.autocast():
+                # Sum over tokens / global count; DDP averages gradients over processes, hence x world.
+                loss = self.model(**batch, num_items_in_batch=global_tokens, use_cache=False).loss * world
+                self.accelerator.backward(loss)
+            step_loss += loss.detach() / world
+        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {
+            "loss": float(self._global_count(step_loss.item())),
+            "supervised_tokens": int(global_tokens),
+            "grad_norm": float(grad_norm),
+        }
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean token loss on the held-out records (this process's share, reduced over processes)."""
+        self.model.eval()
+        acc, total, tokens = self.accelerator, 0.0, 0
+        mine = self.eval_records[acc.process_index :: acc.num_processes]
+        for start in range(0, len(mine), self.config.batch_size):
+            batch = {k: v.to(acc.device) for k, v in self.collator(mine[start : start + self.config.batch_size]).items()}
+            n = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+            with acc.autocast():
+                total += float(self.model(**batch, use_cache=False).loss) * n
+            tokens += n
+        return float(self._global_count(total) / self._global_count(tokens).clamp(min=1))
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def train(self, resume: bool = False) -> dict[str, Any]:
+        """Run to max_steps, resuming from the newest checkpoint when asked; returns the last metrics."""
+        config, acc = self.config, self.accelerator
+        checkpoint = latest_checkpoint(self.out) if resume else None
+        if checkpoint is not None:
+            acc.load_state(str(checkpoint))
+            acc.print(f"resumed from {checkpoint} at step {self.state.step}")
+        metrics_path = self.out / "metrics.jsonl"
+        if acc.is_main_process:
+            self.out.mkdir(parents=True, exist_ok=True)
+            _truncate_metrics(metrics_path, self.state.step)
+            (self.out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
+        acc.init_trackers("gatt")
+        progress = tqdm(total=config.max_steps, initial=self.state.step, desc="train", disable=not acc.is_main_process)
+        last: dict[str, Any] = {}
+        started = time.perf_counter()
+        while self.state.step < config.max_steps:
+            result = self.train_step(self.state.step)
+            self.state.step += 1
+            step = self.state.step
+            last = {"step": step, **result, "lr": self.scheduler.get_last_lr()[0],
+                    "elapsed_s": round(time.perf_counter() - started, 3)}
+            if config.eval_every and self.eval_records and (step % config.eval_every == 0 or step == config.max_steps):
+                last["eval_loss"] = self.evaluate()
+            if step % config.log_every == 0 or step == config.max_steps or "eval_loss" in last:
+                self._log(metrics_path, last)
+            progress.update(1)
+            progress.set_postfix(loss=f"{result['loss']:.4f}")
+            if config.save_every and step % config.save_every == 0 and step < config.max_steps:
+                self.save_checkpoint(step)
+        progress.close()
+        self.save_final()
+        acc.end_training()
+        return last
+
+    def _log(self, path: Path, metrics: dict[str, Any]) -> None:
+        self.accelerator.log({k: v for k, v in metrics.items() if k != "step"}, step=metrics["step"])
+        if self.accelerator.is_main_process:
+            with path.open("a") as f:
+                f.write(json.dumps(metrics) + "\n")
+
+    def save_checkpoint(self, step: int) -> None:
+        """Accelerate's save_state into a temporary folder, renamed into place; old checkpoints pruned."""
+        acc = self.accelerator
+        final = self.out / "checkpoints" / f"step-{step:07d}"
+        tmp = final.with_name(final.name + ".tmp")
+        acc.wait_for_everyone()
+        if acc.is_main_process and tmp.exists():
+            shutil.rmtree(tmp)
+        acc.wait_for_everyone()
+        acc.save_state(str(tmp))
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            os.replace(tmp, final)
+            for old in sorted(final.parent.glob("step-???????"))[: -self.config.keep_checkpoints]:
+                shutil.rmtree(old)
+        acc.wait_for_everyone()
+
+    def save_final(self) -> None:
+        """`output_dir/final`: a from_pretrained-loadable model (LoRA merged, or adapter + base) and tokenizer."""
+        acc = self.accelerator
+        acc.wait_for_everyone()
+        if not acc.is_main_process:
+            return
+        model = acc.unwrap_model(self.model)
+        if self.config.lora_r > 0 and self.config.merge_lora:
+            model = model.merge_and_unload()
+        final = self.out / "final"
+        model.save_pretrained(final)
+        self.tokenizer.save_pretrained(final)
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    """The newest complete checkpoint (incomplete ones keep their .tmp name)."""
+    found = sorted((output_dir / "checkpoints").glob("step-???????"))
+    return found[-1] if found else None
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Forget metrics logged after the checkpoint a run resumes from (they will be logged again)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def train(config: TrainConfig, resume: bool = False) -> dict[str, Any]:
+    """Build the trainer from `config` and run it."""
+    return Trainer(config).train(resume=resume)
+
+
+__all__ = ["TrainConfig", "Trainer", "batch_indices", "load_config", "read_records", "train"]
