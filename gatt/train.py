@@ -229,9 +229,11 @@ class Trainer:
         scheduler = get_cosine_with_min_lr_schedule_with_warmup(
             optimizer, config.warmup_steps, config.max_steps, min_lr_rate=config.min_lr_ratio
         )
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        # The scheduler stays unprepared: Accelerate would step it once per process for every optimizer step.
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.scheduler = scheduler
         self.state = TrainState()
-        self.accelerator.register_for_checkpointing(self.state)
+        self.accelerator.register_for_checkpointing(self.scheduler, self.state)
 
     # -- one step ------------------------------------------------------------------------------
 

@@ -1,0 +1,166 @@
+"""The training loop and recipe: config contract, metrics, checkpoints, resume after SIGKILL, 2 processes, LoRA."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from data_gen.__main__ import main as data_gen_main
+from gatt.train import TrainConfig, batch_indices, load_config, train
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "recipes" / "configs" / "smoke.yaml"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("data")
+    data_gen_main(["gatt", "--teacher", "oracle", "--num-dialogues", "64", "--max-turns", "8", "--seed", "0", "--out", str(out)])
+    return out / "gatt.jsonl"
+
+
+def smoke_config(data: Path, out: Path, **overrides) -> TrainConfig:
+    return load_config(SMOKE, [f"train_file={data}", f"output_dir={out}", *(f"{k}={v}" for k, v in overrides.items())])
+
+
+def read_metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_recipe(*args: str, env: dict | None = None, launcher: list[str] | None = None) -> subprocess.Popen:
+    command = [*(launcher or [sys.executable]), str(ROOT / "recipes" / "train_gatt.py"), *args]
+    return subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_config_refuses_unknown_keys_and_names_them(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**yaml.safe_load(SMOKE.read_text()), "learning_rte": 1e-3, "epochs": 2}))
+    with pytest.raises(ValueError, match=r"bad\.yaml: unknown key\(s\) epochs, learning_rte; valid keys: output_dir, max_steps"):
+        load_config(bad)
+    with pytest.raises(ValueError, match="missing required key"):
+        TrainConfig.from_dict({"output_dir": "x", "max_steps": 1})
+    with pytest.raises(ValueError, match="exactly one of `model`"):
+        load_config(SMOKE, ["model=some/dir"])
+    with pytest.raises(ValueError, match="key=value"):
+        load_config(SMOKE, ["max_steps"])
+    config = load_config(SMOKE, ["max_steps=7", "packing=false", "lora_targets=[q_proj]"])
+    assert (config.max_steps, config.packing, config.lora_targets) == (7, False, ["q_proj"])
+    process = run_recipe("--config", str(bad))
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode != 0 and "unknown key(s) epochs, learning_rte" in output
+
+
+def test_batch_order_is_a_function_of_seed_and_step():
+    assert batch_indices(10, 4, 0, 2) == batch_indices(10, 4, 0, 2)
+    epoch = [i for step in range(5) for i in batch_indices(10, 4, 0, step)][:10]
+    assert sorted(epoch) == list(range(10))  # each epoch is a permutation
+    assert batch_indices(10, 4, 1, 0) != batch_indices(10, 4, 0, 0)
+
+
+def test_smoke_recipe_trains_logs_checkpoints_and_saves_a_loadable_model(data, tmp_path):
+    start = time.perf_counter()
+    last = train(smoke_config(data, tmp_path / "run"))
+    assert time.perf_counter() - start < 60  # the smoke config is meant to take well under a minute
+    metrics = read_metrics(tmp_path / "run")
+    assert [m["step"] for m in metrics] == list(range(1, 21))
+    assert all({"step", "loss", "lr", "supervised_tokens"} <= set(m) for m in metrics)
+    assert all(m["supervised_tokens"] > 0 for m in metrics)
+    assert metrics[-1]["loss"] < metrics[0]["loss"] - 1.0  # it learns
+    assert "eval_loss" in metrics[9] and "eval_loss" in last
+    assert metrics[1]["lr"] == pytest.approx(3e-3) and metrics[-1]["lr"] < metrics[5]["lr"]  # warmup, then cosine decay
+    assert (tmp_path / "run" / "checkpoints" / "step-0000010").is_dir()
+    assert list((tmp_path / "run" / "gatt").rglob("events.out.tfevents*"))  # TensorBoard
+    final = tmp_path / "run" / "final"
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(final), AutoTokenizer.from_pretrained(final)
+    assert type(model).__name__ == "GattForCausalLM" and tokenizer.chat_template
+
+
+def test_killed_run_resumes_to_the_same_final_loss(data, tmp_path):
+    whole = train(smoke_config(data, tmp_path / "whole", save_every=5))
+    args = ["--config", str(SMOKE), f"train_file={data}", f"output_dir={tmp_path / 'killed'}", "save_every=5"]
+    process = run_recipe(*args, env={"OMP_NUM_THREADS": "1"})
+    checkpoint = tmp_path / "killed" / "checkpoints" / "step-0000010"
+    deadline = time.time() + 120
+    while not checkpoint.exists() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert checkpoint.exists() and not (tmp_path / "killed" / "final").exists(), "killed after step 10, before the end"
+    resumed = run_recipe(*args, "--resume")
+    output, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, output
+    assert "resumed from" in output
+    metrics = read_metrics(tmp_path / "killed")
+    assert [m["step"] for m in metrics] == list(range(1, 21))  # no step logged twice, none lost
+    assert metrics[-1]["loss"] == pytest.approx(whole["loss"], abs=1e-5)
+
+
+def test_two_processes_follow_the_one_process_trajectory(data, tmp_path):
+    args = ["--config", str(SMOKE), f"train_file={data}", "max_steps=6", "save_every=0", "eval_every=0",
+            "gradient_accumulation_steps=2"]
+    env = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    single = run_recipe(*args, f"output_dir={tmp_path / 'one'}", env=env)
+    output, _ = single.communicate(timeout=300)
+    assert single.returncode == 0, output
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533"]
+    double = run_recipe(*args, f"output_dir={tmp_path / 'two'}", env=env, launcher=launcher)
+    output, _ = double.communicate(timeout=300)
+    assert double.returncode == 0, output
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert [m["supervised_tokens"] for m in one] == [m["supervised_tokens"] for m in two]
+    for a, b in zip(one, two):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def base_dir(data, tmp_path_factory) -> Path:
+    """A small trained model directory to fine-tune."""
+    out = tmp_path_factory.mktemp("base")
+    train(smoke_config(data, out, max_steps=2, save_every=0, eval_every=0))
+    return out / "final"
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_lora_fine_tune_saves_a_merged_model_or_an_adapter(data, base_dir, tmp_path, merge):
+    config = load_config(SMOKE, [f"train_file={data}", f"output_dir={tmp_path}", "model_config=null",
+                                 f"model={base_dir}", "tokenizer_vocab_size=0", "max_steps=3", "save_every=0",
+                                 "eval_every=0", "lora_r=4", f"merge_lora={str(merge).lower()}"])
+    train(config)
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    if merge:
+        tuned = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+        assert not (tmp_path / "final" / "adapter_config.json").exists()
+    else:
+        from peft import AutoPeftModelForCausalLM
+
+        adapter = json.loads((tmp_path / "final" / "adapter_config.json").read_text())
+        assert adapter["base_model_name_or_path"] == str(base_dir) and adapter["r"] == 4
+        tuned = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "final").merge_and_unload()
+    tuned_q = tuned.model.layers[0].self_attn.q_proj.weight
+    assert not torch.allclose(tuned_q, base.model.layers[0].self_attn.q_proj.weight)  # the adapter moved q_proj
+    torch.testing.assert_close(tuned.model.layers[0].mlp.up_proj.weight, base.model.layers[0].mlp.up_proj.weight)
+
+
+def test_any_hugging_face_causal_lm_directory_trains(data, base_dir, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, pad_token_id=tokenizer.pad_token_id))
+    llama.save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    config = load_config(SMOKE, [f"train_file={data}", f"output_dir={tmp_path / 'out'}", "model_config=null",
+                                 f"model={tmp_path / 'llama'}", "tokenizer_vocab_size=0", "max_steps=3",
+                                 "save_every=0", "eval_every=0"])
+    train(config)
+    assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "final")).__name__ == "LlamaForCausalLM"
+    assert len(read_metrics(tmp_path / "out")) == 3
