@@ -1,22 +1,23 @@
 """Benchmark GAtt teacher sampling on CPU: batched across dialogues vs one dialogue at a time.
 
-Both candidates run the same synthesis with the same `ModelTeacher` (one loaded model) on the same
-N dialogues of exactly T user turns each, k candidates per turn, in one process:
+Both candidates run the same synthesis with one `ModelTeacher` (k candidates per turn) on the same N
+dialogues of exactly T user turns, in one process:
 
-- "batched":    dialogues advance in lockstep; each turn is one `teacher.sample` call holding every
-                dialogue's request (batch_size=N, so one left-padded `generate()` of N*k rows);
-- "sequential": one dialogue at a time, one request per call (batch_size=1, `generate()` of k rows).
+- "batched":    each turn is one `teacher.sample` call holding every dialogue's request
+                (batch_size=N: one left-padded `generate()` of N*k rows);
+- "sequential": one request per call (batch_size=1: N `generate()` calls of k rows per turn).
 
-To make the work identical whatever the model writes, every generation is forced to exactly M new
-tokens (`min_new_tokens = max_new_tokens`, set on the model's generation config by the benchmark) and
-the first candidate is always kept (no checks: a random model fails them), appended as the reply so
-histories grow as in real synthesis. torch is seeded identically before each candidate. The teacher is
-a randomly initialised GattForCausalLM about the size of the project's embedded base model (hidden
-256, 4 layers, 8/4 heads, vocab 2048): random weights change nothing in the timing.
+The candidates alternate turn by turn (order flipping), so machine noise hits both alike; each keeps
+its own torch RNG, seeded identically. For identical work whatever the model writes, every generation
+makes exactly M new tokens (the benchmark sets `min_new_tokens = max_new_tokens` on the model's
+generation config) and the first candidate is always kept unchecked (a random model fails the checks),
+appended as the reply so histories grow as in real synthesis. The teacher is a randomly initialised
+GattForCausalLM about the size of the project's embedded base model (hidden 256, 4 layers, 8/4 heads,
+vocab 2048, ~3.7M params): random weights change nothing in the timing.
 
-Measured: wall time of the whole synthesis (chat templating, generate, decoding) -> dialogues/s and
-turns/s; also prompt tokens, left-padding tokens and generated tokens, counted at `generate()`.
-Goal: batched >= 4x sequential in dialogues/s. Defaults: N=32 dialogues, T=8 turns, k=4, M=32.
+Measured: wall time of each candidate's synthesis (chat template, generate, decode) -> dialogues/s,
+turns/s; prompt, padding and generated tokens are counted at `generate()`. Goal: batched >= 4x
+sequential in dialogues/s. Defaults (N=32, T=8, k=4, M=32) take about 2-3 minutes on 2 idle cores.
 
 Usage: python benchmarks/bench_teacher.py [--dialogues 32] [--turns 8] [--k 4] [--max-new-tokens 32]
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -84,37 +86,44 @@ def draw(config: SynthesisConfig) -> list[_Dialogue]:
     return [draw_dialogue(i, config, sampler, pool) for i in range(config.num_dialogues)]
 
 
-def run_batched(teacher: FixedLengthTeacher, dialogues: list[_Dialogue], k: int) -> None:
+def batched_turn(teacher: FixedLengthTeacher, dialogues: list[_Dialogue], k: int) -> None:
+    """One turn of every dialogue in one `sample` call (batch_size=N)."""
     teacher.batch_size = len(dialogues)
-    for _ in range(len(dialogues[0].turns)):  # every dialogue has T turns
-        for dialogue, candidates in zip(dialogues, teacher.sample([d.request() for d in dialogues], k)):
-            dialogue.replies.append(candidates[0])  # accept the first candidate, unchecked
+    for dialogue, candidates in zip(dialogues, teacher.sample([d.request() for d in dialogues], k)):
+        dialogue.replies.append(candidates[0])  # accept the first candidate, unchecked
 
 
-def run_sequential(teacher: FixedLengthTeacher, dialogues: list[_Dialogue], k: int) -> None:
+def sequential_turn(teacher: FixedLengthTeacher, dialogues: list[_Dialogue], k: int) -> None:
+    """One turn of every dialogue, one `sample` call per dialogue (batch_size=1)."""
     teacher.batch_size = 1
     for dialogue in dialogues:
-        for _ in dialogue.turns:
-            dialogue.replies.append(teacher.sample([dialogue.request()], k)[0][0])
+        dialogue.replies.append(teacher.sample([dialogue.request()], k)[0][0])
 
 
-CANDIDATES = {"batched": run_batched, "sequential": run_sequential}
+CANDIDATES = {"batched": batched_turn, "sequential": sequential_turn}
 
 
-def measure(name: str, teacher: FixedLengthTeacher, config: SynthesisConfig, seed: int) -> dict[str, float]:
-    dialogues = draw(config)
-    teacher.counts.clear()
+def measure(teacher: FixedLengthTeacher, config: SynthesisConfig, seed: int) -> dict[str, dict[str, float]]:
+    """Both candidates' synthesis, interleaved turn by turn (order alternating), each with its own torch RNG."""
+    dialogues = {name: draw(config) for name in CANDIDATES}
     torch.manual_seed(seed)
-    start = time.perf_counter()
-    CANDIDATES[name](teacher, dialogues, config.samples_per_turn)
-    seconds = time.perf_counter() - start
-    turns = sum(len(d.replies) for d in dialogues)
-    assert turns == config.num_dialogues * config.max_turns, f"{name}: {turns} turns done"
-    c = teacher.counts
-    return {"seconds": seconds, "dialogues_per_s": len(dialogues) / seconds, "turns_per_s": turns / seconds,
-            "generate_calls": c["calls"], "generated_tokens": c["generated_tokens"],
-            "prompt_tokens": c["prompt_tokens"], "padded_tokens": c["padded_tokens"],
-            "padding_fraction": c["padded_tokens"] / (c["prompt_tokens"] + c["padded_tokens"])}
+    rng = dict.fromkeys(CANDIDATES, torch.get_rng_state())  # identical seeding for each candidate
+    counts = {name: Counter() for name in CANDIDATES}
+    seconds = dict.fromkeys(CANDIDATES, 0.0)
+    for turn in range(config.max_turns):
+        for name in list(CANDIDATES)[:: 1 if turn % 2 == 0 else -1]:
+            torch.set_rng_state(rng[name])
+            teacher.counts = counts[name]
+            start = time.perf_counter()
+            CANDIDATES[name](teacher, dialogues[name], config.samples_per_turn)
+            seconds[name] += time.perf_counter() - start
+            rng[name] = torch.get_rng_state()
+    turns = config.num_dialogues * config.max_turns
+    assert all(sum(len(d.replies) for d in ds) == turns for ds in dialogues.values()), "a turn went unanswered"
+    return {name: {"seconds": seconds[name], "dialogues_per_s": config.num_dialogues / seconds[name],
+                   "turns_per_s": turns / seconds[name], **c,
+                   "padding_fraction": c["padded_tokens"] / (c["prompt_tokens"] + c["padded_tokens"])}
+            for name, c in counts.items()}
 
 
 def main() -> None:
@@ -133,20 +142,23 @@ def main() -> None:
                              samples_per_turn=args.k, seed=args.seed)
     teacher = FixedLengthTeacher(build_teacher_dir(args.model_dir), max_new_tokens=args.max_new_tokens)
     params = sum(p.numel() for p in teacher.model.parameters())
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32 CPU; random teacher, {params / 1e6:.2f}M "
-          f"params; N={args.dialogues} dialogues x T={args.turns} turns, k={args.k}, M={args.max_new_tokens} new tokens")
-    run_batched(teacher, draw(SynthesisConfig(num_dialogues=2, min_turns=1, max_turns=1)), args.k)  # warm-up
-    results = {name: measure(name, teacher, config, args.seed) for name in CANDIDATES}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32 CPU, random teacher ({params / 1e6:.2f}M "
+          f"params), N={args.dialogues} dialogues x T={args.turns} turns, k={args.k}, M={args.max_new_tokens} new tokens")
+    batched_turn(teacher, draw(SynthesisConfig(num_dialogues=2, min_turns=1, max_turns=1)), args.k)  # warm-up
+    load_before = os.getloadavg()[0]
+    results = measure(teacher, config, args.seed)
+    load = {"before": load_before, "after": os.getloadavg()[0]}  # 1-min load average: > threads means contention
     for name, r in results.items():
         print(f"{name:>10}: {r['seconds']:7.1f} s  {r['dialogues_per_s']:7.3f} dialogues/s  {r['turns_per_s']:7.2f} "
-              f"turns/s  {r['generate_calls']} generate() calls  {r['generated_tokens']} generated tokens  "
+              f"turns/s  {r['calls']} generate() calls  {r['generated_tokens']} generated tokens  "
               f"{r['prompt_tokens']} prompt tokens  padding {100 * r['padding_fraction']:.1f}%")
     speedup = results["batched"]["dialogues_per_s"] / results["sequential"]["dialogues_per_s"]
-    print(f"speedup batched / sequential: {speedup:.2f}x (goal >= 4x: {'met' if speedup >= 4 else 'NOT met'})")
+    print(f"speedup batched / sequential: {speedup:.2f}x (goal >= 4x: {'met' if speedup >= 4 else 'NOT met'}); "
+          f"1-min load average {load['before']:.2f} before, {load['after']:.2f} after")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                "torch": torch.__version__, "threads": torch.get_num_threads(), "params": params,
-               "results": results, "speedup": speedup}
+               "load_average": load, "results": results, "speedup": speedup}
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {args.out}")
 

@@ -75,6 +75,9 @@ class GAttCollator:
         if not instruction:
             return messages
         if self.instruction_placement == "system":
+            if messages and messages[0]["role"] == "system":  # keep one system message: the instruction leads it
+                messages[0]["content"] = f"{instruction}\n{messages[0]['content']}"
+                return messages
             return [{"role": "system", "content": instruction}, *messages]
         first = next(i for i, m in enumerate(messages) if m["role"] == "user")
         messages[first]["content"] = f"{instruction}\n{messages[first]['content']}"
@@ -118,7 +121,11 @@ class GAttCollator:
         """The training examples of one record (one, or one per reply with mode="expand")."""
         messages = self.chat(record)
         num_replies = sum(m["role"] == "assistant" for m in messages)
-        sampled = record.get("sampled_with_instruction") or [True] * num_replies
+        if num_replies == 0:
+            raise ValueError(f"record {record.get('id', '?')}: no assistant reply to train on")
+        sampled = record.get("sampled_with_instruction")
+        if sampled is None:  # plain SFT data: every reply counts as sampled
+            sampled = [True] * num_replies
         if len(sampled) != num_replies:
             raise ValueError(
                 f"record {record.get('id', '?')}: sampled_with_instruction has {len(sampled)} entries "

@@ -210,7 +210,7 @@ class GattModel(GattPreTrainedModel):
             )
         if position_ids is None:
             position_ids = self._default_position_ids(attention_mask, past_length, length, inputs_embeds.device)
-        if segment_ids is None and past_key_values is None and attention_mask is None:
+        if segment_ids is None and past_length == 0 and attention_mask is None:
             segment_ids = segment_ids_from_position_ids(position_ids.expand(batch, -1))
         mask, is_causal = self._attention_mask(attention_mask, segment_ids, length, key_length, inputs_embeds.device)
 
