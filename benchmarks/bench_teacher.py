@@ -126,9 +126,12 @@ def measure(teacher: FixedLengthTeacher, config: SynthesisConfig, seed: int) -> 
             for name, c in counts.items()}
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The docstring's layout as written, and each option's default."""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\nUsage")[0], formatter_class=HelpFormatter)
     parser.add_argument("--dialogues", type=int, default=32, help="N dialogues (same N for both candidates)")
     parser.add_argument("--turns", type=int, default=8, help="T user turns per dialogue (fixed)")
     parser.add_argument("--k", type=int, default=4, help="candidates sampled per turn")

@@ -269,6 +269,38 @@ def _explicit_attention(
     return dropped @ value, weights  # (B, H, Tq, Dv), (B, H, Tq, Tk)
 
 
+def segment_spans(segment_ids: Tensor) -> list[list[tuple[int, int]]]:
+    """Per row, the [start, end) runs of equal segment id: the packed dialogues (and trailing padding)."""
+    spans = []
+    for row in segment_ids.tolist():
+        starts = [0] + [t for t in range(1, len(row)) if row[t] != row[t - 1]]
+        spans.append(list(zip(starts, starts[1:] + [len(row)])))
+    return spans
+
+
+def segmented_attention(
+    query: Tensor, key: Tensor, value: Tensor, spans: list[list[tuple[int, int]]], *, scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Causal attention inside each packed segment, without a (T, T) mask.
+
+    Equal to `masked_attention` with the segment mask, but each segment runs the causal SDPA kernel on
+    its own slice: the cost is the sum of len^2 over segments instead of T^2 per row.
+    """
+    grouped = query.shape[1] != key.shape[1]
+    rows = []
+    for b, row_spans in enumerate(spans):
+        pieces = [
+            F.scaled_dot_product_attention(
+                query[b : b + 1, :, s:e], key[b : b + 1, :, s:e], value[b : b + 1, :, s:e],
+                dropout_p=dropout_p, is_causal=e - s > 1, scale=scale, enable_gqa=grouped,
+            )
+            for s, e in row_spans
+        ]
+        rows.append(torch.cat(pieces, dim=2))  # (1, H, T, Dv)
+    return torch.cat(rows, dim=0)  # (B, H, T, Dv)
+
+
 def repeat_kv(hidden: Tensor, n_rep: int) -> Tensor:
     """(B, Hkv, T, D) -> (B, Hkv * n_rep, T, D): each key/value head serves n_rep query heads."""
     if n_rep == 1:
@@ -374,8 +406,12 @@ class MaskedMultiHeadAttention(nn.Module):
         is_causal: bool = True,
         past_key_values: KVCache | None = None,
         return_weights: bool = False,
+        spans: list[list[tuple[int, int]]] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """hidden_states (B, T, C) -> (B, T, C); `mask` (bool, broadcastable to (B, H, T, Tk)) covers cached keys too."""
+        """hidden_states (B, T, C) -> (B, T, C); `mask` (bool, broadcastable to (B, H, T, Tk)) covers cached keys too.
+
+        `spans` (packed rows without cache): the segments `mask` describes, for the per-segment fast path.
+        """
         batch, length, _ = hidden_states.shape
         query = self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         key = self.k_proj(hidden_states).view(batch, length, self.num_key_value_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
@@ -383,16 +419,14 @@ class MaskedMultiHeadAttention(nn.Module):
         query, key = apply_rotary(query, key, *position_embeddings)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)  # (B, Hkv, Tk, D)
-        output, weights = masked_attention(
-            query,
-            key,
-            value,
-            mask,
-            is_causal=is_causal,
-            score=self.score,
-            dropout_p=self.dropout if self.training else 0.0,
-            return_weights=return_weights,
-        )
+        dropout_p = self.dropout if self.training else 0.0
+        if spans is not None and self.score is None and not return_weights:
+            output, weights = segmented_attention(query, key, value, spans, dropout_p=dropout_p), None
+        else:
+            output, weights = masked_attention(
+                query, key, value, mask, is_causal=is_causal, score=self.score, dropout_p=dropout_p,
+                return_weights=return_weights,
+            )
         output = output.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)  # (B, T, H*D)
         return self.o_proj(output), weights
 
@@ -457,4 +491,6 @@ __all__ = [
     "register_with_transformers",
     "repeat_kv",
     "segment_ids_from_position_ids",
+    "segment_spans",
+    "segmented_attention",
 ]

@@ -41,6 +41,7 @@ from gatt.attention import (
     build_attention_mask,
     default_inv_freq,
     segment_ids_from_position_ids,
+    segment_spans,
 )
 
 
@@ -131,6 +132,7 @@ class GattDecoderLayer(GradientCheckpointingLayer):
         is_causal: bool = True,
         past_key_values: Cache | None = None,
         return_weights: bool = False,
+        spans: list[list[tuple[int, int]]] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         attn_out, weights = self.self_attn(
             self.input_layernorm(hidden_states),
@@ -139,6 +141,7 @@ class GattDecoderLayer(GradientCheckpointingLayer):
             is_causal=is_causal,
             past_key_values=past_key_values,
             return_weights=return_weights,
+            spans=spans,
         )
         hidden_states = hidden_states + attn_out
         hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
@@ -212,7 +215,14 @@ class GattModel(GattPreTrainedModel):
             position_ids = self._default_position_ids(attention_mask, past_length, length, inputs_embeds.device)
         if segment_ids is None and past_length == 0 and attention_mask is None:
             segment_ids = segment_ids_from_position_ids(position_ids.expand(batch, -1))
-        mask, is_causal = self._attention_mask(attention_mask, segment_ids, length, key_length, inputs_embeds.device)
+        # Packed rows with nothing else to mask: scaled dot-product attention runs segment by segment,
+        # with no (T, T) mask at all.
+        spans = None
+        if (segment_ids is not None and attention_mask is None and past_length == 0 and not output_attentions
+                and self.config.attention_window is None and self.config.score_function == "scaled_dot"):
+            spans, mask, is_causal = segment_spans(segment_ids), None, False
+        else:
+            mask, is_causal = self._attention_mask(attention_mask, segment_ids, length, key_length, inputs_embeds.device)
 
         position_embeddings = self.rotary_emb(position_ids, dtype=inputs_embeds.dtype)  # 2 x (B, T, D)
         hidden_states = inputs_embeds
@@ -225,6 +235,7 @@ class GattModel(GattPreTrainedModel):
                 is_causal=is_causal,
                 past_key_values=past_key_values,
                 return_weights=output_attentions,
+                spans=spans,
             )
             if output_attentions:
                 attentions.append(weights)

@@ -19,6 +19,8 @@ from gatt.attention import (
     make_score,
     masked_attention,
     segment_ids_from_position_ids,
+    segment_spans,
+    segmented_attention,
 )
 
 B, H, HKV, TQ, TK, D = 2, 4, 2, 5, 7, 8
@@ -205,3 +207,19 @@ def test_llama_with_gatt_attention_matches_sdpa():
         attentions = ours(ids, attention_mask=padding, output_attentions=True).attentions
     assert len(attentions) == 2 and attentions[0].shape == (2, 4, 16, 16)
     assert torch.all(attentions[0][0, :, 5:, :5] == 0)  # real tokens put no weight on padding
+
+
+@pytest.mark.parametrize("kv_heads", [H, HKV])
+def test_segmented_attention_equals_the_segment_mask(kv_heads):
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, H, 11, D, generator=g, requires_grad=True)
+    k, v = torch.randn(2, kv_heads, 11, D, generator=g), torch.randn(2, kv_heads, 11, D, generator=g)
+    segment_ids = torch.tensor([[0] * 4 + [1] * 6 + [2], [0] * 11])
+    spans = segment_spans(segment_ids)
+    assert spans == [[(0, 4), (4, 10), (10, 11)], [(0, 11)]]
+    fast = segmented_attention(q, k, v, spans)
+    reference, _ = masked_attention(q, k, v, build_attention_mask(11, 11, segment_ids=segment_ids), return_weights=True)
+    torch.testing.assert_close(fast, reference, atol=1e-5, rtol=1e-5)
+    (grad,) = torch.autograd.grad(fast.sum(), q)
+    (expected,) = torch.autograd.grad(reference.sum(), q)
+    torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-5)
