@@ -1,4 +1,4 @@
-"""Benchmark GAtt teacher sampling on CPU: batched across dialogues vs one dialogue at a time.
+"""Benchmark GAtt teacher sampling: batched across dialogues vs one dialogue at a time.
 
 Both candidates run the same synthesis with one `ModelTeacher` (k candidates per turn) on the same N
 dialogues of exactly T user turns, in one process:
@@ -16,17 +16,18 @@ GattForCausalLM about the size of the project's embedded base model (hidden 256,
 vocab 2048, ~3.7M params): random weights change nothing in the timing.
 
 Measured: wall time of each candidate's synthesis (chat template, generate, decode) -> dialogues/s,
-turns/s; prompt, padding and generated tokens are counted at `generate()`. Goal: batched >= 4x
+turns/s; prompt, padding and generated tokens are counted at `generate()`; "CPU share" is the CPU time
+the process got / (wall x threads): well below 1 means other processes competed (small-batch
+generation then slows far more than big batches, inflating the ratio). Goal: batched >= 4x
 sequential in dialogues/s. Defaults (N=32, T=8, k=4, M=32) take about 2-3 minutes on 2 idle cores.
 
-Usage: python benchmarks/bench_teacher.py [--dialogues 32] [--turns 8] [--k 4] [--max-new-tokens 32]
+Usage: python benchmarks/bench_teacher.py [--dialogues 32] [--turns 8] [--k 4] [--max-new-tokens 32] [--device cuda]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -109,19 +110,22 @@ def measure(teacher: FixedLengthTeacher, config: SynthesisConfig, seed: int) -> 
     torch.manual_seed(seed)
     rng = dict.fromkeys(CANDIDATES, torch.get_rng_state())  # identical seeding for each candidate
     counts = {name: Counter() for name in CANDIDATES}
-    seconds = dict.fromkeys(CANDIDATES, 0.0)
+    seconds, cpu_seconds = dict.fromkeys(CANDIDATES, 0.0), dict.fromkeys(CANDIDATES, 0.0)
     for turn in range(config.max_turns):
         for name in list(CANDIDATES)[:: 1 if turn % 2 == 0 else -1]:
             torch.set_rng_state(rng[name])
             teacher.counts = counts[name]
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             CANDIDATES[name](teacher, dialogues[name], config.samples_per_turn)
             seconds[name] += time.perf_counter() - start
+            cpu_seconds[name] += time.process_time() - cpu_start
             rng[name] = torch.get_rng_state()
     turns = config.num_dialogues * config.max_turns
     assert all(sum(len(d.replies) for d in ds) == turns for ds in dialogues.values()), "a turn went unanswered"
     return {name: {"seconds": seconds[name], "dialogues_per_s": config.num_dialogues / seconds[name],
                    "turns_per_s": turns / seconds[name], **c,
+                   # CPU time this process got / (wall x threads): well below 1 means other processes competed
+                   "cpu_share": cpu_seconds[name] / (seconds[name] * torch.get_num_threads()),
                    "padding_fraction": c["padded_tokens"] / (c["prompt_tokens"] + c["padded_tokens"])}
             for name, c in counts.items()}
 
@@ -139,29 +143,31 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="dialogue draws and torch sampling seed")
     parser.add_argument("--model-dir", type=Path, default=Path("runs/bench/teacher-model"), help="teacher (built if absent)")
     parser.add_argument("--out", type=Path, default=Path("results/bench_teacher.json"), help="JSON results path")
+    parser.add_argument("--device", default="cpu", help="teacher device (cpu, cuda)")
     args = parser.parse_args()
 
     config = SynthesisConfig(num_dialogues=args.dialogues, min_turns=args.turns, max_turns=args.turns,
                              samples_per_turn=args.k, seed=args.seed)
-    teacher = FixedLengthTeacher(build_teacher_dir(args.model_dir), max_new_tokens=args.max_new_tokens)
+    teacher = FixedLengthTeacher(build_teacher_dir(args.model_dir), max_new_tokens=args.max_new_tokens, device=args.device)
     params = sum(p.numel() for p in teacher.model.parameters())
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32 CPU, random teacher ({params / 1e6:.2f}M "
+    device = torch.cuda.get_device_name() if teacher.device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {device}, fp32, random teacher ({params / 1e6:.2f}M "
           f"params), N={args.dialogues} dialogues x T={args.turns} turns, k={args.k}, M={args.max_new_tokens} new tokens")
     batched_turn(teacher, draw(SynthesisConfig(num_dialogues=2, min_turns=1, max_turns=1)), args.k)  # warm-up
-    load_before = os.getloadavg()[0]
     results = measure(teacher, config, args.seed)
-    load = {"before": load_before, "after": os.getloadavg()[0]}  # 1-min load average: > threads means contention
     for name, r in results.items():
         print(f"{name:>10}: {r['seconds']:7.1f} s  {r['dialogues_per_s']:7.3f} dialogues/s  {r['turns_per_s']:7.2f} "
               f"turns/s  {r['calls']} generate() calls  {r['generated_tokens']} generated tokens  "
-              f"{r['prompt_tokens']} prompt tokens  padding {100 * r['padding_fraction']:.1f}%")
+              f"{r['prompt_tokens']} prompt tokens  padding {100 * r['padding_fraction']:.1f}%  "
+              f"CPU share {r['cpu_share']:.2f}")
     speedup = results["batched"]["dialogues_per_s"] / results["sequential"]["dialogues_per_s"]
-    print(f"speedup batched / sequential: {speedup:.2f}x (goal >= 4x: {'met' if speedup >= 4 else 'NOT met'}); "
-          f"1-min load average {load['before']:.2f} before, {load['after']:.2f} after")
+    print(f"speedup batched / sequential: {speedup:.2f}x (goal >= 4x: {'met' if speedup >= 4 else 'NOT met'})")
+    if teacher.device.type == "cpu" and min(r["cpu_share"] for r in results.values()) < 0.9:
+        print("warning: other processes took CPU during the run (CPU share < 0.9); the ratio is unreliable, rerun")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-               "torch": torch.__version__, "threads": torch.get_num_threads(), "params": params,
-               "load_average": load, "results": results, "speedup": speedup}
+               "torch": torch.__version__, "device": device, "params": params,
+               "results": results, "speedup": speedup}
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {args.out}")
 

@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     gatt.add_argument("--top-p", type=float, default=0.95)
     gatt.add_argument("--max-new-tokens", type=int, default=64)
     gatt.add_argument("--batch-size", type=int, default=32, help="prompts per teacher generate() call")
+    gatt.add_argument("--device", help="teacher device, e.g. cuda, cuda:1, cpu (default: cuda if available)")
     gatt.add_argument("--shard-size", type=int, default=64, help="dialogues per resumable shard")
     return parser
 
@@ -89,7 +90,7 @@ def run_gatt(args: argparse.Namespace) -> dict:
     else:
         teacher = ModelTeacher(
             args.teacher, temperature=args.temperature, top_p=args.top_p,
-            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, device=args.device,
         )
     config = SynthesisConfig(
         num_dialogues=args.num_dialogues, min_turns=args.min_turns, max_turns=args.max_turns,

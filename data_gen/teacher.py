@@ -60,6 +60,7 @@ class ModelTeacher:
         top_p: float = 0.95,
         max_new_tokens: int = 64,
         batch_size: int = 16,
+        device: str | None = None,
     ) -> None:
         self.name = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -68,7 +69,8 @@ class ModelTeacher:
         self.tokenizer.padding_side = "left"  # generation continues every row from its last token
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir).to(self.device).eval()
         self.temperature, self.top_p, self.max_new_tokens, self.batch_size = temperature, top_p, max_new_tokens, batch_size
         self.max_prompt = getattr(self.model.config, "max_position_embeddings", 2048) - max_new_tokens
 
@@ -89,7 +91,7 @@ class ModelTeacher:
 
     @torch.no_grad()
     def _generate(self, prompts: list[list[int]], k: int) -> list[str]:
-        batch = self.tokenizer.pad({"input_ids": prompts}, return_tensors="pt")
+        batch = self.tokenizer.pad({"input_ids": prompts}, return_tensors="pt").to(self.device)
         output = self.model.generate(
             **batch,
             do_sample=True,

@@ -8,10 +8,12 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from lingua import Language, LanguageDetector, LanguageDetectorBuilder
+
+if TYPE_CHECKING:
+    import lingua
 
 CHECK_TYPES: dict[str, tuple[str, ...]] = {
     "language": ("code",),
@@ -31,14 +33,19 @@ _PROBE_KEYS = ("question", "checks")
 
 
 @functools.cache
-def _detector() -> LanguageDetector:
+def _detector() -> "lingua.LanguageDetector":
     # Built once per process: the first detection loads every language model (~1 GB, several seconds).
-    return LanguageDetectorBuilder.from_all_languages().build()
+    # lingua is imported here, on first use, so code that never checks a language does not need it loaded.
+    import lingua
+
+    return lingua.LanguageDetectorBuilder.from_all_languages().build()
 
 
 @functools.cache
 def _known_language_codes() -> frozenset[str]:
-    return frozenset(language.iso_code_639_1.name.lower() for language in Language.all())
+    import lingua
+
+    return frozenset(language.iso_code_639_1.name.lower() for language in lingua.Language.all())
 
 
 def detect_language(text: str) -> str | None:
