@@ -5,8 +5,11 @@
   python -m data_gen gatt --teacher (oracle|MODEL_DIR) --num-dialogues N --min-turns A --max-turns B
                           --samples-per-turn K --seed S --out DIR [--user-turns FILE|DIR] [--constraints FILE.yaml]
       GAtt dialogues by context distillation with rejection sampling -> DIR/gatt.jsonl (resumable)
+  python -m data_gen eval-set --out DIR [--seed S]
+      the built-in evaluation set -> DIR/constraints.yaml, DIR/user_turns.jsonl (the copy in
+      gatt/eval/builtin is regenerated with --out gatt/eval/builtin)
 
-Both outputs load with `datasets.load_dataset("json", data_files=...)`.
+The base and gatt outputs load with `datasets.load_dataset("json", data_files=...)`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from data_gen.constraints import FAMILIES, catalogue
+from data_gen.eval_set import write_eval_set
 from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.teacher import ModelTeacher, OracleTeacher
 from data_gen.toy_world import base_corpus
@@ -40,7 +44,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `base` and `gatt` subcommands."""
+    """The `base`, `gatt` and `eval-set` subcommands."""
     parser = argparse.ArgumentParser(prog="python -m data_gen", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     base = commands.add_parser("base", help="write the toy world's base SFT corpus")
@@ -60,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     gatt.add_argument("--batch-size", type=int, default=32, help="prompts per teacher generate() call")
     gatt.add_argument("--device", help="teacher device, e.g. cuda, cuda:1, cpu (default: cuda if available)")
     gatt.add_argument("--shard-size", type=int, default=64, help="dialogues per resumable shard")
+    eval_set = commands.add_parser(
+        "eval-set", help="write the built-in evaluation set (constraints with splits, held-out user turns)",
+        description="Write DIR/constraints.yaml (the catalogue, each constraint tagged train or heldout) and "
+        "DIR/user_turns.jsonl (the held-out user turns with on-topic checks), the files gatt's evaluation "
+        "uses by default. Regenerate the shipped copy with --out gatt/eval/builtin.",
+    )
+    eval_set.add_argument("--out", type=Path, required=True, help="output folder")
+    eval_set.add_argument("--seed", type=int, default=0, help="catalogue and user-turn split seed (the shipped set uses 0)")
     return parser
 
 
@@ -103,7 +115,10 @@ def main(argv: list[str] | None = None) -> None:
     """Parse, run, print the summary; input errors exit with a one-line message."""
     args = build_parser().parse_args(argv)
     try:
-        summary = run_base(args) if args.command == "base" else run_gatt(args)
+        if args.command == "eval-set":
+            summary = write_eval_set(args.out, seed=args.seed)
+        else:
+            summary = run_base(args) if args.command == "base" else run_gatt(args)
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"error: {error}")
     print(json.dumps(summary, indent=2))

@@ -21,6 +21,8 @@ from typing import Any
 from data_gen.constraints import LANGUAGES, ConstraintSampler, instruction_text
 from data_gen.user_turns import TOPICS, UserTurn
 from gatt.checks import Constraint
+# How both the base corpus and GAtt synthesis attach an instruction to a user message (the eval's upper bound too).
+from gatt.collator import append_instruction as with_instruction
 
 # Two sentences about a topic, per language. {T} is the topic's noun phrase as a label ("Volcanoes: ..."),
 # so no verb, article or case has to agree with it (topics are singular, plural or mass nouns).
@@ -137,11 +139,6 @@ class ToyResponder:
         if "signoff" in by_family:
             text = f"{text} {by_family['signoff'].value}"
         return text
-
-
-def with_instruction(user_text: str, instruction: str) -> str:
-    """A user message with an instruction appended: how both the base corpus and GAtt synthesis attach it."""
-    return f"{user_text} {instruction}"
 
 
 def base_corpus(

@@ -6,21 +6,26 @@ Three sources, all offline:
   scripted responder to talk about a topic and to decide whether a reply is on topic.
 * `all_user_turns` / `sample_user_turns` / `split_user_turns`: the built-in generator, English
   templates (`PHRASINGS`) filled with a topic.
-* `load_dialogues` / `load_user_turns`: a user's own dialogues in the Hugging Face `messages`
-  format (JSONL, Parquet, a `datasets` folder) or a plain text file, whose user turns are reused.
+* `load_user_turns`: a user's own dialogues in the Hugging Face `messages` format (JSONL, Parquet,
+  a `datasets` folder) or a plain text file, whose user turns are reused; the reading and
+  validation live in `gatt.dialogues` (`load_dialogues`, `validate_messages`, re-exported here).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, cast
 
-logger = logging.getLogger(__name__)
+# Re-exported: data_gen's callers read a user's dialogues from here.
+from gatt.dialogues import DIALOGUE_FORMATS, ROLES, OnError, load_dialogues, load_user_texts, validate_messages
+
+__all__ = [
+    "DIALOGUE_FORMATS", "LANGUAGE_CODES", "PHRASINGS", "ROLES", "TOPICS", "TOPIC_KEYWORDS", "UserTurn",
+    "all_user_turns", "load_dialogues", "load_user_turns", "sample_user_turns", "split_user_turns",
+    "validate_messages",
+]
 
 LANGUAGE_CODES = ("en", "fr", "es", "de", "it", "pt", "nl")
 
@@ -483,177 +488,9 @@ def sample_user_turns(
     return sampled
 
 
-# ---------------------------------------------------------------------------------------------
-# A user's own dialogues
-# ---------------------------------------------------------------------------------------------
-
-DIALOGUE_FORMATS = (
-    ".jsonl (one {\"messages\": [...]} object per line), .parquet (a `messages` column), "
-    "or a folder written by datasets' save_to_disk (a `messages` column)"
-)
-ROLES = ("system", "user", "assistant")
+# A user's own dialogues: read and validated by gatt.dialogues, shared with the evaluation.
 
 
-def validate_messages(messages: object) -> None:
-    """Raise ValueError saying what is wrong unless `messages` is [system?] user, assistant, user, ..."""
-    if not isinstance(messages, list):
-        kind = type(messages).__name__
-        raise ValueError(f"'messages' must be a list of {{'role', 'content'}} objects, got {kind}")
-    if not messages:
-        raise ValueError("'messages' is empty")
-    expected = "user"
-    for index, message in enumerate(messages):
-        where = f"messages[{index}]"
-        if not isinstance(message, dict):
-            kind = type(message).__name__
-            raise ValueError(f"{where}: expected an object with 'role' and 'content', got {kind}")
-        for key in ("role", "content"):
-            if key not in message:
-                raise ValueError(f"{where}: missing '{key}'")
-        role, content = message["role"], message["content"]
-        if role not in ROLES:
-            raise ValueError(f"{where}: unknown role {role!r} (allowed: {', '.join(ROLES)})")
-        if role == "system":
-            if index != 0:
-                raise ValueError(f"{where}: role 'system' is only allowed as the first message")
-        elif role != expected:
-            raise ValueError(
-                f"{where}: role {role!r} where {expected!r} was expected"
-                " (roles must alternate user/assistant)"
-            )
-        else:
-            expected = "assistant" if role == "user" else "user"
-        if not isinstance(content, str):
-            raise ValueError(f"{where}: content must be a string, got {type(content).__name__}")
-        if not content.strip():
-            raise ValueError(f"{where}: content is empty")
-    if len(messages) == 1 and messages[0]["role"] == "system":
-        raise ValueError("'messages' holds only a system message; a user message must follow it")
-
-
-def _records_from_jsonl(path: Path) -> Iterator[tuple[str, object]]:
-    # Yields (location, messages); a line that cannot give messages yields the ValueError instead,
-    # so that the caller applies one on_error policy to every kind of bad record.
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            location = f"{path}:{line_number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield location, ValueError(f"{location}: invalid JSON: {exc.msg} (column {exc.colno})")
-                continue
-            if not isinstance(record, dict):
-                yield location, ValueError(f"{location}: expected a JSON object, got {type(record).__name__}")
-            elif "messages" not in record:
-                fields = ", ".join(record) or "none"
-                yield location, ValueError(f"{location}: record has no 'messages' field (fields: {fields})")
-            else:
-                yield location, record["messages"]
-
-
-def _records_from_parquet(path: Path) -> Iterator[tuple[str, object]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        columns = pq.read_schema(path).names
-        if "messages" not in columns:
-            raise ValueError(f"{path}: no 'messages' column (columns: {', '.join(columns) or 'none'})")
-        messages = pq.read_table(path, columns=["messages"]).column("messages").to_pylist()
-    except (pa.ArrowException, OSError) as exc:
-        raise ValueError(f"{path}: not a readable Parquet file: {exc}") from exc
-    # Rows are numbered from 0, as `dataset[i]` counts them.
-    for row, value in enumerate(messages):
-        yield f"{path}: row {row}", value
-
-
-def _records_from_dataset_folder(path: Path) -> Iterator[tuple[str, object]]:
-    import datasets
-
-    try:
-        loaded = datasets.load_from_disk(str(path))
-    except FileNotFoundError as exc:
-        raise ValueError(f"{path}: folder is not a dataset saved with save_to_disk ({exc})") from exc
-    if isinstance(loaded, datasets.DatasetDict):
-        parts = [(f"{path} [split {name}]", split) for name, split in loaded.items()]
-    else:
-        parts = [(str(path), loaded)]
-    for label, dataset in parts:
-        if "messages" not in dataset.column_names:
-            columns = ", ".join(dataset.column_names) or "none"
-            raise ValueError(f"{label}: no 'messages' column (columns: {columns})")
-        for row, record in enumerate(dataset.select_columns(["messages"])):
-            yield f"{label}: row {row}", record["messages"]
-
-
-def _unsupported(path: Path, accepted: str) -> ValueError:
-    suffix = path.suffix or "(no extension)"
-    return ValueError(f"{path}: unsupported file type {suffix!r}; accepted: {accepted}")
-
-
-def _records(path: Path) -> Iterable[tuple[str, object]]:
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file or folder")
-    if path.is_dir():
-        return _records_from_dataset_folder(path)
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        return _records_from_jsonl(path)
-    if suffix == ".parquet":
-        return _records_from_parquet(path)
-    raise _unsupported(path, DIALOGUE_FORMATS)
-
-
-def _located_problem(location: str, messages: object) -> ValueError | None:
-    if isinstance(messages, ValueError):
-        return messages
-    try:
-        validate_messages(messages)
-    except ValueError as exc:
-        return ValueError(f"{location}: {exc}")
-    return None
-
-
-def _check_on_error(on_error: str) -> None:
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-
-
-def load_dialogues(
-    path: str | Path, *, on_error: Literal["raise", "skip"] = "raise"
-) -> tuple[list[list[dict[str, str]]], int]:
-    """Dialogues from JSONL, Parquet or a `datasets` folder; returns (dialogues, number skipped)."""
-    _check_on_error(on_error)
-    dialogues: list[list[dict[str, str]]] = []
-    skipped = 0
-    for location, messages in _records(Path(path)):
-        problem = _located_problem(location, messages)
-        if problem is not None:
-            if on_error == "raise":
-                raise problem
-            skipped += 1
-            continue
-        valid = cast(list[dict[str, object]], messages)
-        # Arrow stores messages as structs with every key any row used; keep only the two that count.
-        dialogues.append([{"role": str(m["role"]), "content": str(m["content"])} for m in valid])
-    return dialogues, skipped
-
-
-def load_user_turns(path: str | Path, *, on_error: Literal["raise", "skip"] = "raise") -> list[UserTurn]:
+def load_user_turns(path: str | Path, *, on_error: OnError = "raise") -> list[UserTurn]:
     """User messages of a dialogue file or a .txt file (one a line), in order, deduplicated, topic None."""
-    _check_on_error(on_error)
-    path = Path(path)
-    if path.is_file() and path.suffix.lower() == ".txt":
-        texts = path.read_text(encoding="utf-8").splitlines()
-    elif path.is_file() and path.suffix.lower() not in (".jsonl", ".parquet"):
-        raise _unsupported(path, ".txt (one message per line), " + DIALOGUE_FORMATS)
-    else:
-        dialogues, skipped = load_dialogues(path, on_error=on_error)
-        if skipped:
-            logger.warning("%s: skipped %d malformed dialogue(s)", path, skipped)
-        texts = [m["content"] for dialogue in dialogues for m in dialogue if m["role"] == "user"]
-    # Surrounding whitespace is an artefact of the file, not part of the message.
-    unique = dict.fromkeys(text.strip() for text in texts if text.strip())
-    return [UserTurn(text=text, topic=None) for text in unique]
+    return [UserTurn(text=text, topic=None) for text in load_user_texts(path, on_error=on_error)]

@@ -59,7 +59,7 @@ class GAttCollator:
             raise ValueError("the tokenizer has no chat template: GAttCollator renders dialogues with it")
         self.tokenizer, self.mode, self.max_length, self.packing = tokenizer, mode, max_length, packing
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        if instruction_placement == "system" and not _supports_system(tokenizer):
+        if instruction_placement == "system" and not supports_system(tokenizer):
             logger.warning("the chat template has no system role: the instruction goes in front of the first user message")
             instruction_placement = "first_user"
         self.instruction_placement = instruction_placement
@@ -70,18 +70,8 @@ class GAttCollator:
 
     def chat(self, record: dict[str, Any]) -> list[dict[str, str]]:
         """The dialogue as the model sees it: the instruction exactly once, in the first turn."""
-        messages = [dict(m) for m in record["messages"]]
         instruction = record.get("instruction_short" if record.get("use_short") else "instruction")
-        if not instruction:
-            return messages
-        if self.instruction_placement == "system":
-            if messages and messages[0]["role"] == "system":  # keep one system message: the instruction leads it
-                messages[0]["content"] = f"{instruction}\n{messages[0]['content']}"
-                return messages
-            return [{"role": "system", "content": instruction}, *messages]
-        first = next(i for i, m in enumerate(messages) if m["role"] == "user")
-        messages[first]["content"] = f"{instruction}\n{messages[first]['content']}"
-        return messages
+        return place_instruction(record["messages"], instruction, self.instruction_placement)
 
     def tokenize(self, messages: list[dict[str, str]]) -> tuple[list[int], list[tuple[int, int]]]:
         """Token ids of the rendered dialogue and the token span [start, end) of each assistant reply."""
@@ -222,6 +212,40 @@ class GAttCollator:
         return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
 
 
+def place_instruction(
+    messages: Sequence[dict[str, str]], instruction: str | None, placement: Placement
+) -> list[dict[str, str]]:
+    """A copy of `messages` with the instruction given once, in turn one: the system message or the first user one."""
+    messages = [dict(m) for m in messages]
+    if not instruction:
+        return messages
+    if placement == "system":
+        if messages and messages[0]["role"] == "system":  # keep one system message: the instruction leads it
+            messages[0]["content"] = f"{instruction}\n{messages[0]['content']}"
+            return messages
+        return [{"role": "system", "content": instruction}, *messages]
+    first = next(i for i, m in enumerate(messages) if m["role"] == "user")
+    messages[first]["content"] = f"{instruction}\n{messages[first]['content']}"
+    return messages
+
+
+def append_instruction(user_text: str, instruction: str) -> str:
+    """A user message with the instruction appended: how synthesis (and the eval's upper bound) repeats it every turn."""
+    return f"{user_text} {instruction}"
+
+
+def supports_system(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the template renders a system message (some raise, some drop it)."""
+    probe = "\u2063system-probe\u2063"
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "system", "content": probe}, {"role": "user", "content": "hi"}], tokenize=False
+        )
+    except Exception:  # templates signal "no system role" by raising their own errors
+        return False
+    return probe in text
+
+
 def _runs(mask: Sequence[int]) -> list[tuple[int, int]]:
     """[start, end) of each run of ones: one per assistant reply, in order."""
     spans, start = [], None
@@ -233,14 +257,3 @@ def _runs(mask: Sequence[int]) -> list[tuple[int, int]]:
             start = None
     return spans
 
-
-def _supports_system(tokenizer: PreTrainedTokenizerBase) -> bool:
-    """Whether the template renders a system message (some raise, some drop it)."""
-    probe = "\u2063system-probe\u2063"
-    try:
-        text = tokenizer.apply_chat_template(
-            [{"role": "system", "content": probe}, {"role": "user", "content": "hi"}], tokenize=False
-        )
-    except Exception:  # templates signal "no system role" by raising their own errors
-        return False
-    return probe in text

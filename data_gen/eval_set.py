@@ -1,0 +1,58 @@
+"""The built-in evaluation set that ships inside `gatt` (gatt/eval/builtin/), exported from the toy world.
+
+`gatt` never imports `data_gen`, so the evaluation reads these two files instead of the catalogue
+and the user-turn generator:
+
+* `constraints.yaml`: the whole catalogue, each constraint tagged train or heldout;
+* `user_turns.jsonl`: the held-out user turns (never in the training pool), one
+  `{"content", "topic", "checks"}` object a line, whose `contains_any` check passes when a reply names
+  the topic in any of the toy world's languages (the no-regression "still on topic" score).
+
+Regenerate with `python -m data_gen eval-set --out gatt/eval/builtin`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from data_gen.constraints import catalogue
+from data_gen.user_turns import LANGUAGE_CODES, TOPIC_KEYWORDS, split_user_turns
+from gatt.checks import Check, dump_constraints
+
+
+def on_topic_check(topic: str) -> Check:
+    """A `contains_any` check passed by a reply that names `topic` in any language (keywords, first seen kept)."""
+    # The keywords, not the noun phrases ("the ocean"): a real model writes "oceans" or "im Ozean"
+    # as often as the article form, and every noun phrase contains its own keyword anyway.
+    # Keyed by casefold because the check ignores case: "Viking" (en, fr, nl) is one word.
+    words: dict[str, str] = {}
+    for language in LANGUAGE_CODES:
+        for word in TOPIC_KEYWORDS[topic][language]:
+            words.setdefault(word.casefold(), word)
+    return Check("contains_any", {"words": list(words.values())})
+
+
+def write_eval_set(out_dir: Path, *, seed: int = 0) -> dict:
+    """Write out_dir/constraints.yaml and out_dir/user_turns.jsonl atomically; return their counts."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    constraints = catalogue(seed=seed)
+    dump_constraints(constraints, out_dir / "constraints.yaml")
+
+    _, heldout = split_user_turns(seed=seed)
+    path, tmp = out_dir / "user_turns.jsonl", out_dir / ".user_turns.jsonl.tmp"
+    with tmp.open("w", encoding="utf-8", newline="\n") as f:
+        for turn in heldout:
+            assert turn.topic is not None  # built-in turns always carry their topic
+            record = {"content": turn.text, "topic": turn.topic, "checks": [on_topic_check(turn.topic).to_dict()]}
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return {
+        "constraints": len(constraints),
+        "heldout_constraints": sum(c.split == "heldout" for c in constraints),
+        "user_turns": len(heldout),
+        "topics": len({turn.topic for turn in heldout}),
+        "out": str(out_dir),
+    }

@@ -1,0 +1,95 @@
+"""What the evaluation runs on: constraints with their split tags, and held-out user turns with on-topic checks.
+
+Both default to the built-in files in `builtin/` (exported by `python -m data_gen eval-set`); a user
+may pass their own constraint YAML and a file of user turns:
+
+* `.txt`: one message per line;
+* `.jsonl`: `{"content": "...", "checks": [...]}` lines (checks optional, extra fields ignored) or
+  Hugging Face `{"messages": [...]}` dialogues, whose user turns are used without checks;
+* `.parquet` or a `datasets.save_to_disk` folder of `messages` dialogues.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gatt.checks import Check, Constraint, load_constraints
+from gatt.dialogues import (
+    TEXT_FORMAT,
+    jsonl_records,
+    load_user_texts,
+    parse_messages,
+    unsupported,
+    user_texts,
+)
+
+BUILTIN_DIR = Path(__file__).parent / "builtin"
+TURN_FORMATS = (
+    f"{TEXT_FORMAT}, .jsonl (one {{\"content\": ..., \"checks\": [...]}} or {{\"messages\": [...]}} object "
+    "per line), .parquet or a folder written by datasets' save_to_disk (a `messages` column)"
+)
+
+
+@dataclass(frozen=True)
+class EvalTurn:
+    """A held-out user message, with checks that a reply on the user's topic passes (none: not scored)."""
+
+    text: str
+    checks: tuple[Check, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "checks", tuple(self.checks))
+
+
+def load_eval_constraints(path: str | Path | None = None) -> list[Constraint]:
+    """Constraints to evaluate, with their train/heldout split (default: the built-in catalogue)."""
+    return load_constraints(BUILTIN_DIR / "constraints.yaml" if path is None else path)
+
+
+def _turns_from_record(location: str, record: dict[str, Any]) -> list[EvalTurn]:
+    if "messages" in record:
+        return [EvalTurn(text) for text in user_texts(parse_messages(location, record["messages"]))]
+    if "content" not in record:
+        fields = ", ".join(record) or "none"
+        raise ValueError(f"{location}: record has neither 'content' nor 'messages' (fields: {fields})")
+    content, checks = record["content"], record.get("checks", [])
+    if not isinstance(content, str):
+        raise ValueError(f"{location}: 'content' must be a string, got {type(content).__name__}")
+    if not content.strip():
+        raise ValueError(f"{location}: 'content' is empty")
+    if not isinstance(checks, list):
+        raise ValueError(f"{location}: 'checks' must be a list of checks, got {type(checks).__name__}")
+    return [EvalTurn(content, tuple(Check.from_dict(c, f"{location}: checks[{j}]") for j, c in enumerate(checks)))]
+
+
+def _turns_from_jsonl(path: Path) -> list[EvalTurn]:
+    turns: list[EvalTurn] = []
+    for location, record in jsonl_records(path):
+        if isinstance(record, ValueError):
+            raise record
+        turns.extend(_turns_from_record(location, record))
+    return turns
+
+
+def load_eval_turns(path: str | Path | None = None) -> list[EvalTurn]:
+    """Held-out user turns, texts stripped and deduplicated (first kept); default: the built-in pool."""
+    path = BUILTIN_DIR / "user_turns.jsonl" if path is None else Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    suffix = path.suffix.lower()
+    if path.is_file() and suffix == ".jsonl":
+        turns = _turns_from_jsonl(path)
+    elif path.is_dir() or suffix in (".txt", ".parquet"):
+        turns = [EvalTurn(text) for text in load_user_texts(path)]
+    else:
+        raise unsupported(path, TURN_FORMATS)
+    unique: dict[str, EvalTurn] = {}
+    for turn in turns:
+        text = turn.text.strip()
+        if text:
+            unique.setdefault(text, EvalTurn(text, turn.checks))
+    if not unique:
+        raise ValueError(f"{path}: no user turns found")
+    return list(unique.values())

@@ -1,0 +1,180 @@
+"""The adherence report: report.json, report.md (the paper's Table 30 form), two figures, transcripts.jsonl."""
+
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from gatt.eval.scoring import Transcript, score_model
+
+TABLE_TURNS: tuple[int, ...] = (2, 4, 6, 10, 20)
+TITLES: dict[str, str] = {
+    "per_turn": "Adherence per turn (train constraints)",
+    "heldout_per_turn": "Adherence per turn (held-out values)",
+    "heldout_family_per_turn": "Adherence per turn (held-out families)",
+}
+
+
+def build_report(transcripts: list[Transcript], settings: dict[str, Any]) -> dict[str, Any]:
+    """`{"settings": settings, <model>: score_model(<its transcripts>), ...}`, models in order of appearance."""
+    by_model: dict[str, list[Transcript]] = {}
+    for t in transcripts:
+        by_model.setdefault(t["model"], []).append(t)
+    if "settings" in by_model:
+        raise ValueError('a model may not be named "settings": it is the report key of the run settings')
+    return {"settings": settings, **{name: score_model(group) for name, group in by_model.items()}}
+
+
+def _models(report: dict[str, Any]) -> list[str]:
+    return [k for k in report if k != "settings"]
+
+
+def _cell(r: dict[str, Any] | None, key: str = "adherence") -> str:
+    if r is None:
+        return "–"
+    lo, hi = r["ci95"]
+    return f"{100 * r[key]:.1f}% [{100 * lo:.1f}–{100 * hi:.1f}] (n={r['n']})"
+
+
+def _table(header: str, columns: list[str], rows: list[tuple[str, list[str]]]) -> str:
+    lines = [f"| {header} | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows]
+    return "\n".join(lines)
+
+
+def _table_turns(tables: list[dict[str, Any]]) -> list[int]:
+    """Turns 2, 4, 6, 10, 20 and the last turn, those present in any of the per-turn tables."""
+    present = {int(t) for table in tables for t in table}
+    if not present:
+        return []
+    return sorted({t for t in TABLE_TURNS if t in present} | {max(present)})
+
+
+def format_table(report: dict[str, Any], key: str = "per_turn") -> str:
+    """The Table-30 markdown table of `key` (a per-turn table): rows are turns, one column per model."""
+    models = _models(report)
+    turns = _table_turns([report[m][key] for m in models])
+    rows = [(str(t), [_cell(report[m][key].get(str(t))) for m in models]) for t in turns]
+    return _table("Turn", models, rows)
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    models = _models(report)
+    parts = ["# GAtt adherence report"]
+    for key, title in TITLES.items():
+        if any(report[m][key] for m in models):
+            parts += [f"## {title}", format_table(report, key)]
+    families = sorted({f for m in models for f in report[m]["per_family"]})
+    if families:
+        rows = [(f, [_cell(report[m]["per_family"].get(f, {}).get("overall")) for m in models]) for f in families]
+        parts += ["## Adherence per family (all turns)", _table("Family", models, rows)]
+    rows = []
+    for split in ("train", "heldout"):
+        cells = []
+        for m in models:
+            s = report[m]["survival"][split]
+            mean = s["mean_turns_to_first_violation"]
+            cells.append("–" if mean is None else f"{mean:.2f} (n={s['n']})")
+        rows.append((split, cells))
+    parts += ["## Survival: mean turn of the first violation", _table("Split", models, rows)]
+    if any(report[m]["no_regression"] for m in models):
+        rows = [("on topic", [_cell(report[m]["no_regression"], "on_topic") for m in models])]
+        parts += ["## No regression: on-topic rate without an instruction", _table("", models, rows)]
+    attention = [report[m]["attention_on_instruction"] for m in models]
+    if any(attention):
+        turns = _table_turns(attention)
+        rows = [(str(t), [f"{a[str(t)]:.3f}" if str(t) in a else "–" for a in attention]) for t in turns]
+        parts += ["## Attention share on the instruction", _table("Turn", models, rows)]
+    parts += ["## Settings", "\n".join(f"- {k}: {v}" for k, v in report["settings"].items())]
+    return "\n\n".join(parts) + "\n"
+
+
+def _turn_series(table: dict[str, dict[str, Any]]) -> tuple[list[int], list[float], list[float], list[float]]:
+    turns = [int(t) for t in table]
+    values = [100 * table[str(t)]["adherence"] for t in turns]
+    return turns, values, [100 * table[str(t)]["ci95"][0] for t in turns], [100 * table[str(t)]["ci95"][1] for t in turns]
+
+
+def _adherence_figure(report: dict[str, Any]) -> Figure:
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    for i, m in enumerate(_models(report)):
+        color = f"C{i}"
+        turns, values, lo, hi = _turn_series(report[m]["per_turn"])
+        if turns:
+            ax.plot(turns, values, color=color, marker="o", markersize=3, label=f"{m} (train)")
+            ax.fill_between(turns, lo, hi, color=color, alpha=0.2)
+        turns, values, _, _ = _turn_series(report[m]["heldout_per_turn"])
+        if turns:
+            ax.plot(turns, values, color=color, linestyle="--", label=f"{m} (held-out values)")
+    ax.set(xlabel="Turn", ylabel="Adherence (%)", title="Instruction adherence per turn", ylim=(0, 102))
+    if ax.lines:
+        ax.legend()
+    return fig
+
+
+def _attention_figure(report: dict[str, Any], attention_maps: dict[str, list[list[float]]] | None) -> Figure:
+    models = _models(report)
+    if attention_maps:
+        grids = {}
+        for m, matrix in attention_maps.items():
+            width = max(len(row) for row in matrix)
+            grid = np.full((len(matrix), width), np.nan)  # (turns, layers); nan where a turn lacks a layer
+            for i, row in enumerate(matrix):
+                grid[i, : len(row)] = row
+            grids[m] = grid
+        vmax = max(float(np.nanmax(g)) for g in grids.values()) or 1.0  # one scale so models compare
+        fig = Figure(figsize=(4 * len(grids) + 1, 4.5), layout="constrained")
+        axes = np.atleast_1d(fig.subplots(1, len(grids), sharey=True))
+        for ax, (m, grid) in zip(axes, grids.items()):
+            image = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis", vmin=0.0, vmax=vmax,
+                              extent=(-0.5, grid.shape[1] - 0.5, 0.5, grid.shape[0] + 0.5))
+            ax.set(xlabel="Layer", title=m)
+            ax.xaxis.get_major_locator().set_params(integer=True)
+            ax.yaxis.get_major_locator().set_params(integer=True)
+        axes[0].set_ylabel("Turn")
+        fig.colorbar(image, ax=list(axes), label="attention share on the instruction")
+        fig.suptitle("Attention on the instruction per layer and turn (cf. Figure 10)")
+        return fig
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    for m in models:
+        series = report[m]["attention_on_instruction"]
+        if series:
+            ax.plot([int(t) for t in series], list(series.values()), marker="o", markersize=3, label=m)
+    if ax.lines:
+        ax.set(xlabel="Turn", ylabel="Attention share on the instruction", title="Attention on the instruction per turn")
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "attention not measured", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+    return fig
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _png(fig: Figure) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def write_report(report: dict[str, Any], transcripts: list[Transcript], out_dir: Path,
+                 attention_maps: dict[str, list[list[float]]] | None = None) -> None:
+    """Write report.json, report.md, adherence.png, attention.png and transcripts.jsonl into `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_atomic(out_dir / "report.json", (json.dumps(report, indent=2, sort_keys=False) + "\n").encode())
+    _write_atomic(out_dir / "report.md", _markdown(report).encode())
+    _write_atomic(out_dir / "adherence.png", _png(_adherence_figure(report)))
+    _write_atomic(out_dir / "attention.png", _png(_attention_figure(report, attention_maps)))
+    lines = "".join(json.dumps(t, ensure_ascii=False, sort_keys=False) + "\n" for t in transcripts)
+    _write_atomic(out_dir / "transcripts.jsonl", lines.encode("utf-8"))

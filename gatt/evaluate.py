@@ -1,0 +1,170 @@
+"""Instruction adherence over 20+ turns: `python -m gatt.evaluate --model NAME=DIR ... --out DIR`.
+
+Each test dialogue gives one instruction in turn one (the system message by default), then user turns
+from a held-out pool; the model under test writes every reply, and every reply is checked against the
+instruction's programmatic checks (probe turns ask an attribute question of its family instead). The
+same dialogues are rolled out with every model. Writes report.json, report.md, adherence.png,
+attention.png and transcripts.jsonl, and prints the table in the form of the Llama 2 paper's Table 30.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+import gatt  # noqa: F401  (registers the "gatt" attention and the library's model with transformers)
+from gatt.eval.inputs import load_eval_constraints, load_eval_turns
+from gatt.eval.plan import EvalDialogue, plan_dialogues
+from gatt.eval.report import build_report, format_table, write_report
+from gatt.eval.rollout import RolloutConfig, rollout
+from gatt.modeling import GattForCausalLM
+
+REPEAT_SUFFIX = "+repeat"
+
+
+def load_model(path: str | Path, *, attention: bool, device: str | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A chat model directory (or a .gguf file) and its tokenizer; with `attention`, on attention that returns weights."""
+    path = Path(path)
+    kwargs: dict[str, Any] = {}
+    if path.suffix == ".gguf":
+        path, kwargs["gguf_file"] = path.parent, path.name
+    if not path.exists():
+        raise FileNotFoundError(f"model not found: {path}")
+    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    if not tokenizer.chat_template:
+        raise ValueError(f"{path}: the tokenizer has no chat template; the evaluation needs a chat model")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if attention and not isinstance(model, GattForCausalLM):
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="gatt", **kwargs)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return model.to(device).eval(), tokenizer
+
+
+def parse_models(specs: list[str]) -> dict[str, str]:
+    models: dict[str, str] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--model expects NAME=DIR, got {spec!r}")
+        if name in models or name == "settings":
+            raise ValueError(f"--model name {name!r} is used twice or reserved")
+        models[name] = path
+    return models
+
+
+def attention_map(transcripts: list[dict[str, Any]]) -> list[list[float]] | None:
+    """Turn x layer attention shares of the first instruction dialogue that has them (the Figure 10 analogue)."""
+    for t in transcripts:
+        rows = [turn["attention_per_layer"] for turn in t["turns"]]
+        if t["instruction"] and rows and all(rows):
+            return rows
+    return None
+
+
+def evaluate(
+    models: dict[str, str],
+    dialogues: list[EvalDialogue],
+    config: RolloutConfig,
+    *,
+    repeat: list[str],
+    device: str | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, list[list[float]]]]:
+    """Every model's transcripts (plus NAME+repeat for the models in `repeat`) and attention maps."""
+    transcripts: list[dict[str, Any]] = []
+    maps: dict[str, list[list[float]]] = {}
+    for name, path in models.items():
+        model, tokenizer = load_model(path, attention=config.measure_attention, device=device)
+        runs = [(name, config)]
+        if name in repeat:
+            runs.append((name + REPEAT_SUFFIX, replace(config, repeat_instruction=True)))
+        for run_name, run_config in runs:
+            print(f"[eval] {run_name}: {len(dialogues)} dialogues x {max(len(d.turns) for d in dialogues)} turns", file=sys.stderr)
+            results = [{"model": run_name, **t} for t in rollout(model, tokenizer, dialogues, run_config)]
+            transcripts += results
+            if (matrix := attention_map(results)) is not None:
+                maps[run_name] = matrix
+        del model
+    return transcripts, maps
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m gatt.evaluate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: python -m gatt.evaluate --model base=runs/demo/base/final --model gatt=runs/demo/gatt/final "
+        "--turns 30 --dialogues 64 --seed 0 --out runs/demo/report --repeat-instruction base",
+    )
+    parser.add_argument("--model", action="append", required=True, metavar="NAME=DIR",
+                        help="a model under test: a chat-model directory (or .gguf file); repeat for several")
+    parser.add_argument("--turns", type=int, default=24, help="turns per dialogue (default: 24)")
+    parser.add_argument("--dialogues", type=int, default=64, help="dialogues with an instruction (default: 64)")
+    parser.add_argument("--no-instruction-dialogues", type=int, default=None,
+                        help="dialogues without instruction, for the no-regression score (default: dialogues / 4)")
+    parser.add_argument("--seed", type=int, default=0, help="dialogue plan and sampling seed; same seed -> same report")
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--constraints", type=Path, help="constraint YAML with split tags (default: the built-in catalogue)")
+    parser.add_argument("--user-turns", type=Path,
+                        help="user messages: .txt (one a line), .jsonl ({'content', 'checks'} or 'messages'), .parquet "
+                             "or a datasets folder (default: the built-in held-out pool)")
+    parser.add_argument("--repeat-instruction", nargs="*", metavar="NAME", default=None,
+                        help="also evaluate the upper bound with the instruction appended to every user turn, as "
+                             "NAME+repeat, for the named models (no names: all)")
+    parser.add_argument("--placement", choices=["system", "first_user"], default="system",
+                        help="where turn one gives the instruction (default: system)")
+    parser.add_argument("--probe-every", type=int, default=4, help="a probe every N turns from turn 2; 0: none (default: 4)")
+    parser.add_argument("--short-prob", type=float, default=0.5, help="chance of the instruction's short form (default: 0.5)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="reply length limit (default: 64)")
+    parser.add_argument("--batch-size", type=int, default=32, help="dialogues rolled out together (default: 32)")
+    parser.add_argument("--sample", action="store_true", help="sample (seeded) instead of greedy decoding")
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--no-attention", action="store_true", help="skip the attention-to-instruction probe")
+    parser.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
+    models = parse_models(args.model)
+    repeat = list(models) if args.repeat_instruction == [] else (args.repeat_instruction or [])
+    unknown = sorted(set(repeat) - set(models))
+    if unknown:
+        raise SystemExit(f"--repeat-instruction names no --model: {', '.join(unknown)}")
+    no_instruction = args.dialogues // 4 if args.no_instruction_dialogues is None else args.no_instruction_dialogues
+    dialogues = plan_dialogues(
+        load_eval_constraints(args.constraints), load_eval_turns(args.user_turns), dialogues=args.dialogues,
+        turns=args.turns, seed=args.seed, no_instruction=no_instruction, short_prob=args.short_prob,
+        probe_every=args.probe_every,
+    )
+    config = RolloutConfig(
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, do_sample=args.sample,
+        temperature=args.temperature, top_p=args.top_p, seed=args.seed, placement=args.placement,
+        measure_attention=not args.no_attention,
+    )
+    transcripts, maps = evaluate(models, dialogues, config, repeat=repeat, device=args.device)
+    settings = {
+        "models": models, "repeat_instruction": repeat, "turns": args.turns, "dialogues": args.dialogues,
+        "no_instruction_dialogues": no_instruction, "seed": args.seed,
+        "constraints": str(args.constraints or "built-in"), "user_turns": str(args.user_turns or "built-in held-out pool"),
+        "placement": args.placement, "probe_every": args.probe_every, "short_prob": args.short_prob,
+        "max_new_tokens": args.max_new_tokens, "decoding": "sample" if args.sample else "greedy",
+        **({"temperature": args.temperature, "top_p": args.top_p} if args.sample else {}),
+    }
+    report = build_report(transcripts, settings)
+    write_report(report, transcripts, args.out, attention_maps=maps or None)
+    print(format_table(report))
+    print(f"wrote {args.out}/report.json, report.md, adherence.png, attention.png, transcripts.jsonl")
+    return report
+
+
+if __name__ == "__main__":
+    main()

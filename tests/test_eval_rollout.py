@@ -1,0 +1,212 @@
+"""Rollouts with KV reuse across turns against re-encoding the history, the attention probe, the eval CLI."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from gatt.checks import Check, Constraint, Probe
+from gatt.eval.inputs import EvalTurn
+from gatt.eval.plan import EvalDialogue, PlannedTurn, plan_dialogues, stratify
+from gatt.eval.rollout import RolloutConfig, reference_rollout, render, rollout
+from gatt.evaluate import main as evaluate_main
+from gatt.modeling import GattConfig, GattForCausalLM
+from gatt.tokenizer import train_tokenizer
+
+TEXTS = [f"Tell me about topic {i}. The weather is nice and tennis is fun, {i * 7} times." for i in range(300)]
+TENNIS = Check("contains_any", {"words": ["tennis"]})
+CONSTRAINTS = [
+    Constraint("hobby-tennis", "You enjoy tennis.", "Hobby: tennis", (TENNIS,),
+               (Probe("What is your favorite hobby?", (TENNIS,)),), "hobby", "tennis", "train"),
+    Constraint("hobby-chess", "You enjoy chess.", "Hobby: chess", (Check("contains_any", {"words": ["chess"]}),),
+               (), "hobby", "chess", "heldout"),
+    Constraint("caps", "Answer in capital letters.", "Format: caps", (Check("all_caps", {}),), (), "caps", "caps", "heldout"),
+]
+POOL = [EvalTurn(t, (Check("contains_any", {"words": [t.split(".")[0][-2:]]}),)) for t in TEXTS[:60]]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(TEXTS, vocab_size=400)
+
+
+def tiny_config(tokenizer, **overrides) -> dict:
+    return {**dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=1024, pad_token_id=tokenizer.pad_token_id,
+                   bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id), **overrides}
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    torch.manual_seed(0)
+    return GattForCausalLM(GattConfig(**tiny_config(tokenizer))).eval()
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return plan_dialogues(CONSTRAINTS, POOL, dialogues=6, turns=7, seed=0, no_instruction=2)
+
+
+def replies(transcripts):
+    return [[turn["reply"] for turn in t["turns"]] for t in transcripts]
+
+
+def test_plan_balances_strata_and_places_probes(plan):
+    assert [d.stratum for d in plan] == ["train", "heldout_value", "train", "heldout_family", "train", "heldout_value", "none", "none"]
+    assert {k: [c.name for c in v] for k, v in stratify(CONSTRAINTS).items()} == {
+        "train": ["hobby-tennis"], "heldout_value": ["hobby-chess"], "heldout_family": ["caps"]}
+    tennis = plan[0]
+    assert [t.kind for t in tennis.turns] == ["chat", "probe", "chat", "chat", "chat", "probe", "chat"]
+    assert tennis.turns[1].user == "What is your favorite hobby?" and tennis.instruction in ("You enjoy tennis.", "Hobby: tennis")
+    assert all(t.kind == "chat" for t in plan[1].turns)  # a family without probes gets none
+    assert all(not t.checks and t.on_topic for t in plan[-1].turns) and plan[-1].instruction is None
+    assert plan == plan_dialogues(CONSTRAINTS, POOL, dialogues=6, turns=7, seed=0, no_instruction=2)
+    assert plan != plan_dialogues(CONSTRAINTS, POOL, dialogues=6, turns=7, seed=1, no_instruction=2)
+
+
+@pytest.mark.parametrize("batch_size", [8, 3])
+def test_kv_reuse_gives_the_replies_of_reencoding_the_history(model, tokenizer, plan, batch_size):
+    config = RolloutConfig(max_new_tokens=12, batch_size=batch_size)
+    fast = rollout(model, tokenizer, plan, config, progress=False)
+    slow = reference_rollout(model, tokenizer, plan, config, progress=False)
+    assert replies(fast) == replies(slow)
+    assert fast == slow  # every check result and stop reason too
+    assert [t["id"] for t in fast] == [d.id for d in plan] and all(len(t["turns"]) == 7 for t in fast)
+
+
+def test_kv_reuse_masks_tokens_the_template_renders_differently(model, tokenizer, plan, tmp_path):
+    # This template upper-cases earlier replies: the model's own reply tokens in the cache no longer match
+    # the rendered history, so they must be masked out and the rendered tokens fed instead.
+    tokenizer.save_pretrained(tmp_path)
+    upper = AutoTokenizer.from_pretrained(tmp_path)
+    upper.chat_template = tokenizer.chat_template.replace("generation -%}{{- message['content']", "generation -%}{{- (message['content'] | upper)")
+    assert upper.chat_template != tokenizer.chat_template
+    config = RolloutConfig(max_new_tokens=12, batch_size=8)
+    fast, slow = rollout(model, upper, plan, config, progress=False), reference_rollout(model, upper, plan, config, progress=False)
+    assert replies(fast) == replies(slow)
+    assert replies(fast) != replies(rollout(model, tokenizer, plan, config, progress=False))
+
+
+def test_hugging_face_llama_rolls_out_the_same(model, tokenizer, plan):
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(**tiny_config(tokenizer))).eval()
+    llama.load_state_dict(model.state_dict())
+    config = RolloutConfig(max_new_tokens=12)
+    assert replies(rollout(llama, tokenizer, plan, config, progress=False)) == replies(rollout(model, tokenizer, plan, config, progress=False))
+
+
+def test_context_limit_stops_the_dialogue_like_reencoding(tokenizer):
+    torch.manual_seed(1)
+    short = GattForCausalLM(GattConfig(**tiny_config(tokenizer, max_position_embeddings=160))).eval()
+    plan = plan_dialogues(CONSTRAINTS, POOL, dialogues=3, turns=12, seed=0)
+    config = RolloutConfig(max_new_tokens=16)
+    fast, slow = rollout(short, tokenizer, plan, config, progress=False), reference_rollout(short, tokenizer, plan, config, progress=False)
+    assert fast == slow
+    assert {t["stop_reason"] for t in fast} == {"context"} and all(1 <= len(t["turns"]) < 12 for t in fast)
+
+
+def test_repeat_instruction_appends_it_to_every_user_turn(model, tokenizer, plan):
+    config = RolloutConfig(max_new_tokens=8, repeat_instruction=True)
+    fast = rollout(model, tokenizer, plan[:2], config, progress=False)
+    assert all(turn["user"].endswith(" " + plan[0].instruction) for turn in fast[0]["turns"])
+    assert fast == reference_rollout(model, tokenizer, plan[:2], config, progress=False)
+
+
+def test_sampling_is_seeded(model, tokenizer, plan):
+    def sample(seed):
+        return replies(rollout(model, tokenizer, plan[:3], RolloutConfig(max_new_tokens=8, do_sample=True, seed=seed), progress=False))
+
+    assert sample(0) == sample(0) and sample(0) != sample(1)
+
+
+def test_attention_share_equals_a_direct_computation_from_the_weights(model, tokenizer, plan):
+    config = RolloutConfig(max_new_tokens=10, measure_attention=True)
+    dialogue = plan[0]
+    [measured] = rollout(model, tokenizer, [dialogue], config, progress=False)
+    history: list[dict[str, str]] = []
+    for t, turn in enumerate(measured["turns"][:3]):
+        prompt, span = render(tokenizer, dialogue, [*history, {"role": "user", "content": turn["user"]}], config)
+        assert tokenizer.decode(prompt[span[0] : span[-1] + 1]).strip() == dialogue.instruction
+        generated = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=10,
+                                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)[0, len(prompt):]
+        assert tokenizer.decode(generated, skip_special_tokens=True).strip() == turn["reply"]
+        # queries: each reply token that the model read (all but the last one generated)
+        sequence = torch.cat([torch.tensor(prompt), generated[:-1]])[None]
+        with torch.no_grad():
+            weights = model(sequence, output_attentions=True).attentions  # layers x (1, H, T, T)
+        queries = slice(len(prompt), sequence.shape[1])
+        direct = [float(w[0, :, queries][:, :, span].sum(-1).mean()) for w in weights]  # mean over heads and queries
+        assert turn["attention_per_layer"] == pytest.approx(direct, abs=1e-5)
+        assert turn["attention_on_instruction"] == pytest.approx(sum(direct) / len(direct), abs=1e-5)
+        history += [{"role": "user", "content": turn["user"]}, {"role": "assistant", "content": turn["reply"]}]
+
+
+def test_scoring_of_a_transcript_turn(model, tokenizer):
+    dialogue = EvalDialogue("e-1", "train", CONSTRAINTS[0], "Hobby: tennis",
+                            (PlannedTurn("chat", TEXTS[0], (TENNIS,), (Check("contains_any", {"words": ["weather"]}),)),))
+    [t] = rollout(model, tokenizer, [dialogue], RolloutConfig(max_new_tokens=4), progress=False)
+    reply = t["turns"][0]["reply"]
+    assert t["turns"][0]["passed"] is ("tennis" in reply.lower()) and t["turns"][0]["on_topic"] is ("weather" in reply.lower())
+    assert t["constraint"] == {"name": "hobby-tennis", "family": "hobby", "value": "tennis", "split": "train"}
+
+
+@pytest.fixture(scope="module")
+def model_dir(model, tokenizer, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def eval_inputs(tmp_path_factory) -> tuple[Path, Path]:
+    path = tmp_path_factory.mktemp("inputs")
+    constraints = path / "constraints.yaml"
+    constraints.write_text(yaml.safe_dump({"constraints": [c.to_dict() for c in CONSTRAINTS]}))
+    turns = path / "turns.txt"
+    turns.write_text("\n".join(TEXTS[:40]) + "\n")
+    return constraints, turns
+
+
+def run_cli(model_dir: Path, inputs: tuple[Path, Path], out: Path, *extra: str) -> dict:
+    return evaluate_main(["--model", f"base={model_dir}", "--model", f"other={model_dir}", "--turns", "6", "--dialogues", "4",
+                          "--seed", "3", "--out", str(out), "--constraints", str(inputs[0]), "--user-turns", str(inputs[1]),
+                          "--max-new-tokens", "6", *extra])
+
+
+def test_cli_writes_the_report_and_is_deterministic(model_dir, eval_inputs, tmp_path):
+    report = run_cli(model_dir, eval_inputs, tmp_path / "a", "--repeat-instruction", "base")
+    assert set(report) == {"settings", "base", "other", "base+repeat"}
+    for name in ("base", "other", "base+repeat"):
+        per_turn = report[name]["per_turn"]
+        assert list(per_turn) == [str(t) for t in range(1, 7)]
+        assert all(set(v) == {"adherence", "n", "ci95"} for v in per_turn.values())
+        assert {"heldout_per_turn", "per_family", "attention_on_instruction", "no_regression"} <= set(report[name])
+    assert report["base"]["per_turn"] == report["other"]["per_turn"]  # the same model, the same dialogues
+    assert len(report["base"]["attention_on_instruction"]) == 6
+    for name in ("report.json", "report.md", "adherence.png", "attention.png", "transcripts.jsonl"):
+        assert (tmp_path / "a" / name).stat().st_size > 0
+    lines = [json.loads(line) for line in (tmp_path / "a" / "transcripts.jsonl").read_text().splitlines()]
+    assert len(lines) == 3 * (4 + 1) and {line["model"] for line in lines} == {"base", "other", "base+repeat"}
+    run_cli(model_dir, eval_inputs, tmp_path / "b", "--repeat-instruction", "base")
+    assert (tmp_path / "a" / "report.json").read_bytes() == (tmp_path / "b" / "report.json").read_bytes()
+
+
+def test_cli_refuses_bad_input(model_dir, eval_inputs, tmp_path):
+    no_template = tmp_path / "no-template"
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.chat_template = None
+    GattForCausalLM.from_pretrained(model_dir).save_pretrained(no_template)
+    tokenizer.save_pretrained(no_template)
+    (no_template / "chat_template.jinja").unlink(missing_ok=True)
+    with pytest.raises(ValueError, match="no chat template"):
+        run_cli(no_template, eval_inputs, tmp_path / "x")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"constraints": [{**CONSTRAINTS[0].to_dict(), "checks": [{"type": "rhymes"}]}]}))
+    with pytest.raises(ValueError, match="hobby-tennis|rhymes"):
+        run_cli(model_dir, (bad, eval_inputs[1]), tmp_path / "y")
+    with pytest.raises(ValueError, match="NAME=DIR"):
+        evaluate_main(["--model", str(model_dir), "--out", str(tmp_path / "z")])

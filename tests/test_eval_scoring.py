@@ -1,0 +1,219 @@
+"""Tests for adherence scoring (Wilson intervals, per turn, per family, survival) and the report files."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gatt.eval.report import build_report, format_table, write_report
+from gatt.eval.scoring import (
+    adherence_per_turn,
+    attention_per_turn,
+    no_regression,
+    per_family,
+    rate,
+    score_model,
+    survival,
+    wilson_interval,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def dialogue(
+    id: str,
+    stratum: str,
+    family: str | None,
+    passes: list[bool | None],
+    model: str = "gatt",
+    on_topic: list[bool | None] | None = None,
+    attention: list[float | None] | None = None,
+    stop_reason: str = "turns",
+) -> dict[str, Any]:
+    """One transcript in the rollout schema; `passes[i]` is turn i+1's verdict."""
+    constraint = None if family is None else {"name": f"{family}-x", "family": family, "value": "x", "split": "train"}
+    turns = []
+    for i, passed in enumerate(passes):
+        attn = None if attention is None else attention[i]
+        turns.append({
+            "turn": i + 1, "kind": "chat", "user": f"u{i}", "reply": f"r{i}",
+            "checks": [] if passed is None else [{"type": "contains_any", "passed": passed}],
+            "passed": passed,
+            "on_topic": None if on_topic is None else on_topic[i],
+            "attention_on_instruction": attn,
+            "attention_per_layer": None if attn is None else [attn, attn],
+        })
+    return {
+        "model": model, "id": id, "stratum": stratum, "constraint": constraint,
+        "instruction": None if family is None else f"{family}: x",
+        "stop_reason": stop_reason, "turns": turns,
+    }
+
+
+T, F = True, False
+
+
+@pytest.fixture
+def transcripts() -> list[dict[str, Any]]:
+    return [
+        dialogue("d1", "train", "hobby", [T, T, T, F], attention=[0.2, 0.4, None, 0.6]),
+        dialogue("d2", "train", "hobby", [T, F, T, T]),
+        dialogue("d3", "train", "language", [T, T, T, T], attention=[0.4, 0.2, None, None], stop_reason="context"),
+        dialogue("d4", "heldout_value", "hobby", [F, F]),
+        dialogue("d5", "heldout_family", "tone", [T, F, T]),
+        dialogue("d6", "none", None, [None] * 4, on_topic=[T, F, T, T], attention=[0.9] * 4),
+    ]
+
+
+def test_wilson_known_values() -> None:
+    for (k, n), (lo, hi) in {
+        (8, 10): (0.4901624, 0.9433178),
+        (0, 10): (0.0, 0.2775328),
+        (10, 10): (0.7224672, 1.0),
+        (50, 100): (0.4038315, 0.5961685),
+    }.items():
+        got = wilson_interval(k, n)
+        assert got == pytest.approx((lo, hi), abs=1e-6), (k, n)
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
+
+
+@pytest.mark.parametrize("k,n", [(0, 0), (1, 0), (-1, 10), (11, 10)])
+def test_wilson_rejects_bad_counts(k: int, n: int) -> None:
+    with pytest.raises(ValueError):
+        wilson_interval(k, n)
+
+
+def test_rate_rounds_to_six_decimals() -> None:
+    assert rate(2, 3) == {"adherence": 0.666667, "n": 3, "ci95": [0.20766, 0.938508]}
+    assert rate(8, 10) == {"adherence": 0.8, "n": 10, "ci95": [0.490162, 0.943318]}
+
+
+def test_adherence_per_turn_counts_and_order(transcripts: list[dict[str, Any]]) -> None:
+    table = adherence_per_turn(transcripts, ("train",))
+    assert list(table) == ["1", "2", "3", "4"]
+    assert [r["n"] for r in table.values()] == [3, 3, 3, 3]
+    assert [r["adherence"] for r in table.values()] == pytest.approx([1.0, 2 / 3, 1.0, 2 / 3], abs=1e-6)
+    assert table["2"] == rate(2, 3) and table["4"] == rate(2, 3)
+    # Numeric, not lexical, order of turn keys.
+    long = [dialogue("l", "train", "hobby", [T] * 12)]
+    assert list(adherence_per_turn(long, ("train",))) == [str(t) for t in range(1, 13)]
+
+
+def test_strata_do_not_leak(transcripts: list[dict[str, Any]]) -> None:
+    scores = score_model(transcripts)
+    assert scores["per_turn"] == adherence_per_turn(transcripts[:3], ("train",))
+    assert scores["heldout_per_turn"] == {"1": rate(0, 1), "2": rate(0, 1)}
+    assert scores["heldout_family_per_turn"] == {"1": rate(1, 1), "2": rate(0, 1), "3": rate(1, 1)}
+    assert adherence_per_turn(transcripts, ("none",)) == {}  # no verdicts without an instruction
+    assert adherence_per_turn(transcripts, ("heldout_value", "heldout_family"))["1"] == rate(1, 2)
+
+
+def test_per_family(transcripts: list[dict[str, Any]]) -> None:
+    fam = per_family(transcripts)
+    assert list(fam) == ["hobby", "language", "tone"]
+    assert fam["hobby"]["train"] == {"1": rate(2, 2), "2": rate(1, 2), "3": rate(2, 2), "4": rate(1, 2)}
+    assert fam["hobby"]["heldout"] == {"1": rate(0, 1), "2": rate(0, 1)}
+    assert fam["hobby"]["overall"] == rate(6, 10)
+    assert set(fam["language"]) == {"train", "overall"} and fam["language"]["overall"] == rate(4, 4)
+    assert set(fam["tone"]) == {"heldout", "overall"} and fam["tone"]["overall"] == rate(2, 3)
+
+
+def test_survival(transcripts: list[dict[str, Any]]) -> None:
+    train = survival(transcripts, ("train",))
+    assert train["n"] == 3
+    assert train["per_turn"] == pytest.approx({"1": 1.0, "2": 2 / 3, "3": 2 / 3, "4": 1 / 3}, abs=1e-6)
+    assert train["mean_turns_to_first_violation"] == pytest.approx((4 + 2 + 5) / 3, abs=1e-6)
+    heldout = survival(transcripts, ("heldout_value", "heldout_family"))
+    assert heldout == {"per_turn": {"1": 0.5, "2": 0.0, "3": 0.0}, "mean_turns_to_first_violation": 1.5, "n": 2}
+    assert survival(transcripts, ("nothing",)) == {"per_turn": {}, "mean_turns_to_first_violation": None, "n": 0}
+
+
+def test_no_regression_and_attention(transcripts: list[dict[str, Any]]) -> None:
+    assert no_regression(transcripts) == {"on_topic": 0.75, "n": 4, "ci95": rate(3, 4)["ci95"]}
+    assert no_regression(transcripts[:5]) is None
+    # The "none" dialogue's attention is excluded: it has no instruction to attend to.
+    assert attention_per_turn(transcripts) == pytest.approx({"1": 0.3, "2": 0.3, "4": 0.6})
+    assert attention_per_turn(transcripts[1:2]) == {}
+
+
+def test_score_model_keys(transcripts: list[dict[str, Any]]) -> None:
+    scores = score_model(transcripts)
+    assert set(scores) == {
+        "per_turn", "heldout_per_turn", "heldout_family_per_turn", "per_family", "survival",
+        "attention_on_instruction", "no_regression", "stop_reasons", "dialogues",
+    }
+    assert set(scores["survival"]) == {"train", "heldout"}
+    assert scores["stop_reasons"] == {"turns": 5, "context": 1}
+    assert scores["dialogues"] == 6
+
+
+def test_build_report_schema(transcripts: list[dict[str, Any]]) -> None:
+    base = [dict(t, model="base") for t in transcripts[:2]]
+    report = build_report(base + transcripts, {"turns": 4})
+    assert list(report) == ["settings", "base", "gatt"]
+    assert report["settings"] == {"turns": 4}
+    assert report["base"]["dialogues"] == 2 and report["gatt"] == score_model(transcripts)
+    with pytest.raises(ValueError, match="settings"):
+        build_report([dict(transcripts[0], model="settings")], {})
+
+
+def long_run() -> list[dict[str, Any]]:
+    """Two models, 22 turns; gatt keeps the instruction, base drops it from turn 5."""
+    out = []
+    for i in range(4):
+        out.append(dialogue(f"g{i}", "train", "hobby", [T] * 22, attention=[0.3] * 22))
+        out.append(dialogue(f"b{i}", "train", "hobby", [T] * 4 + [F] * 18, model="base", attention=[0.1] * 22))
+    out.append(dialogue("gh", "heldout_value", "hobby", [T] * 22))
+    out.append(dialogue("gn", "none", None, [None] * 22, on_topic=[T] * 22))
+    return out
+
+
+def test_format_table_rows() -> None:
+    report = build_report(long_run(), {})
+    table = format_table(report)
+    lines = table.splitlines()
+    assert lines[0] == "| Turn | gatt | base |"
+    assert [line.split("|")[1].strip() for line in lines[2:]] == ["2", "4", "6", "10", "20", "22"]
+    assert "| 2 | 100.0% [51.0–100.0] (n=4) | 100.0% [51.0–100.0] (n=4) |" in lines
+    assert "| 6 | 100.0% [51.0–100.0] (n=4) | 0.0% [0.0–49.0] (n=4) |" in lines
+    # Last turn equal to a table turn: no duplicate row; turns beyond the last are left out.
+    short = build_report([dialogue("s", "train", "hobby", [T] * 20), dialogue("s", "train", "hobby", [T] * 5, model="b")], {})
+    assert [line.split("|")[1].strip() for line in format_table(short).splitlines()[2:]] == ["2", "4", "6", "10", "20"]
+    assert "| 10 | 100.0% [20.7–100.0] (n=1) | – |" in format_table(short)
+
+
+def test_write_report_files(tmp_path: Path) -> None:
+    run = long_run()
+    report = build_report(run, {"turns": 22, "seed": 0})
+    out = tmp_path / "nested" / "out"
+    maps = {"gatt": [[0.1 * layer + 0.01 * turn for layer in range(4)] for turn in range(22)], "base": [[0.05] * 4] * 22}
+    write_report(report, run, out, attention_maps=maps)
+    names = {"report.json", "report.md", "adherence.png", "attention.png", "transcripts.jsonl"}
+    assert {p.name for p in out.iterdir()} == names  # no .tmp left behind
+
+    first = (out / "report.json").read_bytes()
+    assert json.loads(first) == report
+    write_report(report, run, out)
+    assert (out / "report.json").read_bytes() == first
+
+    md = (out / "report.md").read_text()
+    for row in ("| 2 |", "| 4 |", "| 6 |", "| 10 |", "| 20 |", "| 22 |"):
+        assert row in md
+    assert "| 1 |" not in md
+    assert "held-out values" in md and "held-out families" not in md
+    assert "- seed: 0" in md and "on topic" in md and "Attention" in md
+
+    for png in ("adherence.png", "attention.png"):
+        data = (out / png).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 1000
+
+    lines = (out / "transcripts.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line) for line in lines] == run
+
+
+def test_attention_png_without_measurements(tmp_path: Path) -> None:
+    run = [dialogue("x", "train", "hobby", [T, F], stop_reason="context")]
+    write_report(build_report(run, {}), run, tmp_path)
+    assert (tmp_path / "attention.png").read_bytes().startswith(PNG_MAGIC)
+    assert "Attention share" not in (tmp_path / "report.md").read_text()
