@@ -1,0 +1,74 @@
+"""ChatBatch: k candidates from one encoded prompt, keeping one, and continuing from the kept cache row."""
+
+import pytest
+import torch
+
+from gatt.generation import ChatBatch, Sampler
+from gatt.modeling import GattConfig, GattForCausalLM
+from gatt.tokenizer import train_tokenizer
+
+TEXTS = [f"Tell me about topic {i}. The weather is nice and tennis is fun, {i * 7} times." for i in range(300)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(TEXTS, vocab_size=400)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    torch.manual_seed(0)
+    config = GattConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                        eos_token_id=tokenizer.eos_token_id)
+    return GattForCausalLM(config).eval()
+
+
+def prompt(tokenizer, messages):
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+
+
+def greedy(model, tokenizer, messages, max_new_tokens=10) -> str:
+    ids = prompt(tokenizer, messages)
+    out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    return tokenizer.decode(out[0, len(ids):], skip_special_tokens=True).strip()
+
+
+def test_greedy_candidates_are_equal_and_continue_like_reencoding(model, tokenizer):
+    chat = ChatBatch(model, tokenizer, Sampler(do_sample=False), max_new_tokens=10)
+    histories = {key: [{"role": "user", "content": TEXTS[key]}] for key in (3, 8, 11)}
+    for turn in range(3):
+        out = chat.generate({key: prompt(tokenizer, h) for key, h in histories.items()}, k=3)
+        assert set(out) == set(histories)
+        for key, history in histories.items():
+            texts = [c.text for c in out[key]]
+            assert texts == [greedy(model, tokenizer, history)] * 3  # one prompt encoding, three cache rows
+        chat.keep({key: turn % 3 for key in histories})
+        for key, history in histories.items():
+            history += [{"role": "assistant", "content": out[key][0].text}, {"role": "user", "content": TEXTS[key + turn + 20]}]
+
+
+def test_sampled_candidates_differ_and_the_kept_one_is_the_history(model, tokenizer):
+    chat = ChatBatch(model, tokenizer, Sampler(do_sample=True, temperature=1.0, top_p=1.0, seed=0), max_new_tokens=10)
+    history = [{"role": "user", "content": TEXTS[0]}]
+    out = chat.generate({"a": prompt(tokenizer, history), "b": prompt(tokenizer, [{"role": "user", "content": TEXTS[1]}])}, k=4)
+    texts = [c.text for c in out["a"]]
+    assert len(set(texts)) > 1
+    chat.keep({"a": 2})  # "b" is dropped
+    assert chat.keys == ["a"]
+    history += [{"role": "assistant", "content": texts[2]}, {"role": "user", "content": TEXTS[5]}]
+    chat.sampler = Sampler(do_sample=False)
+    [candidate] = chat.generate({"a": prompt(tokenizer, history)})["a"]
+    assert candidate.text == greedy(model, tokenizer, history)
+    with pytest.raises(ValueError, match="new"):
+        chat.generate({"a": prompt(tokenizer, history), "c": prompt(tokenizer, history)})
+
+
+def test_a_choice_is_required_before_the_next_turn(model, tokenizer):
+    chat = ChatBatch(model, tokenizer, Sampler(do_sample=False), max_new_tokens=4)
+    ids = prompt(tokenizer, [{"role": "user", "content": TEXTS[0]}])
+    chat.generate({0: ids}, k=2)
+    with pytest.raises(RuntimeError, match="keep"):
+        chat.generate({0: ids})
