@@ -1,25 +1,25 @@
 """Benchmark GAtt teacher sampling: batched across dialogues vs one dialogue at a time.
 
-Both candidates run the same synthesis with one `ModelTeacher` (k candidates per turn) on the same N
-dialogues of exactly T user turns, in one process:
+Both candidates run the same synthesis with a `ModelTeacher` (k candidates per turn, each prompt
+encoded once, each dialogue's KV cache kept from turn to turn) on the same N dialogues of exactly T
+user turns, in one process:
 
-- "batched":    each turn is one `teacher.sample` call holding every dialogue's request
-                (batch_size=N: one left-padded `generate()` of N*k rows);
-- "sequential": one request per call (batch_size=1: N `generate()` calls of k rows per turn).
+- "batched":    each turn is one `teacher.sample` call holding every dialogue's request (batch_size=N:
+                one `ChatBatch` of N*k rows);
+- "sequential": one request per call (batch_size=1: N batches of k rows).
 
-The candidates alternate turn by turn (order flipping), so machine noise hits both alike; each keeps
-its own torch RNG, seeded identically. For identical work whatever the model writes, every generation
-makes exactly M new tokens (the benchmark sets `min_new_tokens = max_new_tokens` on the model's
-generation config) and the first candidate is always kept unchecked (a random model fails the checks),
-appended as the reply so histories grow as in real synthesis. The teacher is a randomly initialised
-GattForCausalLM about the size of the project's embedded base model (hidden 256, 4 layers, 8/4 heads,
-vocab 2048, ~3.7M params): random weights change nothing in the timing.
+The candidates alternate turn by turn (order flipping), so machine noise hits both alike; each has its
+own teacher, seeded identically. For identical work whatever the model writes, every generation makes
+exactly M new tokens (the benchmark turns the end-of-turn token off) and the first candidate is always
+kept unchecked (a random model fails the checks), appended as the reply so histories grow as in real
+synthesis. The teacher is a randomly initialised GattForCausalLM about the size of the project's
+embedded base model (hidden 256, 4 layers, 8/4 heads, vocab 2048, ~3.7M params): random weights change
+nothing in the timing.
 
-Measured: wall time of each candidate's synthesis (chat template, generate, decode) -> dialogues/s,
-turns/s; prompt, padding and generated tokens are counted at `generate()`; "CPU share" is the CPU time
-the process got / (wall x threads): well below 1 means other processes competed (small-batch
-generation then slows far more than big batches, inflating the ratio). Goal: batched >= 4x
-sequential in dialogues/s. Defaults (N=32, T=8, k=4, M=32) take about 2-3 minutes on 2 idle cores.
+Measured: wall time of each candidate's synthesis (chat template, generation, decode) -> dialogues/s,
+turns/s; "CPU share" is the CPU time the process got / (wall x threads): well below 1 means other
+processes competed (small batches then slow far more than big ones, inflating the ratio). Goal:
+batched >= 4x sequential in dialogues/s. Defaults (N=32, T=8, k=4, M=32) take a minute or two on 2 cores.
 
 Usage: python benchmarks/bench_teacher.py [--dialogues 32] [--turns 8] [--k 4] [--max-new-tokens 32] [--device cuda]
 """
@@ -29,12 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import torch
 
+import gatt.generation
 from data_gen.constraints import ConstraintSampler, catalogue
 from data_gen.synthesis import SynthesisConfig, _Dialogue, draw_dialogue
 from data_gen.teacher import ModelTeacher
@@ -61,25 +60,6 @@ def build_teacher_dir(path: Path) -> Path:
     return path
 
 
-class FixedLengthTeacher(ModelTeacher):
-    """ModelTeacher whose every generation has exactly max_new_tokens new tokens; counts tokens per call."""
-
-    def __init__(self, model_dir: Path, **kwargs: Any) -> None:
-        super().__init__(model_dir, **kwargs)
-        self.model.generation_config.min_new_tokens = self.max_new_tokens  # end-of-turn suppressed until M
-        self.counts: Counter = Counter()
-        generate = self.model.generate
-
-        def counting_generate(**batch: Any) -> torch.Tensor:
-            output = generate(**batch)
-            mask, rows = batch["attention_mask"], output.shape[0]
-            self.counts.update(calls=1, rows=rows, prompt_tokens=int(mask.sum()), padded_tokens=int((mask == 0).sum()),
-                               generated_tokens=rows * (output.shape[1] - mask.shape[1]))
-            return output
-
-        self.model.generate = counting_generate  # instance attribute: this teacher only
-
-
 def draw(config: SynthesisConfig) -> list[_Dialogue]:
     """The N fixed-length dialogues (fresh objects: a run appends replies to them)."""
     constraints = [c for c in catalogue() if c.split == "train"]
@@ -87,14 +67,14 @@ def draw(config: SynthesisConfig) -> list[_Dialogue]:
     return [draw_dialogue(i, config, sampler, pool) for i in range(config.num_dialogues)]
 
 
-def batched_turn(teacher: FixedLengthTeacher, dialogues: list[_Dialogue], k: int) -> None:
+def batched_turn(teacher: ModelTeacher, dialogues: list[_Dialogue], k: int) -> None:
     """One turn of every dialogue in one `sample` call (batch_size=N)."""
     teacher.batch_size = len(dialogues)
     for dialogue, candidates in zip(dialogues, teacher.sample([d.request() for d in dialogues], k)):
         dialogue.replies.append(candidates[0])  # accept the first candidate, unchecked
 
 
-def sequential_turn(teacher: FixedLengthTeacher, dialogues: list[_Dialogue], k: int) -> None:
+def sequential_turn(teacher: ModelTeacher, dialogues: list[_Dialogue], k: int) -> None:
     """One turn of every dialogue, one `sample` call per dialogue (batch_size=1)."""
     teacher.batch_size = 1
     for dialogue in dialogues:
@@ -104,30 +84,25 @@ def sequential_turn(teacher: FixedLengthTeacher, dialogues: list[_Dialogue], k: 
 CANDIDATES = {"batched": batched_turn, "sequential": sequential_turn}
 
 
-def measure(teacher: FixedLengthTeacher, config: SynthesisConfig, seed: int) -> dict[str, dict[str, float]]:
-    """Both candidates' synthesis, interleaved turn by turn (order alternating), each with its own torch RNG."""
+def measure(teachers: dict[str, ModelTeacher], config: SynthesisConfig, seed: int) -> dict[str, dict[str, float]]:
+    """Both candidates' synthesis, interleaved turn by turn (order alternating), each with its own teacher."""
     dialogues = {name: draw(config) for name in CANDIDATES}
-    torch.manual_seed(seed)
-    rng = dict.fromkeys(CANDIDATES, torch.get_rng_state())  # identical seeding for each candidate
-    counts = {name: Counter() for name in CANDIDATES}
+    for teacher in teachers.values():
+        teacher.seed(seed)  # identical seeding for each candidate
     seconds, cpu_seconds = dict.fromkeys(CANDIDATES, 0.0), dict.fromkeys(CANDIDATES, 0.0)
     for turn in range(config.max_turns):
         for name in list(CANDIDATES)[:: 1 if turn % 2 == 0 else -1]:
-            torch.set_rng_state(rng[name])
-            teacher.counts = counts[name]
             start, cpu_start = time.perf_counter(), time.process_time()
-            CANDIDATES[name](teacher, dialogues[name], config.samples_per_turn)
+            CANDIDATES[name](teachers[name], dialogues[name], config.samples_per_turn)
             seconds[name] += time.perf_counter() - start
             cpu_seconds[name] += time.process_time() - cpu_start
-            rng[name] = torch.get_rng_state()
     turns = config.num_dialogues * config.max_turns
     assert all(sum(len(d.replies) for d in ds) == turns for ds in dialogues.values()), "a turn went unanswered"
     return {name: {"seconds": seconds[name], "dialogues_per_s": config.num_dialogues / seconds[name],
-                   "turns_per_s": turns / seconds[name], **c,
+                   "turns_per_s": turns / seconds[name],
                    # CPU time this process got / (wall x threads): well below 1 means other processes competed
-                   "cpu_share": cpu_seconds[name] / (seconds[name] * torch.get_num_threads()),
-                   "padding_fraction": c["padded_tokens"] / (c["prompt_tokens"] + c["padded_tokens"])}
-            for name, c in counts.items()}
+                   "cpu_share": cpu_seconds[name] / (seconds[name] * torch.get_num_threads())}
+            for name in CANDIDATES}
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -148,18 +123,19 @@ def main() -> None:
 
     config = SynthesisConfig(num_dialogues=args.dialogues, min_turns=args.turns, max_turns=args.turns,
                              samples_per_turn=args.k, seed=args.seed)
-    teacher = FixedLengthTeacher(build_teacher_dir(args.model_dir), max_new_tokens=args.max_new_tokens, device=args.device)
+    gatt.generation.stop_token_ids = lambda model, tokenizer: set()  # no end-of-turn: every reply is M tokens
+    model_dir = build_teacher_dir(args.model_dir)
+    teachers = {name: ModelTeacher(model_dir, max_new_tokens=args.max_new_tokens, device=args.device) for name in CANDIDATES}
+    teacher = teachers["batched"]
     params = sum(p.numel() for p in teacher.model.parameters())
     device = torch.cuda.get_device_name() if teacher.device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"torch {torch.__version__}, {device}, fp32, random teacher ({params / 1e6:.2f}M "
           f"params), N={args.dialogues} dialogues x T={args.turns} turns, k={args.k}, M={args.max_new_tokens} new tokens")
     batched_turn(teacher, draw(SynthesisConfig(num_dialogues=2, min_turns=1, max_turns=1)), args.k)  # warm-up
-    results = measure(teacher, config, args.seed)
+    results = measure(teachers, config, args.seed)
     for name, r in results.items():
         print(f"{name:>10}: {r['seconds']:7.1f} s  {r['dialogues_per_s']:7.3f} dialogues/s  {r['turns_per_s']:7.2f} "
-              f"turns/s  {r['calls']} generate() calls  {r['generated_tokens']} generated tokens  "
-              f"{r['prompt_tokens']} prompt tokens  padding {100 * r['padding_fraction']:.1f}%  "
-              f"CPU share {r['cpu_share']:.2f}")
+              f"turns/s  CPU share {r['cpu_share']:.2f}")
     speedup = results["batched"]["dialogues_per_s"] / results["sequential"]["dialogues_per_s"]
     print(f"speedup batched / sequential: {speedup:.2f}x (goal >= 4x: {'met' if speedup >= 4 else 'NOT met'})")
     if teacher.device.type == "cpu" and min(r["cpu_share"] for r in results.values()) < 0.9:

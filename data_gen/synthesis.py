@@ -17,12 +17,11 @@ import os
 import random
 import statistics
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
 from data_gen.constraints import ConstraintSampler, instruction_text
@@ -76,7 +75,7 @@ class _Dialogue:
             messages.append({"role": "user", "content": with_instruction(turn.text, self.instruction)})
             if reply is not None:
                 messages.append({"role": "assistant", "content": reply})
-        return TurnRequest(messages, self.turns[len(self.replies)], self.constraints)
+        return TurnRequest(messages, self.turns[len(self.replies)], self.constraints, key=str(self.index))
 
 
 def turn_checks(constraints: Sequence[Constraint], turn: UserTurn) -> list[Check]:
@@ -158,8 +157,6 @@ def synthesize(
     teacher: Teacher,
     constraints: Sequence[Constraint],
     user_pool: Sequence[UserTurn],
-    *,
-    seed_teacher: Callable[[int], None] = torch.manual_seed,
 ) -> dict[str, Any]:
     """Write `out_dir/gatt.jsonl` (resuming finished shards) and return the summary."""
     out_dir = Path(out_dir)
@@ -175,7 +172,7 @@ def synthesize(
         path = shard_dir / f"shard-{shard:05d}.jsonl"
         indices = range(shard * config.shard_size, min((shard + 1) * config.shard_size, config.num_dialogues))
         if not path.exists():  # else finished before an interruption
-            seed_teacher(config.seed * 100_003 + shard)  # the shard's sampling does not depend on earlier shards
+            teacher.seed(config.seed * 100_003 + shard)  # the shard's sampling does not depend on earlier shards
             dialogues = [draw_dialogue(i, config, sampler, user_pool) for i in indices]
             stats: Counter = Counter()
             synthesize_shard(dialogues, teacher, config.samples_per_turn, stats, progress)

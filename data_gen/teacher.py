@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from data_gen.toy_world import ToyResponder
 from data_gen.user_turns import UserTurn
 from gatt.checks import Constraint
+from gatt.generation import ChatBatch, Sampler
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class TurnRequest:
     messages: list[dict[str, str]]
     turn: UserTurn
     constraints: Sequence[Constraint]
+    key: str | None = None  # the dialogue's id: lets a model teacher keep its KV cache from turn to turn
 
 
 class Teacher(Protocol):
@@ -34,6 +36,9 @@ class Teacher(Protocol):
     name: str
 
     def sample(self, requests: Sequence[TurnRequest], k: int) -> list[list[str]]: ...
+
+    def seed(self, seed: int) -> None:
+        """Restart sampling from `seed` (synthesis seeds each shard, so resuming reproduces it)."""
 
 
 class OracleTeacher:
@@ -48,9 +53,18 @@ class OracleTeacher:
         """One candidate per request (sampling it k times would give k copies)."""
         return [[self.responder.reply(r.turn, r.constraints)] for r in requests]
 
+    def seed(self, seed: int) -> None:
+        """Nothing to seed: the oracle is deterministic."""
+
 
 class ModelTeacher:
-    """A causal LM with a chat template: batched sampling with the KV cache, left padding, k candidates each."""
+    """A causal LM with a chat template: k sampled candidates per request, batched across dialogues.
+
+    Generation runs on `gatt.generation.ChatBatch`: each prompt is encoded once for its k candidates,
+    and requests that carry a `key` (synthesis gives the dialogue id) keep their KV cache from one turn
+    to the next, the kept candidate's row (recognised as the history's last reply), so a dialogue's
+    history is never encoded twice.
+    """
 
     def __init__(
         self,
@@ -61,18 +75,25 @@ class ModelTeacher:
         max_new_tokens: int = 64,
         batch_size: int = 16,
         device: str | None = None,
+        seed: int = 0,
     ) -> None:
         self.name = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         if not self.tokenizer.chat_template:
             raise ValueError(f"teacher {model_dir} has no chat template: a teacher must be a chat model")
-        self.tokenizer.padding_side = "left"  # generation continues every row from its last token
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = AutoModelForCausalLM.from_pretrained(model_dir).to(self.device).eval()
-        self.temperature, self.top_p, self.max_new_tokens, self.batch_size = temperature, top_p, max_new_tokens, batch_size
+        self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         self.max_prompt = getattr(self.model.config, "max_position_embeddings", 2048) - max_new_tokens
+        self.sampler = Sampler(do_sample=True, temperature=temperature, top_p=top_p, seed=seed, device=self.device)
+        self._groups: list[tuple[ChatBatch, list[Any]]] = []  # dialogues under way: a batch and its dialogues
+        self._candidates: dict[Any, list[str]] = {}  # each dialogue's candidates of its last turn
+
+    def seed(self, seed: int) -> None:
+        self.sampler.generator.manual_seed(seed)
+        self._groups, self._candidates = [], {}
 
     def sample(self, requests: Sequence[TurnRequest], k: int) -> list[list[str]]:
         """k sampled replies per request; none for a request whose prompt no longer fits the context."""
@@ -80,26 +101,35 @@ class ModelTeacher:
             self.tokenizer.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
             for r in requests
         ]
+        keys = [r.key if r.key is not None else object() for r in requests]  # no key: a fresh row, nothing kept
+        fits = {key: i for i, key in enumerate(keys) if len(prompts[i]) <= self.max_prompt}
+        self._settle(requests, fits)
+        under_way = {key for _, members in self._groups for key in members}
+        waiting = [key for key in fits if key not in under_way]
+        for start in range(0, len(waiting), self.batch_size):
+            chat = ChatBatch(self.model, self.tokenizer, self.sampler, max_new_tokens=self.max_new_tokens)
+            self._groups.append((chat, waiting[start : start + self.batch_size]))
         candidates: list[list[str]] = [[] for _ in requests]
-        fits = [i for i, p in enumerate(prompts) if len(p) <= self.max_prompt]
-        for start in range(0, len(fits), self.batch_size):
-            chunk = fits[start : start + self.batch_size]
-            replies = self._generate([prompts[i] for i in chunk], k)
-            for row, i in enumerate(chunk):
-                candidates[i] = replies[row * k : (row + 1) * k]
+        groups = []
+        for chat, members in self._groups:
+            mine = [key for key in members if key in fits]
+            if mine:
+                out = chat.generate({key: prompts[fits[key]] for key in mine}, k)
+                for key in mine:
+                    candidates[fits[key]] = self._candidates[key] = [c.text for c in out[key]]
+                groups.append((chat, mine))
+        self._groups = groups
         return candidates
 
-    @torch.no_grad()
-    def _generate(self, prompts: list[list[int]], k: int) -> list[str]:
-        batch = self.tokenizer.pad({"input_ids": prompts}, return_tensors="pt").to(self.device)
-        output = self.model.generate(
-            **batch,
-            do_sample=True,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            max_new_tokens=self.max_new_tokens,
-            num_return_sequences=k,
-            pad_token_id=self.tokenizer.pad_token_id,
-        )  # (len(prompts) * k, prompt + new)
-        new_tokens = output[:, batch["input_ids"].shape[1] :]
-        return [text.strip() for text in self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
+    def _settle(self, requests: Sequence[TurnRequest], fits: dict[Any, int]) -> None:
+        """Keep each continuing dialogue's chosen candidate (the history's last reply); drop the others."""
+        for chat, members in self._groups:
+            chosen = {}
+            for key in members:
+                if key in fits:
+                    messages = requests[fits[key]].messages
+                    last = messages[-2]["content"] if len(messages) >= 2 else None
+                    previous = self._candidates.get(key, [])
+                    chosen[key] = previous.index(last) if last in previous else 0  # else: re-rendered tokens are fed
+            chat.keep(chosen)
+        self._candidates = {key: c for key, c in self._candidates.items() if key in fits}

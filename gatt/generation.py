@@ -155,7 +155,7 @@ class ChatBatch:
         if indices == list(range(len(self.keys))):
             return
         if self.cache.get_seq_length() > 0:
-            self.cache.batch_select_indices(torch.tensor(indices, device=self.model.device))
+            self.cache.batch_select_indices(torch.tensor(indices, dtype=torch.long, device=self.model.device))
         self.mask = self.mask[indices]
         self.keys = [self.keys[i] for i in indices]
         self.rows = [self.rows[i] for i in indices]

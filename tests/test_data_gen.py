@@ -259,6 +259,33 @@ def test_model_teacher_samples_k_candidates_and_rejection_drops_what_fails(tmp_p
     assert (tmp_path / "a" / "gatt.jsonl").read_bytes() == (tmp_path / "b" / "gatt.jsonl").read_bytes()
 
 
+def test_model_teacher_keeps_each_dialogues_cache_and_matches_reencoding(tmp_path):
+    from data_gen.teacher import ModelTeacher
+
+    teacher_dir = tiny_teacher_dir(tmp_path)
+    turns = [UserTurn(t.text, t.topic) for t in all_user_turns()[:12]]
+
+    def run(keyed: bool) -> list[list[list[str]]]:
+        # near-greedy sampling: the same draws pick the same tokens whether the history is cached or re-encoded
+        teacher = ModelTeacher(teacher_dir, temperature=1e-4, max_new_tokens=8, batch_size=2)
+        teacher.seed(0)
+        histories = {d: [] for d in range(3)}
+        out = []
+        for t in range(4):
+            requests = [TurnRequest([*h, {"role": "user", "content": turns[d + 3 * t].text}], turns[d + 3 * t], [],
+                                    key=str(d) if keyed else None) for d, h in histories.items()]
+            candidates = teacher.sample(requests, 2)
+            out.append(candidates)
+            for (d, h), request, c in zip(histories.items(), requests, candidates):
+                histories[d] = [*request.messages, {"role": "assistant", "content": c[t % 2]}]  # keep candidate t % 2
+            if t == 1:
+                histories.pop(1)  # a dialogue ends: its rows leave the cache
+        return out
+
+    cached, reencoded = run(keyed=True), run(keyed=False)
+    assert cached == reencoded and [len(c) for c in cached] == [3, 3, 2, 2]
+
+
 # --- bad input ---------------------------------------------------------------------------------
 
 
