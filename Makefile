@@ -13,7 +13,7 @@ test: install
 	$(PYTHON) -m pytest -q
 
 demo: install
-	$(PYTHON) recipes/chat_demo.py
+	$(PYTHON) recipes/demo.py --config recipes/configs/demo.yaml
 
 bench: install
 	$(PYTHON) benchmarks/bench_attention.py

@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     gatt.add_argument("--min-turns", type=int, default=2, help="shortest dialogue kept")
     gatt.add_argument("--max-turns", type=int, default=24, help="longest dialogue drawn")
     gatt.add_argument("--samples-per-turn", type=int, default=4, help="candidates per turn (k) for rejection")
+    gatt.add_argument("--redraws", type=int, default=2,
+                      help="other user messages tried at a turn whose k candidates all fail, before the dialogue ends there")
     gatt.add_argument("--user-turns", type=Path, help="your dialogues (JSONL/Parquet/datasets folder) or a .txt of messages")
     gatt.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad input dialogues: stop, or count and skip")
     gatt.add_argument("--constraints", type=Path, help="YAML constraint file (default: the built-in catalogue)")
@@ -106,7 +108,8 @@ def run_gatt(args: argparse.Namespace) -> dict:
         )
     config = SynthesisConfig(
         num_dialogues=args.num_dialogues, min_turns=args.min_turns, max_turns=args.max_turns,
-        samples_per_turn=args.samples_per_turn, seed=args.seed, short_prob=args.short_prob, shard_size=args.shard_size,
+        samples_per_turn=args.samples_per_turn, redraws=args.redraws, seed=args.seed, short_prob=args.short_prob,
+        shard_size=args.shard_size,
     )
     return {**synthesize(args.out, config, teacher, constraints, user_pool), "path": str(args.out / "gatt.jsonl")}
 

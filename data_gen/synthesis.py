@@ -2,8 +2,9 @@
 from a teacher with it in view, keep a candidate that passes every check (rejection sampling).
 
 Dialogues advance in lockstep, one turn at a time, so the teacher answers a whole shard's turn in one
-batched call. A turn with no passing candidate ends its dialogue there: the dialogue is kept up to its
-last passing turn if that still reaches `min_turns`, else dropped; both are counted.
+batched call. A turn with no passing candidate gets another user message (up to `redraws` times: a
+teacher often fails on one topic, not on the instruction); after that it ends its dialogue there: the
+dialogue is kept up to its last passing turn if that still reaches `min_turns`, else dropped; all are counted.
 
 Work is written in shards (`<out>/gatt.shards/shard-NNNNN.jsonl`, renamed into place when complete),
 so a killed run resumes on the same command without duplicates or losses; each dialogue's draws depend
@@ -43,6 +44,7 @@ class SynthesisConfig:
     short_prob: float = 0.5
     probe_prob: float = 0.15
     shard_size: int = 64
+    redraws: int = 2  # other user messages tried at a turn whose candidates all fail, before it ends the dialogue
 
     def __post_init__(self) -> None:
         if self.num_dialogues < 1:
@@ -51,6 +53,8 @@ class SynthesisConfig:
             raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns} and {self.max_turns}")
         if self.samples_per_turn < 1:
             raise ValueError(f"samples_per_turn must be >= 1, got {self.samples_per_turn}")
+        if self.redraws < 0:
+            raise ValueError(f"redraws must be >= 0, got {self.redraws}")
 
 
 @dataclass
@@ -63,6 +67,7 @@ class _Dialogue:
     turns: list[UserTurn]
     replies: list[str]
     ended: str | None = None  # None while running; "complete", "rejected" or "context_full"
+    redrawn: int = 0  # user messages redrawn at the current turn
 
     @property
     def instruction(self) -> str:
@@ -96,15 +101,31 @@ def draw_dialogue(index: int, config: SynthesisConfig, sampler: ConstraintSample
         if probes and rng.random() < config.probe_prob:
             turns.append(UserTurn(rng.choice(probes), None))
         else:
-            recent = {t.topic for t in turns[-3:]}
-            turns.append(rng.choice([t for t in user_pool if t.topic is None or t.topic not in recent] or user_pool))
+            turns.append(_chat_turn(rng, user_pool, avoid={t.topic for t in turns[-3:]}))
     return _Dialogue(index, constraints, use_short, turns, [])
 
 
+def _chat_turn(rng: random.Random, user_pool: Sequence[UserTurn], avoid: set[str | None]) -> UserTurn:
+    return rng.choice([t for t in user_pool if t.topic is None or t.topic not in avoid] or user_pool)
+
+
+def redraw_turn(dialogue: _Dialogue, config: SynthesisConfig, user_pool: Sequence[UserTurn]) -> None:
+    """Replace the current turn's user message by a chat message on another topic, from (seed, index, turn, try)."""
+    turn = len(dialogue.replies)
+    dialogue.redrawn += 1
+    rng = random.Random(f"gatt-{config.seed}-{dialogue.index}-redraw-{turn}-{dialogue.redrawn}")
+    failed = dialogue.turns[turn]
+    others = [t for t in user_pool if t.text != failed.text and (t.topic is None or t.topic != failed.topic)]
+    others = others or list(user_pool)
+    dialogue.turns[turn] = _chat_turn(rng, others, avoid={t.topic for t in dialogue.turns[max(0, turn - 3) : turn]})
+
+
 def synthesize_shard(
-    dialogues: list[_Dialogue], teacher: Teacher, k: int, stats: Counter, progress: tqdm | None = None
+    dialogues: list[_Dialogue], teacher: Teacher, config: SynthesisConfig, user_pool: Sequence[UserTurn],
+    stats: Counter, progress: tqdm | None = None,
 ) -> None:
     """Run every dialogue of a shard to its end, one batched teacher call per turn."""
+    k = config.samples_per_turn
     while active := [d for d in dialogues if d.ended is None]:
         if progress is not None:
             progress.set_postfix(turn=len(active[0].replies) + 1, active=len(active))
@@ -116,11 +137,15 @@ def synthesize_shard(
             stats["rejected_candidates"] += candidates.index(kept) if kept is not None else len(candidates)
             if not candidates:
                 dialogue.ended = "context_full"
+            elif kept is None and dialogue.redrawn < config.redraws:
+                redraw_turn(dialogue, config, user_pool)
+                stats["redrawn_turns"] += 1
             elif kept is None:
                 dialogue.ended = "rejected"
                 stats["rejected_turns"] += 1
             else:
                 dialogue.replies.append(kept)
+                dialogue.redrawn = 0
                 if len(dialogue.replies) == len(dialogue.turns):
                     dialogue.ended = "complete"
 
@@ -175,7 +200,7 @@ def synthesize(
             teacher.seed(config.seed * 100_003 + shard)  # the shard's sampling does not depend on earlier shards
             dialogues = [draw_dialogue(i, config, sampler, user_pool) for i in indices]
             stats: Counter = Counter()
-            synthesize_shard(dialogues, teacher, config.samples_per_turn, stats, progress)
+            synthesize_shard(dialogues, teacher, config, user_pool, stats, progress)
             lines = [json.dumps(_shard_entry(d, teacher.name, config), ensure_ascii=False) for d in dialogues]
             # Stats first: the shard's .jsonl appearing is what marks it finished.
             _write_atomic(path.with_suffix(".stats.json"), json.dumps(stats))
@@ -230,6 +255,7 @@ def _merge(out_dir: Path, shard_dir: Path, num_shards: int, config: SynthesisCon
         "truncated": sum(e["kept"] and e["turns"] < e["planned"] for e in entries),
         "ended": dict(Counter(e["ended"] for e in entries)),
         "rejected_turns": stats["rejected_turns"],
+        "redrawn_turns": stats["redrawn_turns"],
         "candidates": stats["candidates"],
         "rejected_candidates": stats["rejected_candidates"],
         "yield_per_family": {f: round(kept[f] / attempted[f], 4) for f in sorted(attempted)},

@@ -289,13 +289,16 @@ def segmented_attention(
     """
     grouped = query.shape[1] != key.shape[1]
     rows = []
-    for b, row_spans in enumerate(spans):
+    # unbind/split rather than slicing: their backward is one stack/cat, not a zero-filled (B, H, T, D)
+    # gradient per segment.
+    for q_row, k_row, v_row, row_spans in zip(query.unbind(0), key.unbind(0), value.unbind(0), spans):
+        lengths = [e - s for s, e in row_spans]
         pieces = [
             F.scaled_dot_product_attention(
-                query[b : b + 1, :, s:e], key[b : b + 1, :, s:e], value[b : b + 1, :, s:e],
-                dropout_p=dropout_p, is_causal=e - s > 1, scale=scale, enable_gqa=grouped,
-            )
-            for s, e in row_spans
+                q[None], k[None], v[None], dropout_p=dropout_p, is_causal=q.shape[1] > 1, scale=scale,
+                enable_gqa=grouped,
+            )  # (1, H, len, Dv)
+            for q, k, v in zip(q_row.split(lengths, dim=1), k_row.split(lengths, dim=1), v_row.split(lengths, dim=1))
         ]
         rows.append(torch.cat(pieces, dim=2))  # (1, H, T, Dv)
     return torch.cat(rows, dim=0)  # (B, H, T, Dv)

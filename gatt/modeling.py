@@ -274,6 +274,20 @@ class GattModel(GattPreTrainedModel):
         return mask, False
 
 
+def supervised_loss(lm_head: nn.Module, hidden_states: Tensor, labels: Tensor, num_items_in_batch: Tensor | int | None) -> Tensor:
+    """Next-token cross-entropy with the head applied only where there is a target (HF's ForCausalLMLoss, cheaper).
+
+    hidden_states: (B, T, D); labels: (B, T), -100 where there is no loss. Position t predicts labels[t + 1].
+    Summed and divided by `num_items_in_batch` when given (gradient accumulation), else averaged.
+    """
+    targets = F.pad(labels, (0, 1), value=-100)[:, 1:]  # (B, T): the token each position predicts
+    keep = targets != -100  # (B, T)
+    logits = lm_head(hidden_states[keep]).float()  # (N, V)
+    loss = F.cross_entropy(logits, targets[keep], reduction="sum")
+    denominator = keep.sum() if num_items_in_batch is None else num_items_in_batch
+    return loss / denominator
+
+
 class GattForCausalLM(GattPreTrainedModel, GenerationMixin):
     """The decoder stack with a language-model head; generates with a KV cache."""
 
@@ -297,9 +311,14 @@ class GattForCausalLM(GattPreTrainedModel, GenerationMixin):
         segment_ids: Tensor | None = None,
         output_attentions: bool = False,
         logits_to_keep: int | Tensor = 0,
+        skip_logits: bool = False,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
-        """Logits (B, T, V); with `labels` (-100 = no loss), the mean next-token cross-entropy."""
+        """Logits (B, T, V); with `labels` (-100 = no loss), the mean next-token cross-entropy.
+
+        `skip_logits=True` (training): with labels, the LM head runs only on the positions that have a
+        target and no logits are returned; the loss is the same, for less time and memory.
+        """
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -311,6 +330,9 @@ class GattForCausalLM(GattPreTrainedModel, GenerationMixin):
             output_attentions=output_attentions,
         )
         hidden_states = outputs.last_hidden_state
+        if skip_logits and labels is not None:
+            loss = supervised_loss(self.lm_head, hidden_states, labels, kwargs.get("num_items_in_batch"))
+            return CausalLMOutputWithPast(loss=loss, past_key_values=outputs.past_key_values, attentions=outputs.attentions)
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden_states = hidden_states[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, Tensor):

@@ -16,10 +16,11 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import yaml
@@ -34,6 +35,22 @@ from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
 
 
+T = TypeVar("T")
+
+
+def dataclass_from_dict(cls: type[T], values: dict[str, Any], source: str = "config") -> T:
+    """`cls(**values)`, refusing unknown keys (naming them and listing the valid ones) and missing required ones."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(names)}")
+    missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING and f.name not in values]
+    if missing:
+        raise ValueError(f"{source}: missing required key(s) {', '.join(missing)}")
+    return cls(**values)
+
+
 @dataclass
 class TrainConfig:
     """Every knob of a training run; the YAML configs in recipes/configs mirror it."""
@@ -46,6 +63,9 @@ class TrainConfig:
     # data
     eval_file: str | None = None
     eval_fraction: float = 0.02  # held-out share of train_file when there is no eval_file
+    # replay against forgetting: add replay_ratio x len(train_file) records drawn from replay_file (e.g. the SFT data)
+    replay_file: str | None = None
+    replay_ratio: float = 0.0
     mode: str = "last"  # GAttCollator: last | all | expand
     instruction_placement: str = "system"
     max_length: int = 1024
@@ -79,15 +99,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> "TrainConfig":
         """Build from a mapping; unknown keys are refused naming them and listing the valid ones."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(values) - set(names))
-        if unknown:
-            raise ValueError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(names)}")
-        missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING and f.name not in values]
-        if missing:
-            raise ValueError(f"{source}: missing required key(s) {', '.join(missing)}")
-        config = cls(**values)
+        config = dataclass_from_dict(cls, values, source)
         config.validate(source)
         return config
 
@@ -99,12 +111,15 @@ class TrainConfig:
             raise ValueError(f"{source}: a new model needs `tokenizer` (a directory) or `tokenizer_vocab_size` > 0")
         if self.max_steps < 1:
             raise ValueError(f"{source}: max_steps must be >= 1, got {self.max_steps}")
+        if self.replay_ratio < 0 or (self.replay_ratio > 0) != (self.replay_file is not None):
+            raise ValueError(f"{source}: replay needs both `replay_file` and `replay_ratio` > 0, got "
+                             f"{self.replay_file!r} and {self.replay_ratio}")
         if self.batch_size % self.gradient_accumulation_steps:
             raise ValueError(f"{source}: batch_size ({self.batch_size}) must be divisible by gradient_accumulation_steps")
 
 
-def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
-    """Read a YAML config and apply `key=value` overrides (values parsed as YAML)."""
+def read_yaml_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """A YAML mapping with `key=value` overrides applied (values parsed as YAML)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"config file not found: {path}")
@@ -116,7 +131,12 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
         if not sep:
             raise ValueError(f"override {override!r} must look like key=value")
         values[key.strip()] = yaml.safe_load(value)
-    return TrainConfig.from_dict(values, source=str(path))
+    return values
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a YAML config and apply `key=value` overrides (values parsed as YAML)."""
+    return TrainConfig.from_dict(read_yaml_config(path, overrides), source=str(path))
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
@@ -212,6 +232,10 @@ class Trainer:
                 f"({config.gradient_accumulation_steps} x {world})"
             )
         records = read_records(config.train_file)
+        if config.replay_file:
+            replay = read_records(config.replay_file)
+            wanted = min(len(replay), round(config.replay_ratio * len(records)))
+            records += random.Random(f"replay-{config.seed}").sample(replay, wanted)
         if config.eval_file:
             self.train_records, self.eval_records = records, read_records(config.eval_file)
         else:
@@ -230,6 +254,9 @@ class Trainer:
             optimizer, config.warmup_steps, config.max_steps, min_lr_rate=config.min_lr_ratio
         )
         # The scheduler stays unprepared: Accelerate would step it once per process for every optimizer step.
+        # Our model computes the training loss without the full (B, T, V) logits; others get the stock call.
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.loss_kwargs = {"skip_logits": True} if isinstance(base, GattForCausalLM) else {}
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.scheduler = scheduler
         self.state = TrainState()
@@ -264,7 +291,8 @@ class Trainer:
             context = self.accelerator.no_sync(self.model) if not sync else nullcontext()
             with context, self.accelerator.autocast():
                 # Sum over tokens / global count; DDP averages gradients over processes, hence x world.
-                loss = self.model(**batch, num_items_in_batch=global_tokens, use_cache=False).loss * world
+                loss = self.model(**batch, num_items_in_batch=global_tokens, use_cache=False, **self.loss_kwargs).loss
+                loss = loss * world
                 self.accelerator.backward(loss)
             step_loss += loss.detach() / world
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
@@ -287,7 +315,7 @@ class Trainer:
             batch = {k: v.to(acc.device) for k, v in self.collator(mine[start : start + self.config.batch_size]).items()}
             n = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
             with acc.autocast():
-                total += float(self.model(**batch, use_cache=False).loss) * n
+                total += float(self.model(**batch, use_cache=False, **self.loss_kwargs).loss) * n
             tokens += n
         return float(self._global_count(total) / self._global_count(tokens).clamp(min=1))
 
@@ -384,4 +412,5 @@ def train(config: TrainConfig, resume: bool = False) -> dict[str, Any]:
     return Trainer(config).train(resume=resume)
 
 
-__all__ = ["TrainConfig", "Trainer", "batch_indices", "load_config", "read_records", "train"]
+__all__ = ["TrainConfig", "Trainer", "batch_indices", "dataclass_from_dict", "load_config", "read_records", "read_yaml_config",
+           "train"]

@@ -214,16 +214,44 @@ class ScriptedTeacher:
         return out
 
 
+MUST_SAY_OK = Constraint("ok", "Say ok.", "ok", (Check("regex", {"pattern": "^ok$"}),))
+
+
 def test_a_turn_without_a_passing_candidate_ends_the_dialogue():
-    must_say_ok = Constraint("ok", "Say ok.", "ok", (Check("regex", {"pattern": "^ok$"}),))
-    dialogues = [_Dialogue(i, [must_say_ok], False, [UserTurn(f"{i} hi", None)] * 5, []) for i in range(3)]
+    dialogues = [_Dialogue(i, [MUST_SAY_OK], False, [UserTurn(f"{i} hi", None)] * 5, []) for i in range(3)]
     stats = Counter()
-    synthesize_shard(dialogues, ScriptedTeacher({0: 3, 1: 1}), k=2, stats=stats)
+    config = SynthesisConfig(num_dialogues=3, samples_per_turn=2, redraws=0)
+    synthesize_shard(dialogues, ScriptedTeacher({0: 3, 1: 1}), config, [], stats)
     assert [len(d.replies) for d in dialogues] == [3, 1, 5]  # cut at its first failing turn
     assert [d.ended for d in dialogues] == ["rejected", "rejected", "complete"]
     assert stats["rejected_turns"] == 2 and stats["candidates"] == 2 * (4 + 2 + 5)
     # Candidates looked at before a kept one, and both at each failing turn: (3 + 2) + (1 + 2) + 5.
     assert stats["rejected_candidates"] == 13
+
+
+class TopicTeacher:
+    """Fails every candidate on user messages about one topic."""
+
+    name = "topic"
+
+    def sample(self, requests: list[TurnRequest], k: int) -> list[list[str]]:
+        return [["bad"] * k if r.turn.topic == "volcanoes" else ["ok"] * k for r in requests]
+
+
+def test_a_failing_turn_is_redrawn_on_another_topic_before_the_dialogue_ends():
+    pool = [UserTurn("Tell me about volcanoes.", "volcanoes"), UserTurn("Tell me about owls.", "owls")]
+    turns = [pool[1], pool[0], pool[1]]
+    config = SynthesisConfig(num_dialogues=2, samples_per_turn=2, redraws=1)
+    dialogues = [_Dialogue(0, [MUST_SAY_OK], False, list(turns), [])]
+    stats = Counter()
+    synthesize_shard(dialogues, TopicTeacher(), config, pool, stats)
+    assert dialogues[0].ended == "complete" and dialogues[0].replies == ["ok"] * 3
+    assert [t.topic for t in dialogues[0].turns] == ["owls", "owls", "owls"]  # turn 2 asked again, on another topic
+    assert stats["redrawn_turns"] == 1 and stats["rejected_turns"] == 0
+    # Without redraws, or when every redraw fails too, the dialogue still ends at that turn.
+    stuck = [_Dialogue(1, [MUST_SAY_OK], False, list(turns), [])]
+    synthesize_shard(stuck, TopicTeacher(), config, pool[:1], Counter())
+    assert stuck[0].ended == "rejected" and stuck[0].replies == ["ok"]
 
 
 def tiny_teacher_dir(tmp_path: Path) -> Path:

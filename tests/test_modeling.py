@@ -1,5 +1,6 @@
 """GattForCausalLM against Hugging Face Llama (the reference), packing, save/load, generation, PEFT."""
 
+import copy
 import importlib.util
 
 import pytest
@@ -109,6 +110,25 @@ def test_packed_row_gives_the_same_per_token_loss_as_separate_rows(model, descri
         separate = [per_token_loss(model(x, use_cache=False).logits, x) for x in (first, second)]
     torch.testing.assert_close(per_token_loss(packed_logits[:, :13], first), separate[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(per_token_loss(packed_logits[:, 13:], second), separate[1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("num_items_in_batch", [None, 50])
+def test_skip_logits_gives_llamas_loss_and_gradients_without_logits(llama, num_items_in_batch):
+    ids = random_ids(2, 16, seed=5)
+    labels = ids.clone()
+    labels[0, :6] = -100  # a prompt without loss
+    labels[1, 9:] = -100  # and padding
+    kwargs = {} if num_items_in_batch is None else {"num_items_in_batch": torch.tensor(num_items_in_batch)}
+    ours = GattForCausalLM.from_llama(copy.deepcopy(llama))  # own parameters: from_llama shares llama's
+    expected = llama(ids, labels=labels, **kwargs).loss  # the reference: HF's ForCausalLMLoss on full logits
+    expected.backward()
+    out = ours(ids, labels=labels, skip_logits=True, **kwargs)
+    out.loss.backward()
+    assert out.logits is None
+    torch.testing.assert_close(out.loss, expected, atol=1e-5, rtol=0)
+    for (name, theirs), mine in zip(llama.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-5, rtol=1e-4, msg=name)
+    llama.zero_grad(set_to_none=True)
 
 
 def test_save_and_load_round_trip_through_auto_classes(model, tmp_path):

@@ -14,7 +14,7 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data_gen.__main__ import main as data_gen_main
-from gatt.train import TrainConfig, batch_indices, load_config, train
+from gatt.train import Trainer, TrainConfig, batch_indices, load_config, read_records, train
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "recipes" / "configs" / "smoke.yaml"
@@ -57,6 +57,19 @@ def test_config_refuses_unknown_keys_and_names_them(tmp_path):
     process = run_recipe("--config", str(bad))
     output, _ = process.communicate(timeout=120)
     assert process.returncode != 0 and "unknown key(s) epochs, learning_rte" in output
+
+
+def test_replay_adds_its_share_of_records_from_the_replay_file(data, tmp_path):
+    with pytest.raises(ValueError, match="replay needs both"):
+        smoke_config(data, tmp_path / "x", replay_ratio=0.5)
+    replay = tmp_path / "base.jsonl"
+    data_gen_main(["base", "--num-dialogues", "100", "--seed", "0", "--out", str(tmp_path)])
+    trainer = Trainer(smoke_config(data, tmp_path / "run", replay_file=replay, replay_ratio=0.5, eval_every=0))
+    ids = [r["id"] for r in trainer.train_records]
+    gatt_ids = {r["id"] for r in read_records(data)}
+    assert len(ids) == len(set(ids)) == len(gatt_ids) + 32  # 64 GAtt dialogues + round(0.5 x 64) replayed
+    assert sum(i in gatt_ids for i in ids) == len(gatt_ids)
+    assert {i for i in ids if i not in gatt_ids} <= {r["id"] for r in read_records(replay)}
 
 
 def test_batch_order_is_a_function_of_seed_and_step():
