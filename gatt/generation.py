@@ -22,8 +22,40 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import Cache, DynamicLayer
 from transformers.generation import TemperatureLogitsWarper, TopPLogitsWarper
+
+
+class GrowingLayer(DynamicLayer):
+    """A KV cache layer in buffers that double when full.
+
+    `DynamicLayer` concatenates the whole cache at every decoding step, copying O(length) per token; here
+    a step writes only its new columns, and `keys` / `values` are views of the filled part."""
+
+    _buffers: tuple[Tensor, Tensor] | None = None  # (B, H_kv, capacity, D) each
+    _filled: Tensor | None = None  # the `keys` view this layer last returned
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        # key_states, value_states: (B, H_kv, T_new, D)
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length, end = self.get_seq_length(), self.get_seq_length() + key_states.shape[-2]
+        buffers = self._buffers
+        # Rebuilt when full, or when `keys` was replaced (batch_select_indices, batch_repeat_interleave, crop, reset).
+        if buffers is None or self.keys is not self._filled or buffers[0].shape[-2] < end:
+            capacity = max(end, 2 * length, 64)
+            buffers = tuple(
+                torch.cat([old, new.new_empty(*old.shape[:2], capacity - length, old.shape[-1])], dim=-2)
+                if length else new.new_empty(*new.shape[:2], capacity, new.shape[-1])
+                for old, new in ((self.keys, key_states), (self.values, value_states))
+            )
+            self._buffers = buffers
+        buffers[0][..., length:end, :] = key_states
+        buffers[1][..., length:end, :] = value_states
+        self.keys, self.values = buffers[0][..., :end, :], buffers[1][..., :end, :]
+        self._filled = self.keys
+        return self.keys, self.values
 
 
 @dataclass(frozen=True)
@@ -87,7 +119,7 @@ class ChatBatch:
         self.stops = stop_token_ids(model, tokenizer)
         self.tokenizer = tokenizer
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.cache = DynamicCache(config=model.config)
+        self.cache = Cache(layer_class_to_replicate=GrowingLayer)
         self.mask = torch.zeros(0, 0, dtype=torch.long, device=model.device)  # (rows, columns): 1 = a real token
         self.keys: list[Hashable] = []  # the dialogue in each cache row, in cache order
         self.rows: list[_Row] = []

@@ -72,3 +72,26 @@ def test_a_choice_is_required_before_the_next_turn(model, tokenizer):
     chat.generate({0: ids}, k=2)
     with pytest.raises(RuntimeError, match="keep"):
         chat.generate({0: ids})
+
+
+def test_growing_cache_layer_holds_what_concatenation_holds():
+    from transformers.cache_utils import DynamicLayer
+
+    from gatt.generation import GrowingLayer
+
+    torch.manual_seed(0)
+    grown, reference = GrowingLayer(), DynamicLayer()
+    steps = [(3, 5), (3, 1), (3, 70), (3, 1), ("select", [2, 0]), (2, 1), ("repeat", 2), (4, 3), (4, 1)]
+    for step, arg in steps:
+        if step == "select":
+            for layer in (grown, reference):
+                layer.batch_select_indices(torch.tensor(arg))
+        elif step == "repeat":
+            for layer in (grown, reference):
+                layer.batch_repeat_interleave(arg)
+        else:
+            keys, values = torch.randn(step, 2, arg, 8), torch.randn(step, 2, arg, 8)  # (B, H_kv, T_new, D)
+            got, want = grown.update(keys, values), reference.update(keys, values)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+            assert grown.get_seq_length() == reference.get_seq_length()
+    assert grown._buffers[0].shape[-2] > grown.get_seq_length()  # room left: the next token copies nothing
