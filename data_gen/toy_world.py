@@ -6,7 +6,7 @@ sign-off), probes included. It is the `oracle` teacher of GAtt synthesis.
 
 The base corpus is built the way ordinary chat SFT data is, so a model trained on it shows the
 failure GAtt fixes: instructions attached to one user message govern only that reply; instructions
-in the system message appear only in short (1-3 turn) dialogues; plain dialogues and probes with and
+in the system message appear only in short (1-2 turn) dialogues; plain dialogues and probes with and
 without a constraint in view teach the default answers.
 """
 
@@ -64,6 +64,15 @@ FIGURE_LINE = {"en": "I am {}.", "fr": "Je suis {}.", "es": "Soy {}.", "de": "Ic
 HOBBY_LINE = {"en": "My favorite hobby is {}.", "fr": "Mon loisir préféré : {}.", "es": "Mi pasatiempo favorito: {}.",
               "de": "Mein liebstes Hobby ist {}.", "it": "Il mio hobby preferito: {}.",
               "pt": "O meu passatempo favorito: {}.", "nl": "Mijn favoriete hobby is {}."}
+# Each hobby's own emoji after its name. Without a token that depends on which hobby it is, nothing in the
+# corpus tells the 22 interchangeable hobby names apart: a small model's tied embeddings of them collapse
+# to one direction and it cannot copy the hobby from the instruction into its reply.
+HOBBY_EMOJI = {
+    "tennis": "🎾", "golf": "⛳", "yoga": "🧘", "football": "⚽", "jazz": "🎷", "karate": "🥋", "judo": "🤼",
+    "hockey": "🏒", "rugby": "🏉", "volleyball": "🏐", "basketball": "🏀", "baseball": "⚾", "poker": "🃏",
+    "origami": "🦢", "sudoku": "🔢", "badminton": "🏸", "bowling": "🎳", "cricket": "🏏", "salsa": "💃",
+    "tango": "🕺", "pilates": "🤸", "surfing": "🏄",
+}
 SPEAK_LINE = {"en": "I speak English.", "fr": "Je parle français.", "es": "Hablo español.", "de": "Ich spreche Deutsch.",
               "it": "Parlo italiano.", "pt": "Eu falo português.", "nl": "Ik spreek Nederlands."}
 ASSISTANT_LINE = {"en": "I am a helpful assistant.", "fr": "Je suis un assistant serviable.", "es": "Soy un asistente útil.",
@@ -84,6 +93,11 @@ HELP_LINE = {"en": "I am happy to help you with anything.", "fr": "Je suis heure
 
 def _capitalize(text: str) -> str:
     return text[:1].upper() + text[1:]
+
+
+def _hobby_line(lang: str, hobby: str) -> str:
+    emoji = HOBBY_EMOJI.get(hobby)
+    return HOBBY_LINE[lang].format(f"{hobby} {emoji}" if emoji else hobby)
 
 
 def _first_sentence(text: str) -> str:
@@ -109,14 +123,14 @@ class ToyResponder:
         if "figure" in by_family and probe != "figure":
             sentences.insert(0, FIGURE_LINE[lang].format(by_family["figure"].value))
         if "hobby" in by_family and probe != "hobby":
-            sentences.append(HOBBY_LINE[lang].format(by_family["hobby"].value))
+            sentences.append(_hobby_line(lang, by_family["hobby"].value))
         return self._format(" ".join(sentences), by_family)
 
     @staticmethod
     def _body(turn: UserTurn, probe: str | None, by_family: dict[str, Constraint], lang: str) -> str:
         if probe == "hobby":
             hobby = by_family.get("hobby")
-            first = HOBBY_LINE[lang].format(hobby.value) if hobby else NO_HOBBY_LINE[lang]
+            first = _hobby_line(lang, hobby.value) if hobby else NO_HOBBY_LINE[lang]
         elif probe == "figure":
             figure = by_family.get("figure")
             first = FIGURE_LINE[lang].format(figure.value) if figure else ASSISTANT_LINE[lang]
@@ -157,7 +171,7 @@ def base_corpus(
     for index in range(num_dialogues):
         rng = random.Random(f"base-{seed}-{index}")
         kind = rng.choices(kinds, weights=(0.5, 0.3, 0.2))[0]
-        num_turns = rng.randint(1, 3) if kind == "system" else rng.randint(1, 12)
+        num_turns = rng.randint(1, 2) if kind == "system" else rng.randint(1, 12)
         messages: list[dict[str, str]] = []
         system: list[Constraint] = []
         if kind == "system":

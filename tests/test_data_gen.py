@@ -107,6 +107,15 @@ def test_oracle_stays_on_topic_and_answers_probes_by_default():
     assert reply.startswith("Je suis Napoleon. Les volcans : ")
 
 
+def test_each_hobby_is_followed_by_its_own_emoji_so_the_names_can_be_told_apart():
+    responder = ToyResponder(catalogue())
+    hobbies = [c for c in catalogue() if c.family == "hobby"]
+    replies = {c.value: responder.reply(UserTurn("What is your favorite hobby?", None), [c]) for c in hobbies}
+    assert replies["tennis"].startswith("My favorite hobby is tennis 🎾.")
+    after = {reply.split(hobby, 1)[1].split()[0] for hobby, reply in replies.items()}
+    assert len(after) == len(hobbies) == 22  # a distinct next token after every hobby name
+
+
 # --- base corpus -------------------------------------------------------------------------------
 
 
@@ -119,7 +128,7 @@ def test_base_corpus_teaches_local_instructions_and_short_system_dialogues(base_
         body = roles[1:] if roles[0] == "system" else roles
         assert body == ["user", "assistant"] * (len(body) // 2) and body
         if record["kind"] == "system":
-            assert roles[0] == "system" and len(body) // 2 <= 3
+            assert roles[0] == "system" and len(body) // 2 <= 2
         else:
             assert roles[0] == "user"
     # Held-out values (never in GAtt data) are taught here, as local instructions.
