@@ -49,12 +49,13 @@ class DemoConfig:
     gatt_max_turns: int = 24
     samples_per_turn: int = 2
     teacher_max_new_tokens: int = 48
-    teacher_batch_size: int = 64
+    teacher_batch_size: int = 64  # dialogues per teacher batch, and per resumable shard
     gatt_config: str = "recipes/configs/gatt_tiny.yaml"
     gatt_overrides: list[str] = field(default_factory=list)
     eval_turns: int = 30
     eval_dialogues: int = 64
     eval_max_new_tokens: int = 48
+    eval_batch_size: int = 32  # dialogues rolled out together
     launcher: str = "accelerate"  # "accelerate" (accelerate launch) or "python"
 
 
@@ -84,8 +85,9 @@ def stages(config: DemoConfig) -> list[Stage]:
         Stage("gatt-data", [*python, "-m", "data_gen", "gatt", "--teacher", "oracle" if config.teacher == "oracle" else str(base / "final"),
                             "--num-dialogues", str(config.gatt_dialogues), "--min-turns", str(config.gatt_min_turns),
                             "--max-turns", str(config.gatt_max_turns), "--samples-per-turn", str(config.samples_per_turn),
-                            "--max-new-tokens", str(config.teacher_max_new_tokens), "--batch-size",
-                            str(config.teacher_batch_size), "--seed", str(config.seed), "--out", str(data / "gatt")],
+                            "--max-new-tokens", str(config.teacher_max_new_tokens),
+                            "--batch-size", str(config.teacher_batch_size), "--shard-size", str(config.teacher_batch_size),
+                            "--seed", str(config.seed), "--out", str(data / "gatt")],
               data / "gatt", True),
         Stage("gatt-model", [*train, "--config", config.gatt_config, f"model={base / 'final'}",
                              f"train_file={data / 'gatt' / 'gatt.jsonl'}", f"replay_file={data / 'base' / 'base.jsonl'}",
@@ -94,6 +96,7 @@ def stages(config: DemoConfig) -> list[Stage]:
         Stage("report", [*python, "-m", "gatt.evaluate", "--model", f"base={base / 'final'}", "--model",
                          f"gatt={gatt / 'final'}", "--turns", str(config.eval_turns), "--dialogues",
                          str(config.eval_dialogues), "--max-new-tokens", str(config.eval_max_new_tokens),
+                         "--batch-size", str(config.eval_batch_size),
                          "--seed", str(config.seed), "--out", str(report), "--repeat-instruction", "base"], report, False),
     ]
 
