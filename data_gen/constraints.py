@@ -169,12 +169,16 @@ def catalogue(*, heldout_fraction: float = 0.25, seed: int = 0, heldout_families
 
 @dataclass
 class ConstraintSampler:
-    """Draws 1 to `max_combined` non-contradictory constraints (one per family) and the instruction form."""
+    """Draws 1 to `max_combined` non-contradictory constraints (one per family) and the instruction form.
+
+    The first constraint is drawn uniformly over all values (a family with 22 hobbies is drawn 22 times
+    as often as all caps) or, with `by_family`, over families first and then over the family's values."""
 
     constraints: Sequence[Constraint]
     short_prob: float = 0.5
     max_combined: int = 3
     combine_prob: float = 0.3  # chance of adding each further constraint, so single constraints dominate
+    by_family: bool = False
 
     def __post_init__(self) -> None:
         if not self.constraints:
@@ -185,7 +189,11 @@ class ConstraintSampler:
     def sample(self, rng: random.Random) -> tuple[list[Constraint], bool]:
         """(constraints, use_short) for one dialogue."""
         families = sorted({c.family for c in self.constraints})
-        chosen = [rng.choice(self.constraints)]
+        if self.by_family:
+            family = rng.choice(families)
+            chosen = [rng.choice([c for c in self.constraints if c.family == family])]
+        else:
+            chosen = [rng.choice(self.constraints)]
         while len(chosen) < self.max_combined and rng.random() < self.combine_prob:
             taken = {c.family for c in chosen}
             allowed = [f for f in families if f not in taken and not any(frozenset((f, t)) in CONFLICTS for t in taken)]

@@ -190,7 +190,8 @@ def synthesize(
     settings = {"config": asdict(config), "teacher": teacher.name, "constraints": [c.name for c in constraints],
                 "user_pool": len(user_pool)}
     _check_settings(shard_dir / "settings.json", settings)
-    sampler = ConstraintSampler(constraints, short_prob=config.short_prob)
+    # Families drawn alike: a family with few values (all caps) gets as much GAtt data as the hobbies.
+    sampler = ConstraintSampler(constraints, short_prob=config.short_prob, by_family=True)
     num_shards = -(-config.num_dialogues // config.shard_size)
     progress = tqdm(total=config.num_dialogues, desc="gatt synthesis", unit="dialogue")
     for shard in range(num_shards):

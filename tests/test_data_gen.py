@@ -67,6 +67,16 @@ def test_combinations_hold_one_constraint_per_family_and_never_conflict():
     assert set(sizes) == {1, 2, 3}
 
 
+def test_by_family_draws_the_first_family_uniformly_whatever_its_size():
+    rng = random.Random(2)
+    by_value, by_family = ConstraintSampler(catalogue()), ConstraintSampler(catalogue(), by_family=True)
+    first = {s.by_family: Counter(s.sample(rng)[0][0].family for _ in range(6000)) for s in (by_value, by_family)}
+    assert set(first[True]) == set(FAMILIES)
+    for family, count in first[True].items():  # 22 hobbies and one all-caps rule are drawn alike
+        assert abs(count / 6000 - 1 / len(FAMILIES)) < 0.02, (family, count)
+    assert first[False]["hobby"] > 10 * first[False]["caps"]
+
+
 def test_every_family_has_full_short_forms_probes_and_a_fixed_heldout_split():
     constraints = catalogue()
     assert {c.family for c in constraints} == set(FAMILIES)
