@@ -102,7 +102,8 @@ def stages(config: DemoConfig) -> list[Stage]:
 
 
 def fingerprint(stage: Stage, upstream: str) -> str:
-    """What a stage's result depends on: its command, the files it names that are configs, and the stages before."""
+    """What a stage's result depends on: its command, the files it names that are configs, and the result before
+    (`upstream`: that stage's key and when it finished)."""
     configs = [ROOT / arg for arg in stage.command if arg.endswith(".yaml") and (ROOT / arg).is_file()]
     payload = json.dumps([stage.command, [p.read_text() for p in configs], upstream])
     return hashlib.sha256(payload.encode()).hexdigest()
@@ -117,10 +118,10 @@ def run(config: DemoConfig) -> dict[str, Any]:
     for i, stage in enumerate(stages(config), start=1):
         key = fingerprint(stage, upstream)
         done, started = stamps / f"{stage.name}.done", stamps / f"{stage.name}.started"
-        if done.exists() and done.read_text() == key:
+        if done.exists() and done.read_text().split()[0] == key:
             print(f"[{i}/5 {stage.name}] up to date, skipped", flush=True)
             timings[stage.name] = 0.0
-            upstream = key
+            upstream = done.read_text()
             continue
         done.unlink(missing_ok=True)
         interrupted = started.exists() and started.read_text() == key
@@ -133,10 +134,10 @@ def run(config: DemoConfig) -> dict[str, Any]:
         if result.returncode != 0:
             sys.exit(f"[{i}/5 {stage.name}] failed (exit {result.returncode}); rerun the same command to resume")
         timings[stage.name] = round(time.perf_counter() - begin, 1)
-        done.write_text(key)
+        upstream = f"{key} {time.time_ns()}"  # a new result: every later stage runs again on it
+        done.write_text(upstream)
         started.unlink()
         print(f"[{i}/5 {stage.name}] done in {timings[stage.name]:.0f} s", flush=True)
-        upstream = key
     report = json.loads((out / "report" / "report.json").read_text())
     summary = {"stage_seconds": timings, "total_seconds": round(sum(timings.values()), 1)}
     (out / "timings.json").write_text(json.dumps(summary, indent=2) + "\n")

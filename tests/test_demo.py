@@ -35,6 +35,11 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert printed.count("up to date, skipped") == 3 and "[4/5 gatt-model] running" in printed
     assert json.loads((out / "gatt" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
+    # A stage made again with the same command gives a new result: the stages after it run again too.
+    (out / "stamps" / "gatt-model.done").unlink()
+    main(["--config", str(config), f"out={out}", "gatt_overrides=[max_steps=3, eval_every=0, batch_size=4]"])
+    printed = capsys.readouterr().out
+    assert printed.count("up to date, skipped") == 3 and "[5/5 report] running" in printed
 
 
 def test_demo_refuses_an_unknown_key_naming_it(capsys):
