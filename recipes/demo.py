@@ -118,7 +118,7 @@ def run(config: DemoConfig) -> dict[str, Any]:
     for i, stage in enumerate(stages(config), start=1):
         key = fingerprint(stage, upstream)
         done, started = stamps / f"{stage.name}.done", stamps / f"{stage.name}.started"
-        if done.exists() and done.read_text().split()[0] == key:
+        if done.exists() and done.read_text().partition(" ")[0] == key:
             print(f"[{i}/5 {stage.name}] up to date, skipped", flush=True)
             timings[stage.name] = 0.0
             upstream = done.read_text()
