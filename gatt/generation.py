@@ -40,7 +40,8 @@ class GrowingLayer(DynamicLayer):
         # key_states, value_states: (B, H_kv, T_new, D)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        length, end = self.get_seq_length(), self.get_seq_length() + key_states.shape[-2]
+        length = self.get_seq_length()
+        end = length + key_states.shape[-2]
         buffers = self._buffers
         # Rebuilt when full, or when `keys` was replaced (batch_select_indices, batch_repeat_interleave, crop, reset).
         if buffers is None or self.keys is not self._filled or buffers[0].shape[-2] < end:

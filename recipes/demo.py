@@ -118,10 +118,11 @@ def run(config: DemoConfig) -> dict[str, Any]:
     for i, stage in enumerate(stages(config), start=1):
         key = fingerprint(stage, upstream)
         done, started = stamps / f"{stage.name}.done", stamps / f"{stage.name}.started"
-        if done.exists() and done.read_text().partition(" ")[0] == key:
+        stamp = done.read_text() if done.exists() else ""  # "KEY FINISHED_NS" of the last run
+        if stamp.partition(" ")[0] == key:
             print(f"[{i}/5 {stage.name}] up to date, skipped", flush=True)
             timings[stage.name] = 0.0
-            upstream = done.read_text()
+            upstream = stamp
             continue
         done.unlink(missing_ok=True)
         interrupted = started.exists() and started.read_text() == key

@@ -2,8 +2,9 @@
 
 import pytest
 import torch
+from transformers.cache_utils import DynamicLayer
 
-from gatt.generation import ChatBatch, Sampler
+from gatt.generation import ChatBatch, GrowingLayer, Sampler
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
 
@@ -75,10 +76,6 @@ def test_a_choice_is_required_before_the_next_turn(model, tokenizer):
 
 
 def test_growing_cache_layer_holds_what_concatenation_holds():
-    from transformers.cache_utils import DynamicLayer
-
-    from gatt.generation import GrowingLayer
-
     torch.manual_seed(0)
     grown, reference = GrowingLayer(), DynamicLayer()
     steps = [(3, 5), (3, 1), (3, 70), (3, 1), ("select", [2, 0]), (2, 1), ("repeat", 2), (4, 3), (4, 1)]
