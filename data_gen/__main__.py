@@ -29,7 +29,7 @@ from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.teacher import ModelTeacher, OracleTeacher
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import load_user_turns, split_user_turns
-from gatt.checks import load_constraints
+from gatt.checks import CheckError, load_constraints
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
             summary = write_eval_set(args.out, seed=args.seed)
         else:
             summary = run_base(args) if args.command == "base" else run_gatt(args)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, CheckError) as error:
         sys.exit(f"error: {error}")
     print(json.dumps(summary, indent=2))
 

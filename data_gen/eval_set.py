@@ -18,20 +18,8 @@ import os
 from pathlib import Path
 
 from data_gen.constraints import catalogue
-from data_gen.user_turns import LANGUAGE_CODES, TOPIC_KEYWORDS, split_user_turns
-from gatt.checks import Check, dump_constraints
-
-
-def on_topic_check(topic: str) -> Check:
-    """A `contains_any` check passed by a reply that names `topic` in any language (keywords, first seen kept)."""
-    # The keywords, not the noun phrases ("the ocean"): a real model writes "oceans" or "im Ozean"
-    # as often as the article form, and every noun phrase contains its own keyword anyway.
-    # Keyed by casefold because the check ignores case: "Viking" (en, fr, nl) is one word.
-    words: dict[str, str] = {}
-    for language in LANGUAGE_CODES:
-        for word in TOPIC_KEYWORDS[topic][language]:
-            words.setdefault(word.casefold(), word)
-    return Check("contains_any", {"words": list(words.values())})
+from data_gen.user_turns import on_topic_check, split_user_turns
+from gatt.checks import dump_constraints
 
 
 def write_eval_set(out_dir: Path, *, seed: int = 0) -> dict:

@@ -1,5 +1,9 @@
 """GAtt synthesis (the paper's steps 1-3): append the instruction to every user turn, sample each reply
-from a teacher with it in view, keep a candidate that passes every check (rejection sampling).
+from a teacher with it in view, keep a candidate that passes every check and the answer gate
+(`gatt.gate`: not empty, no loop, no repeat of an earlier reply, on the user's topic) - rejection
+sampling that never keeps a degenerate reply. A built-in user turn is on topic when it names its topic
+(the eval's on-topic check); a user's own message, when the teacher's likelihood contrast says so.
+Probe turns (a constraint's attribute questions, e.g. a persona's) are judged by the probe's checks.
 
 Dialogues advance in lockstep, one turn at a time, so the teacher answers a whole shard's turn in one
 batched call. A turn with no passing candidate gets another user message (up to `redraws` times: a
@@ -28,8 +32,9 @@ from tqdm.auto import tqdm
 from data_gen.constraints import ConstraintSampler, instruction_text
 from data_gen.teacher import Teacher, TurnRequest
 from data_gen.toy_world import with_instruction
-from data_gen.user_turns import UserTurn
+from data_gen.user_turns import TOPIC_KEYWORDS, UserTurn, on_topic_check
 from gatt.checks import Check, Constraint, passes_all
+from gatt.gate import REASONS, AnswerGate, GateItem, GateTurn
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class SynthesisConfig:
     probe_prob: float = 0.15
     shard_size: int = 64
     redraws: int = 2  # other user messages tried at a turn whose candidates all fail, before it ends the dialogue
+    relevance_others: int = 3  # other questions a reply is contrasted with where the turn has no on-topic check
 
     def __post_init__(self) -> None:
         if self.num_dialogues < 1:
@@ -83,6 +89,22 @@ class _Dialogue:
         return TurnRequest(messages, self.turns[len(self.replies)], self.constraints, key=str(self.index))
 
 
+def is_probe(constraints: Sequence[Constraint], turn: UserTurn) -> bool:
+    """Whether the turn asks one of the constraints' attribute questions."""
+    return any(probe.question == turn.text for c in constraints for probe in c.probes)
+
+
+def gate_turn(constraints: Sequence[Constraint], turn: UserTurn, reply: str) -> GateTurn:
+    """The turn as the answer gate sees it: a probe, or a chat message with its topic's on-topic check."""
+    on_topic = (on_topic_check(turn.topic),) if turn.topic in TOPIC_KEYWORDS else ()
+    return GateTurn(turn.text, reply, "probe" if is_probe(constraints, turn) else "chat", on_topic)
+
+
+def _key(turn: UserTurn) -> str:
+    # A user's own messages have no topic: then it is the message itself that must not come back.
+    return f"topic:{turn.topic}" if turn.topic is not None else f"text:{turn.text}"
+
+
 def turn_checks(constraints: Sequence[Constraint], turn: UserTurn) -> list[Check]:
     """Every constraint's reply checks, plus the probe's own checks when the turn is a probe."""
     checks = [check for c in constraints for check in c.checks]
@@ -101,12 +123,13 @@ def draw_dialogue(index: int, config: SynthesisConfig, sampler: ConstraintSample
         if probes and rng.random() < config.probe_prob:
             turns.append(UserTurn(rng.choice(probes), None))
         else:
-            turns.append(_chat_turn(rng, user_pool, avoid={t.topic for t in turns[-3:]}))
+            turns.append(_chat_turn(rng, user_pool, avoid={_key(t) for t in turns}))
     return _Dialogue(index, constraints, use_short, turns, [])
 
 
-def _chat_turn(rng: random.Random, user_pool: Sequence[UserTurn], avoid: set[str | None]) -> UserTurn:
-    return rng.choice([t for t in user_pool if t.topic is None or t.topic not in avoid] or user_pool)
+def _chat_turn(rng: random.Random, user_pool: Sequence[UserTurn], avoid: set[str]) -> UserTurn:
+    """A message on a topic the dialogue has not had yet (every answer then has something new to say), if any is left."""
+    return rng.choice([t for t in user_pool if _key(t) not in avoid] or user_pool)
 
 
 def redraw_turn(dialogue: _Dialogue, config: SynthesisConfig, user_pool: Sequence[UserTurn]) -> None:
@@ -117,7 +140,18 @@ def redraw_turn(dialogue: _Dialogue, config: SynthesisConfig, user_pool: Sequenc
     failed = dialogue.turns[turn]
     others = [t for t in user_pool if t.text != failed.text and (t.topic is None or t.topic != failed.topic)]
     others = others or list(user_pool)
-    dialogue.turns[turn] = _chat_turn(rng, others, avoid={t.topic for t in dialogue.turns[max(0, turn - 3) : turn]})
+    dialogue.turns[turn] = _chat_turn(rng, others, avoid={_key(t) for t in dialogue.turns[:turn]})
+
+
+def _gate_items(dialogue: _Dialogue, candidates: Sequence[str], config: SynthesisConfig,
+                user_pool: Sequence[UserTurn]) -> list[GateItem]:
+    """One gate item per candidate of the dialogue's current turn, with its earlier turns and contrast questions."""
+    turn = dialogue.turns[len(dialogue.replies)]
+    earlier = tuple(gate_turn(dialogue.constraints, t, reply) for t, reply in zip(dialogue.turns, dialogue.replies))
+    rng = random.Random(f"gatt-{config.seed}-{dialogue.index}-others-{len(dialogue.replies)}-{dialogue.redrawn}")
+    pool = [t.text for t in user_pool if _key(t) != _key(turn)]
+    others = tuple(rng.sample(pool, min(config.relevance_others, len(pool))))
+    return [GateItem(gate_turn(dialogue.constraints, turn, candidate), earlier, others) for candidate in candidates]
 
 
 def synthesize_shard(
@@ -126,13 +160,26 @@ def synthesize_shard(
 ) -> None:
     """Run every dialogue of a shard to its end, one batched teacher call per turn."""
     k = config.samples_per_turn
+    gate = AnswerGate(scorer=teacher.scorer)
     while active := [d for d in dialogues if d.ended is None]:
         if progress is not None:
             progress.set_postfix(turn=len(active[0].replies) + 1, active=len(active))
         requests = [d.request() for d in active]
-        for dialogue, request, candidates in zip(active, requests, teacher.sample(requests, k)):
-            checks = turn_checks(dialogue.constraints, request.turn)
-            kept = next((c for c in candidates if passes_all(c, checks)), None)
+        sampled = teacher.sample(requests, k)
+        # Candidates that pass the checks go to the answer gate, all dialogues' in one batch.
+        passing = [[c for c in candidates if passes_all(c, turn_checks(d.constraints, r.turn))]
+                   for d, r, candidates in zip(active, requests, sampled)]
+        items = [item for d, p in zip(active, passing) for item in _gate_items(d, p, config, user_pool)]
+        verdicts = iter(gate.judge(items))
+        for dialogue, candidates, checked in zip(active, sampled, passing):
+            answers = []
+            for candidate in checked:
+                verdict = next(verdicts)
+                stats["gate_rejected_candidates"] += not verdict.passed
+                stats.update(f"gate_{reason}" for reason in verdict.failed)
+                if verdict.passed:
+                    answers.append(candidate)
+            kept = answers[0] if answers else None
             stats["candidates"] += len(candidates)
             stats["rejected_candidates"] += candidates.index(kept) if kept is not None else len(candidates)
             if not candidates:
@@ -259,6 +306,9 @@ def _merge(out_dir: Path, shard_dir: Path, num_shards: int, config: SynthesisCon
         "redrawn_turns": stats["redrawn_turns"],
         "candidates": stats["candidates"],
         "rejected_candidates": stats["rejected_candidates"],
+        # Candidates that passed the checks and failed the answer gate, and why (one may fail for several reasons).
+        "gate_rejected_candidates": stats["gate_rejected_candidates"],
+        "gate_failed": {reason: stats[f"gate_{reason}"] for reason in REASONS},
         "yield_per_family": {f: round(kept[f] / attempted[f], 4) for f in sorted(attempted)},
         "turns": {
             "min": min(lengths, default=0), "median": statistics.median(lengths) if lengths else 0,

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from data_gen.toy_world import ToyResponder
 from data_gen.user_turns import UserTurn
 from gatt.checks import Constraint
+from gatt.gate import RelevanceScorer
 from gatt.generation import ChatBatch, Sampler
 
 
@@ -34,6 +35,7 @@ class Teacher(Protocol):
     """Answers each request with up to `k` candidates; an empty list means the dialogue cannot go on."""
 
     name: str
+    scorer: RelevanceScorer | None  # judges whether a reply answers a user turn that has no on-topic check
 
     def sample(self, requests: Sequence[TurnRequest], k: int) -> list[list[str]]: ...
 
@@ -45,6 +47,7 @@ class OracleTeacher:
     """The toy world's scripted responder: one deterministic, always-obeying candidate."""
 
     name = "oracle"
+    scorer = None  # the toy world's turns carry their topic: the on-topic check judges them
 
     def __init__(self, catalogue: Sequence[Constraint]) -> None:
         self.responder = ToyResponder(catalogue)
@@ -85,6 +88,7 @@ class ModelTeacher:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = AutoModelForCausalLM.from_pretrained(model_dir).to(self.device).eval()
+        self.scorer = RelevanceScorer(self.model, self.tokenizer)  # the teacher judges its own candidates' relevance
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         self.max_prompt = getattr(self.model.config, "max_position_embeddings", 2048) - max_new_tokens
         self.sampler = Sampler(do_sample=True, temperature=temperature, top_p=top_p, seed=seed, device=self.device)

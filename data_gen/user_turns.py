@@ -18,12 +18,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gatt.checks import Check
 # Re-exported: data_gen's callers read a user's dialogues from here.
 from gatt.dialogues import DIALOGUE_FORMATS, ROLES, OnError, load_dialogues, load_user_texts, validate_messages
 
 __all__ = [
     "DIALOGUE_FORMATS", "LANGUAGE_CODES", "PHRASINGS", "ROLES", "TOPICS", "TOPIC_KEYWORDS", "UserTurn",
-    "all_user_turns", "load_dialogues", "load_user_turns", "sample_user_turns", "split_user_turns",
+    "all_user_turns", "load_dialogues", "load_user_turns", "on_topic_check", "sample_user_turns", "split_user_turns",
     "validate_messages",
 ]
 
@@ -489,6 +490,18 @@ def sample_user_turns(
 
 
 # A user's own dialogues: read and validated by gatt.dialogues, shared with the evaluation.
+
+
+def on_topic_check(topic: str) -> Check:
+    """A `contains_any` check passed by a reply that names `topic` in any language (keywords, first seen kept)."""
+    # The keywords, not the noun phrases ("the ocean"): a real model writes "oceans" or "im Ozean"
+    # as often as the article form, and every noun phrase contains its own keyword anyway.
+    # Keyed by casefold because the check ignores case: "Viking" (en, fr, nl) is one word.
+    words: dict[str, str] = {}
+    for language in LANGUAGE_CODES:
+        for word in TOPIC_KEYWORDS[topic][language]:
+            words.setdefault(word.casefold(), word)
+    return Check("contains_any", {"words": list(words.values())})
 
 
 def load_user_turns(path: str | Path, *, on_error: OnError = "raise") -> list[UserTurn]:

@@ -2,11 +2,13 @@
 
 import copy
 import functools
+import importlib
 import os
 import re
+import sys
 import uuid
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,10 +28,37 @@ CHECK_TYPES: dict[str, tuple[str, ...]] = {
     "max_words": ("n",),
     "min_words": ("n",),
     "max_sentences": ("n",),
+    "python": ("function",),
 }
+OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"python": ("args",)}
+_FUNCTION_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 SPLITS = ("train", "heldout")
 _CONSTRAINT_KEYS = ("name", "instruction", "short", "checks", "probes", "family", "value", "split")
 _PROBE_KEYS = ("question", "checks")
+
+
+class CheckError(RuntimeError):
+    """A user's `python` check failed to run (could not be imported in this process, raised, or returned no bool)."""
+
+
+@functools.cache
+def resolve_function(spec: str) -> Callable[..., Any]:
+    """The callable named "package.module:name", imported as `python -m` would (the current directory too)."""
+    module_name, _, attribute = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError:
+        # `python script.py` and `accelerate launch` put the script's folder on sys.path, not the current one.
+        if os.getcwd() in sys.path:
+            raise
+        sys.path.append(os.getcwd())
+        module = importlib.import_module(module_name)
+    target: Any = module
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    if not callable(target):
+        raise TypeError(f"{spec} is a {type(target).__name__}, not a function")
+    return target
 
 
 @functools.cache
@@ -88,6 +117,15 @@ def _field_problem(key: str, value: Any) -> str | None:
     # bool is an int subclass; `n: true` in YAML is a mistake, not 1.
     if key == "n" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         return f"must be a positive integer, got {value!r}"
+    if key == "function":
+        if not isinstance(value, str) or not _FUNCTION_SPEC.match(value):
+            return f'must be "package.module:name", got {value!r}'
+        try:
+            resolve_function(value)
+        except Exception as exc:  # noqa: BLE001  (whatever the import raises, the user needs its text)
+            return f"{value!r} cannot be imported: {type(exc).__name__}: {exc}"
+    if key == "args" and not (isinstance(value, Mapping) and all(isinstance(k, str) for k in value)):
+        return f"must be a mapping of keyword arguments, got {value!r}"
     return None
 
 
@@ -97,12 +135,13 @@ def _validated_args(check_type: str, args: Mapping[str, Any], where: str) -> dic
         raise ValueError(f"{where}: unknown check type {check_type!r}; expected one of {expected}")
     required = CHECK_TYPES[check_type]
     for key in args:
-        if key not in required:
-            allowed = ", ".join(required) or "none"
+        if key not in required + OPTIONAL_FIELDS.get(check_type, ()):
+            allowed = ", ".join(required + OPTIONAL_FIELDS.get(check_type, ())) or "none"
             raise ValueError(f"{where}: unknown field {key!r} for check type {check_type!r}; allowed: {allowed}")
     for key in required:
         if key not in args:
             raise ValueError(f"{where}: check type {check_type!r} needs field {key!r}")
+    for key in args:
         problem = _field_problem(key, args[key])
         if problem:
             raise ValueError(f"{where}: field {key!r} {problem}")
@@ -115,14 +154,20 @@ def _validated_args(check_type: str, args: Mapping[str, Any], where: str) -> dic
 
 @dataclass(frozen=True)
 class Check:
-    """One programmatic test of a reply, e.g. Check("language", {"code": "fr"})."""
+    """One programmatic test of a reply, e.g. Check("language", {"code": "fr"}).
+
+    A `python` check calls a user's function, `Check("python", {"function": "pkg.mod:name", "args": {...}})`:
+    `name(reply, **args)` must return a bool. It is imported by name in every process that runs it.
+    """
 
     type: str
     args: Mapping[str, Any] = field(default_factory=dict)
+    origin: str = field(default="", compare=False, repr=False)  # where it was defined, for error messages
 
     def __post_init__(self) -> None:
         # Validate here too, so a Check built in code cannot fail later inside `passes`.
-        object.__setattr__(self, "args", _validated_args(self.type, self.args, f"check {self.type!r}"))
+        where = self.origin or f"check {self.type!r}"
+        object.__setattr__(self, "args", _validated_args(self.type, self.args, where))
 
     def passes(self, reply: str) -> bool:
         """Whether the reply satisfies this check."""
@@ -149,7 +194,20 @@ class Check:
                 return len(text.split()) >= args["n"]
             case "max_sentences":
                 return _count_sentences(text) <= args["n"]
+            case "python":
+                return self._call(reply)
         raise AssertionError(f"unhandled check type {self.type!r}")  # CHECK_TYPES and this match disagree
+
+    def _call(self, reply: str) -> bool:
+        function = self.args["function"]
+        where = self.origin or "check"
+        try:
+            result = resolve_function(function)(reply, **self.args.get("args", {}))
+        except Exception as exc:  # noqa: BLE001  (a user's function: report whatever it raised, and where)
+            raise CheckError(f"{where}: python check {function!r} raised {type(exc).__name__}: {exc}") from exc
+        if type(result).__name__ not in ("bool", "bool_"):  # Python's or numpy's
+            raise CheckError(f"{where}: python check {function!r} returned {type(result).__name__}, not a bool")
+        return bool(result)
 
     def to_dict(self) -> dict[str, Any]:
         """The YAML/JSON form: {"type": ..., **args}."""
@@ -161,7 +219,7 @@ class Check:
         if not isinstance(spec, Mapping) or "type" not in spec:
             raise ValueError(f"{where}: expected a mapping with a 'type' key, got {spec!r}")
         args = {key: value for key, value in spec.items() if key != "type"}
-        return cls(type=spec["type"], args=_validated_args(spec["type"], args, where))
+        return cls(type=spec["type"], args=args, origin=where)
 
 
 @dataclass(frozen=True)
@@ -183,12 +241,19 @@ class Probe:
         """Build a probe from its YAML/JSON form; ValueError starting with `where` if it is malformed."""
         _require_mapping(spec, _PROBE_KEYS, where)
         question = _require_text(spec, "question", where)
-        return cls(question=question, checks=_parse_checks(spec, where, f"{where}.checks"))
+        checks = _parse_checks(spec, where, f"{where}.checks")
+        if not checks:
+            raise ValueError(f"{where}: 'checks' must be a non-empty list: a probe is scored by its checks")
+        return cls(question=question, checks=checks)
 
 
 @dataclass(frozen=True)
 class Constraint:
-    """An instruction that must hold for a whole dialogue, with the checks a reply under it must pass."""
+    """An instruction that must hold for a whole dialogue, with the checks a reply under it must pass.
+
+    A persona ("Act as Marie Curie.") may have no per-reply checks (`checks: []`) and only probes: it is
+    then scored on its probe turns alone.
+    """
 
     name: str
     instruction: str
@@ -201,8 +266,14 @@ class Constraint:
 
     def __post_init__(self) -> None:
         # Lists would make equal constraints compare unequal to loaded ones.
-        object.__setattr__(self, "checks", tuple(self.checks))
-        object.__setattr__(self, "probes", tuple(self.probes))
+        # Checks built in code learn which constraint they belong to, so a failing python check names it.
+        where = f"constraint {self.name!r}"
+        object.__setattr__(self, "checks", tuple(_with_origin(c, where) for c in self.checks))
+        probes = tuple(Probe(p.question, tuple(_with_origin(c, f"{where} probe {p.question!r}") for c in p.checks))
+                       for p in self.probes)
+        object.__setattr__(self, "probes", probes)
+        if not self.checks and not self.probes:
+            raise ValueError(f"{where}: needs checks, probes, or both (a persona without checks is scored on its probes)")
 
     def to_dict(self) -> dict[str, Any]:
         """The constraint-file entry form, with family, value and split."""
@@ -234,16 +305,24 @@ class Constraint:
         value = spec.get("value", "")
         if not isinstance(value, str):
             raise ValueError(f"{where}: 'value' must be a string, got {value!r}")
+        checks = _parse_checks(spec, where, f"{where} checks")
+        if not checks and not probes:
+            raise ValueError(f"{where}: needs a non-empty 'checks' list, 'probes', or both "
+                             "(a persona with `checks: []` is scored on its probes)")
         return cls(
             name=name,
             instruction=_require_text(spec, "instruction", where),
             short=_require_text(spec, "short", where),
-            checks=_parse_checks(spec, where, f"{where} checks"),
+            checks=checks,
             probes=tuple(Probe.from_dict(p, f"{where} probes[{k}]") for k, p in enumerate(probes)),
             family=_require_text(spec, "family", where) if "family" in spec else "custom",
             value=value,
             split=split,
         )
+
+
+def _with_origin(check: Check, origin: str) -> Check:
+    return check if check.origin else replace(check, origin=origin)
 
 
 def _require_mapping(spec: Any, allowed: tuple[str, ...], where: str) -> None:
@@ -262,9 +341,9 @@ def _require_text(spec: Mapping[str, Any], key: str, where: str) -> str:
 
 
 def _parse_checks(spec: Mapping[str, Any], where: str, prefix: str) -> tuple[Check, ...]:
-    checks = spec.get("checks")
-    if not isinstance(checks, list) or not checks:
-        raise ValueError(f"{where}: 'checks' must be a non-empty list of checks, got {checks!r}")
+    checks = spec.get("checks", [])
+    if not isinstance(checks, list):
+        raise ValueError(f"{where}: 'checks' must be a list of checks, got {checks!r}")
     return tuple(Check.from_dict(check, f"{prefix}[{j}]") for j, check in enumerate(checks))
 
 

@@ -2,9 +2,12 @@
 
 Each test dialogue gives one instruction in turn one (the system message by default), then user turns
 from a held-out pool; the model under test writes every reply, and every reply is checked against the
-instruction's programmatic checks (probe turns ask an attribute question of its family instead). The
-same dialogues are rolled out with every model. Writes report.json, report.md, adherence.png,
-attention.png and transcripts.jsonl, and prints the table in the form of the Llama 2 paper's Table 30.
+instruction's programmatic checks (probe turns ask an attribute question of its family instead) and
+the answer gate (a real answer: not empty, no loop, no repeat of an earlier reply, on the user's topic;
+see gatt/gate.py). User turns without on-topic checks are judged on topic by a likelihood contrast
+under --relevance-model. The same dialogues are rolled out with every model. Writes report.json,
+report.md, adherence.png, attention.png and transcripts.jsonl, and prints the table in the form of the
+Llama 2 paper's Table 30 (checks and gate; the checks alone are under `checks_only`).
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 import gatt  # noqa: F401  (registers the "gatt" attention and the library's model with transformers)
+from gatt.checks import CheckError
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
+from gatt.eval.judge import apply_gate
 from gatt.eval.plan import EvalDialogue, plan_dialogues
 from gatt.eval.report import build_report, format_table, write_report
 from gatt.eval.rollout import RolloutConfig, rollout
+from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
 from gatt.modeling import GattForCausalLM
 
 REPEAT_SUFFIX = "+repeat"
@@ -95,6 +101,21 @@ def evaluate(
     return transcripts, maps
 
 
+def needs_relevance_model(dialogues: list[EvalDialogue]) -> bool:
+    """Whether some chat turn has no on-topic checks, so the gate judges its topic by likelihood."""
+    return any(turn.kind == "chat" and not turn.on_topic for d in dialogues for turn in d.turns)
+
+
+def judge(transcripts: list[dict[str, Any]], dialogues: list[EvalDialogue], *, relevance_model: str | None,
+          others: int, seed: int, device: str | None = None) -> None:
+    """Apply the answer gate to every transcript, loading the relevance scorer only where a turn needs it."""
+    scorer = None
+    if relevance_model is not None and needs_relevance_model(dialogues):
+        model, tokenizer = load_model(relevance_model, attention=False, device=device)
+        scorer = RelevanceScorer(model, tokenizer)
+    apply_gate(transcripts, dialogues, AnswerGate(GateConfig(), scorer), seed=seed, others=others)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m gatt.evaluate",
@@ -128,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--no-attention", action="store_true", help="skip the attention-to-instruction probe")
+    parser.add_argument("--relevance-model", metavar="DIR",
+                        help="chat model whose likelihoods judge whether a reply answers a user turn that has no "
+                             "on-topic checks (default: the first --model; 'none': do not judge those turns' topic)")
+    parser.add_argument("--relevance-others", type=int, default=3,
+                        help="other questions each reply is contrasted with in the relevance test (default: 3)")
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
     return parser
 
@@ -150,7 +176,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         temperature=args.temperature, top_p=args.top_p, seed=args.seed, placement=args.placement,
         measure_attention=not args.no_attention,
     )
-    transcripts, maps = evaluate(models, dialogues, config, repeat=repeat, device=args.device)
+    relevance_model = next(iter(models.values())) if args.relevance_model is None else args.relevance_model
+    relevance_model = None if relevance_model == "none" else relevance_model
+    try:
+        transcripts, maps = evaluate(models, dialogues, config, repeat=repeat, device=args.device)
+        judge(transcripts, dialogues, relevance_model=relevance_model, others=args.relevance_others, seed=args.seed,
+              device=args.device)
+    except CheckError as error:
+        raise SystemExit(f"error: {error}") from None
+    gate = GateConfig()
     settings = {
         "models": models, "repeat_instruction": repeat, "turns": args.turns, "dialogues": args.dialogues,
         "no_instruction_dialogues": no_instruction, "seed": args.seed,
@@ -158,6 +192,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "placement": args.placement, "probe_every": args.probe_every, "short_prob": args.short_prob,
         "max_new_tokens": args.max_new_tokens, "decoding": "sample" if args.sample else "greedy",
         **({"temperature": args.temperature, "top_p": args.top_p} if args.sample else {}),
+        "answer_gate": {
+            "repeat_share": gate.repeat_share, "loop_distinct": gate.loop_distinct,
+            "relevance": "on-topic checks; without them "
+            + (f"likelihood contrast under {relevance_model} with {args.relevance_others} other questions "
+               f"(>= {gate.relevance_sum} nats and >= {gate.relevance_mean} nats/token)"
+               if relevance_model and needs_relevance_model(dialogues) else "not judged"),
+        },
     }
     report = build_report(transcripts, settings)
     write_report(report, transcripts, args.out, attention_maps=maps or None)

@@ -158,7 +158,7 @@ def test_check_dict_round_trip_and_copies() -> None:
 
 
 def test_every_check_type_is_implemented() -> None:
-    samples = {"code": "fr", "pattern": "x", "text": "x", "words": ["x"], "n": 1}
+    samples = {"code": "fr", "pattern": "x", "text": "x", "words": ["x"], "n": 1, "function": "builtins:bool"}
     for type_, fields in CHECK_TYPES.items():
         made = check(type_, **{key: samples[key] for key in fields})
         assert isinstance(made.passes("Bonjour tout le monde, je suis là."), bool)
@@ -269,7 +269,8 @@ ENTRY = 'name: french\n    instruction: "Always answer in French."\n    short: "
         ("checks: [{type: language, code: fr, strict: true}]", "unknown field 'strict'"),
         ("checks: [{type: regex, pattern: '[a-'}]", "checks[0]: field 'pattern' is not a valid regular expression"),
         ("checks: [{type: max_words, n: -3}]", "field 'n' must be a positive integer"),
-        ("checks: []", "'french': 'checks' must be a non-empty list"),
+        ("checks: []", "'french': needs a non-empty 'checks' list, 'probes', or both"),
+        ("probes: [{question: 'Who are you?', checks: []}]", "'french' probes[0]: 'checks' must be a non-empty list"),
         ("checks: [{type: all_caps}]\n    colour: blue", "'french': unknown key 'colour'"),
         ("checks: [{type: all_caps}]\n    split: test", "'split' must be one of train, heldout"),
         (

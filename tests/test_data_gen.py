@@ -220,6 +220,7 @@ class ScriptedTeacher:
     """Answers "ok" until a dialogue's planned failure turn, then only failing candidates."""
 
     name = "scripted"
+    scorer = None
 
     def __init__(self, fail_at: dict[int, int]) -> None:
         self.fail_at = fail_at
@@ -229,11 +230,11 @@ class ScriptedTeacher:
         for request in requests:
             turn = sum(m["role"] == "assistant" for m in request.messages)
             dialogue = int(request.turn.text.split()[0])
-            out.append(["bad"] * k if turn == self.fail_at.get(dialogue) else ["bad", "ok"][:k])
+            out.append(["bad"] * k if turn == self.fail_at.get(dialogue) else ["bad", f"ok, answer {turn}"][:k])
         return out
 
 
-MUST_SAY_OK = Constraint("ok", "Say ok.", "ok", (Check("regex", {"pattern": "^ok$"}),))
+MUST_SAY_OK = Constraint("ok", "Say ok.", "ok", (Check("regex", {"pattern": "^ok"}),))
 
 
 def test_a_turn_without_a_passing_candidate_ends_the_dialogue():
@@ -252,9 +253,10 @@ class TopicTeacher:
     """Fails every candidate on user messages about one topic."""
 
     name = "topic"
+    scorer = None
 
     def sample(self, requests: list[TurnRequest], k: int) -> list[list[str]]:
-        return [["bad"] * k if r.turn.topic == "volcanoes" else ["ok"] * k for r in requests]
+        return [["bad"] * k if r.turn.topic == "volcanoes" else [f"ok, {r.turn.text}"] * k for r in requests]
 
 
 def test_a_failing_turn_is_redrawn_on_another_topic_before_the_dialogue_ends():
@@ -264,13 +266,13 @@ def test_a_failing_turn_is_redrawn_on_another_topic_before_the_dialogue_ends():
     dialogues = [_Dialogue(0, [MUST_SAY_OK], False, list(turns), [])]
     stats = Counter()
     synthesize_shard(dialogues, TopicTeacher(), config, pool, stats)
-    assert dialogues[0].ended == "complete" and dialogues[0].replies == ["ok"] * 3
+    assert dialogues[0].ended == "complete" and dialogues[0].replies == ["ok, Tell me about owls."] * 3
     assert [t.topic for t in dialogues[0].turns] == ["owls", "owls", "owls"]  # turn 2 asked again, on another topic
     assert stats["redrawn_turns"] == 1 and stats["rejected_turns"] == 0
     # Without redraws, or when every redraw fails too, the dialogue still ends at that turn.
     stuck = [_Dialogue(1, [MUST_SAY_OK], False, list(turns), [])]
     synthesize_shard(stuck, TopicTeacher(), config, pool[:1], Counter())
-    assert stuck[0].ended == "rejected" and stuck[0].replies == ["ok"]
+    assert stuck[0].ended == "rejected" and stuck[0].replies == ["ok, Tell me about owls."]
 
 
 def tiny_teacher_dir(tmp_path: Path) -> Path:
@@ -298,12 +300,16 @@ def test_model_teacher_samples_k_candidates_and_rejection_drops_what_fails(tmp_p
     main([*args, "--out", str(tmp_path / "a")])
     summary = json.loads(capsys.readouterr().out)
     records = read_jsonl(tmp_path / "a" / "gatt.jsonl")
-    # A random model never starts with ZZZ: those dialogues fail at turn 1 and are dropped, counted.
+    # A random model never starts with ZZZ (the checks reject it) and never names the user's topic (the answer
+    # gate rejects it: a random string is no answer): every dialogue fails turn 1 and its 2 redraws, and is dropped.
     never = sum("never" in r["families"] for r in read_jsonl(tmp_path / "a" / "gatt.shards" / "shard-00000.jsonl"))
-    assert summary["dropped"] == never == summary["rejected_turns"] and summary["records"] == 8 - never == len(records)
-    assert all(r["meta"]["teacher"] == str(teacher) and r["constraints"][0]["value"] == "" for r in records)
+    assert 0 < never < 8 and summary["dropped"] == 8 == summary["rejected_turns"] and records == []
+    assert summary["candidates"] == 2 * 3 * 8 and summary["redrawn_turns"] == 2 * 8
+    assert summary["gate_rejected_candidates"] == 2 * 3 * (8 - never)  # every candidate that passed the regex
+    assert sum(summary["gate_failed"].values()) >= summary["gate_rejected_candidates"]
     main([*args, "--out", str(tmp_path / "b")])  # sampling is seeded per shard: same bytes again
-    assert (tmp_path / "a" / "gatt.jsonl").read_bytes() == (tmp_path / "b" / "gatt.jsonl").read_bytes()
+    shard = Path("gatt.shards") / "shard-00000.jsonl"
+    assert (tmp_path / "a" / shard).read_bytes() == (tmp_path / "b" / shard).read_bytes()
 
 
 def test_model_teacher_keeps_each_dialogues_cache_and_matches_reencoding(tmp_path):

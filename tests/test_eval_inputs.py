@@ -11,7 +11,8 @@ import pytest
 
 from data_gen.__main__ import main
 from data_gen.constraints import catalogue
-from data_gen.eval_set import on_topic_check, write_eval_set
+from data_gen.eval_set import write_eval_set
+from data_gen.user_turns import on_topic_check
 from data_gen.toy_world import ToyResponder
 from data_gen.user_turns import TOPICS, UserTurn, split_user_turns
 from gatt.checks import Check
@@ -52,7 +53,7 @@ def test_content_jsonl_with_optional_checks(tmp_path: Path) -> None:
         {"content": " Tell me about music. ", "checks": []},  # a duplicate: the first one is kept
     ])
     turns = load_eval_turns(str(path))
-    assert turns == [EvalTurn("Tell me about music.", (Check.from_dict(MUSIC),)), EvalTurn("Any plans today?")]
+    assert turns == [EvalTurn("Tell me about music.", (Check.from_dict(MUSIC),), "music"), EvalTurn("Any plans today?")]
     assert turns[0].checks[0].passes("I love MUSIC.") and not turns[0].checks[0].passes("Musicals.")
 
 
@@ -234,3 +235,20 @@ def test_builtin_files_are_package_data() -> None:
     globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["gatt.eval"]
     for path in BUILTIN_DIR.iterdir():
         assert any(fnmatch.fnmatch(f"builtin/{path.name}", g) for g in globs), path.name
+
+
+def test_a_planned_dialogue_asks_about_each_topic_once() -> None:
+    import random
+
+    from gatt.eval.plan import draw_turns
+
+    pool = load_eval_turns()  # 280 held-out messages, 5 on each of 56 topics
+    for seed in range(5):
+        turns = draw_turns(random.Random(seed), pool, 40)
+        assert len({t.text for t in turns}) == 40 and len({t.topic for t in turns}) == 40
+    # More turns than topics: every topic first, then the remaining messages, still no message twice.
+    turns = draw_turns(random.Random(0), pool, 60)
+    assert len({t.text for t in turns}) == 60 and len({t.topic for t in turns}) == 56
+    untagged = [EvalTurn(f"message {i}") for i in range(10)]
+    assert len({t.text for t in draw_turns(random.Random(0), untagged, 10)}) == 10
+    assert len(draw_turns(random.Random(0), untagged, 12)) == 12  # a small pool: drawn with replacement

@@ -149,7 +149,7 @@ def test_scoring_of_a_transcript_turn(model, tokenizer):
                             (PlannedTurn("chat", TEXTS[0], (TENNIS,), (Check("contains_any", {"words": ["weather"]}),)),))
     [t] = rollout(model, tokenizer, [dialogue], RolloutConfig(max_new_tokens=4), progress=False)
     reply = t["turns"][0]["reply"]
-    assert t["turns"][0]["passed"] is ("tennis" in reply.lower()) and t["turns"][0]["on_topic"] is ("weather" in reply.lower())
+    assert t["turns"][0]["checks_passed"] is ("tennis" in reply.lower()) and t["turns"][0]["on_topic"] is ("weather" in reply.lower())
     assert t["constraint"] == {"name": "hobby-tennis", "family": "hobby", "value": "tennis", "split": "train"}
 
 

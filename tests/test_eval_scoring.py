@@ -30,17 +30,21 @@ def dialogue(
     on_topic: list[bool | None] | None = None,
     attention: list[float | None] | None = None,
     stop_reason: str = "turns",
+    gate: list[list[str] | None] | None = None,
 ) -> dict[str, Any]:
-    """One transcript in the rollout schema; `passes[i]` is turn i+1's verdict."""
+    """One judged transcript; `passes[i]` is turn i+1's checks verdict, `gate[i]` the reasons the gate failed it."""
     constraint = None if family is None else {"name": f"{family}-x", "family": family, "value": "x", "split": "train"}
     turns = []
     for i, passed in enumerate(passes):
         attn = None if attention is None else attention[i]
+        failed = [] if gate is None or gate[i] is None else gate[i]
         turns.append({
             "turn": i + 1, "kind": "chat", "user": f"u{i}", "reply": f"r{i}",
             "checks": [] if passed is None else [{"type": "contains_any", "passed": passed}],
-            "passed": passed,
+            "checks_passed": passed,
             "on_topic": None if on_topic is None else on_topic[i],
+            "gate": {"passed": not failed, "failed": failed, "relevance": None, "repeats": None},
+            "passed": None if passed is None else passed and not failed,
             "attention_on_instruction": attn,
             "attention_per_layer": None if attn is None else [attn, attn],
         })
@@ -62,7 +66,8 @@ def transcripts() -> list[dict[str, Any]]:
         dialogue("d3", "train", "language", [T, T, T, T], attention=[0.4, 0.2, None, None], stop_reason="context"),
         dialogue("d4", "heldout_value", "hobby", [F, F]),
         dialogue("d5", "heldout_family", "tone", [T, F, T]),
-        dialogue("d6", "none", None, [None] * 4, on_topic=[T, F, T, T], attention=[0.9] * 4),
+        dialogue("d6", "none", None, [None] * 4, on_topic=[T, F, T, T], attention=[0.9] * 4,
+                 gate=[None, ["off_topic"], ["loop"], None]),
     ]
 
 
@@ -130,7 +135,9 @@ def test_survival(transcripts: list[dict[str, Any]]) -> None:
 
 
 def test_no_regression_and_attention(transcripts: list[dict[str, Any]]) -> None:
-    assert no_regression(transcripts) == {"on_topic": 0.75, "n": 4, "ci95": rate(3, 4)["ci95"]}
+    # With the gate a looping reply is no answer even where the on-topic check passes; alone, the checks count it.
+    assert no_regression(transcripts) == {"on_topic": 0.5, "n": 4, "ci95": rate(2, 4)["ci95"], "mean_words": 1.0}
+    assert no_regression(transcripts, "checks_passed") == {"on_topic": 0.75, "n": 4, "ci95": rate(3, 4)["ci95"], "mean_words": 1.0}
     assert no_regression(transcripts[:5]) is None
     # The "none" dialogue's attention is excluded: it has no instruction to attend to.
     assert attention_per_turn(transcripts) == pytest.approx({"1": 0.3, "2": 0.3, "4": 0.6})
@@ -139,13 +146,29 @@ def test_no_regression_and_attention(transcripts: list[dict[str, Any]]) -> None:
 
 def test_score_model_keys(transcripts: list[dict[str, Any]]) -> None:
     scores = score_model(transcripts)
-    assert set(scores) == {
-        "per_turn", "heldout_per_turn", "heldout_family_per_turn", "per_family", "survival",
-        "attention_on_instruction", "no_regression", "stop_reasons", "dialogues",
-    }
+    adherence = {"per_turn", "heldout_per_turn", "heldout_family_per_turn", "per_family", "survival", "no_regression"}
+    assert set(scores) == adherence | {"checks_only", "answer_gate", "attention_on_instruction", "stop_reasons", "dialogues"}
+    assert set(scores["checks_only"]) == adherence
     assert set(scores["survival"]) == {"train", "heldout"}
     assert scores["stop_reasons"] == {"turns": 5, "context": 1}
     assert scores["dialogues"] == 6
+
+
+def test_gate_is_the_headline_and_checks_alone_are_kept(transcripts: list[dict[str, Any]]) -> None:
+    judged = [dialogue("d1", "train", "hobby", [T, T, T, F], gate=[None, None, ["repeat"], None]), *transcripts[1:]]
+    scores, before = score_model(judged), score_model(transcripts)
+    # d1's turn 3 passed its checks but repeated an earlier reply: it counts in checks_only, not in the headline.
+    assert scores["per_turn"]["3"] == rate(2, 3) and scores["checks_only"]["per_turn"]["3"] == rate(3, 3)
+    assert scores["checks_only"] == before["checks_only"]
+    assert scores["per_turn"]["1"] == scores["checks_only"]["per_turn"]["1"] == rate(3, 3)
+    assert scores["survival"]["train"]["per_turn"]["3"] == pytest.approx(1 / 3)
+    assert scores["checks_only"]["survival"]["train"]["per_turn"]["3"] == pytest.approx(2 / 3)
+    assert scores["per_family"]["hobby"]["overall"] == rate(5, 10)
+    assert scores["checks_only"]["per_family"]["hobby"]["overall"] == rate(6, 10)
+    # Every reply is judged (21 turns), unscored ones included: d1 repeat, d6 off topic and loop.
+    assert scores["answer_gate"] == {"passed": round(18 / 21, 6), "n": 21,
+                                     "failed": {"empty": 0.0, "loop": round(1 / 21, 6), "repeat": round(1 / 21, 6),
+                                                "off_topic": round(1 / 21, 6)}}
 
 
 def test_build_report_schema(transcripts: list[dict[str, Any]]) -> None:

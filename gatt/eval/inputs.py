@@ -4,7 +4,8 @@ Both default to the built-in files in `builtin/` (exported by `python -m data_ge
 may pass their own constraint YAML and a file of user turns:
 
 * `.txt`: one message per line;
-* `.jsonl`: `{"content": "...", "checks": [...]}` lines (checks optional, extra fields ignored) or
+* `.jsonl`: `{"content": "...", "checks": [...], "topic": "..."}` lines (checks and topic optional,
+  extra fields ignored; a dialogue asks about each topic once) or
   Hugging Face `{"messages": [...]}` dialogues, whose user turns are used without checks;
 * `.parquet` or a `datasets.save_to_disk` folder of `messages` dialogues.
 """
@@ -38,6 +39,7 @@ class EvalTurn:
 
     text: str
     checks: tuple[Check, ...] = ()
+    topic: str | None = None  # a dialogue asks about each topic once, so no earlier answer is ever the right one
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checks", tuple(self.checks))
@@ -54,14 +56,17 @@ def _turns_from_record(location: str, record: dict[str, Any]) -> list[EvalTurn]:
     if "content" not in record:
         fields = ", ".join(record) or "none"
         raise ValueError(f"{location}: record has neither 'content' nor 'messages' (fields: {fields})")
-    content, checks = record["content"], record.get("checks", [])
+    content, checks, topic = record["content"], record.get("checks", []), record.get("topic")
     if not isinstance(content, str):
         raise ValueError(f"{location}: 'content' must be a string, got {type(content).__name__}")
     if not content.strip():
         raise ValueError(f"{location}: 'content' is empty")
     if not isinstance(checks, list):
         raise ValueError(f"{location}: 'checks' must be a list of checks, got {type(checks).__name__}")
-    return [EvalTurn(content, tuple(Check.from_dict(c, f"{location}: checks[{j}]") for j, c in enumerate(checks)))]
+    if topic is not None and not isinstance(topic, str):
+        raise ValueError(f"{location}: 'topic' must be a string, got {type(topic).__name__}")
+    checks = tuple(Check.from_dict(c, f"{location}: checks[{j}]") for j, c in enumerate(checks))
+    return [EvalTurn(content, checks, topic)]
 
 
 def _turns_from_jsonl(path: Path) -> list[EvalTurn]:
@@ -89,7 +94,7 @@ def load_eval_turns(path: str | Path | None = None) -> list[EvalTurn]:
     for turn in turns:
         text = turn.text.strip()
         if text:
-            unique.setdefault(text, EvalTurn(text, turn.checks))
+            unique.setdefault(text, EvalTurn(text, turn.checks, turn.topic))
     if not unique:
         raise ValueError(f"{path}: no user turns found")
     return list(unique.values())

@@ -46,6 +46,24 @@ def stratify(constraints: Sequence[Constraint]) -> dict[str, list[Constraint]]:
     return strata
 
 
+def draw_turns(rng: random.Random, pool: Sequence[EvalTurn], turns: int) -> list[EvalTurn]:
+    """`turns` distinct messages, each topic at most once while the pool has topics left (a message without a
+    topic is its own); with a pool smaller than `turns`, messages drawn with replacement."""
+    if len(pool) < turns:
+        return rng.choices(list(pool), k=turns)
+    shuffled = rng.sample(list(pool), len(pool))
+    chosen: list[EvalTurn] = []
+    topics: set[str] = set()
+    for turn in shuffled:
+        if turn.topic is None or turn.topic not in topics:
+            chosen.append(turn)
+            if turn.topic is not None:
+                topics.add(turn.topic)
+            if len(chosen) == turns:
+                return chosen
+    return chosen + [t for t in shuffled if t not in chosen][: turns - len(chosen)]
+
+
 def plan_dialogues(
     constraints: Sequence[Constraint],
     pool: Sequence[EvalTurn],
@@ -71,7 +89,7 @@ def plan_dialogues(
     drawn: dict[str, int] = dict.fromkeys(strata, 0)
     plan = []
     for i in range(dialogues + no_instruction):
-        user = rng.sample(list(pool), turns) if len(pool) >= turns else rng.choices(list(pool), k=turns)
+        user = draw_turns(rng, pool, turns)
         if i >= dialogues:
             chat = tuple(PlannedTurn("chat", u.text, (), u.checks) for u in user)
             plan.append(EvalDialogue(f"e-{i:05d}", "none", None, None, chat))

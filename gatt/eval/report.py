@@ -10,6 +10,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from gatt.eval.scoring import Transcript, score_model
+from gatt.gate import REASONS
 
 TABLE_TURNS: tuple[int, ...] = (2, 4, 6, 10, 20)
 TITLES: dict[str, str] = {
@@ -54,41 +55,66 @@ def _table_turns(tables: list[dict[str, Any]]) -> list[int]:
     return sorted({t for t in TABLE_TURNS if t in present} | {max(present)})
 
 
-def format_table(report: dict[str, Any], key: str = "per_turn") -> str:
+def format_table(report: dict[str, Any], key: str = "per_turn", *, checks_only: bool = False) -> str:
     """The Table-30 markdown table of `key` (a per-turn table): rows are turns, one column per model."""
     models = _models(report)
-    turns = _table_turns([report[m][key] for m in models])
-    rows = [(str(t), [_cell(report[m][key].get(str(t))) for m in models]) for t in turns]
+    tables = [_scores(report, m, checks_only)[key] for m in models]
+    rows = [(str(t), [_cell(table.get(str(t))) for table in tables]) for t in _table_turns(tables)]
     return _table("Turn", models, rows)
 
 
-def _markdown(report: dict[str, Any]) -> str:
+def _scores(report: dict[str, Any], model: str, checks_only: bool) -> dict[str, Any]:
+    return report[model]["checks_only"] if checks_only else report[model]
+
+
+def _adherence_sections(report: dict[str, Any], checks_only: bool, level: str) -> list[str]:
+    """The per-turn tables, per-family table, survival and no regression, from checks and gate or checks alone."""
     models = _models(report)
-    parts = ["# GAtt adherence report"]
+    scores = {m: _scores(report, m, checks_only) for m in models}
+    parts = []
     for key, title in TITLES.items():
-        if any(report[m][key] for m in models):
-            parts += [f"## {title}", format_table(report, key)]
-    families = sorted({f for m in models for f in report[m]["per_family"]})
+        if any(scores[m][key] for m in models):
+            parts += [f"{level} {title}", format_table(report, key, checks_only=checks_only)]
+    families = sorted({f for m in models for f in scores[m]["per_family"]})
     if families:
-        rows = [(f, [_cell(report[m]["per_family"].get(f, {}).get("overall")) for m in models]) for f in families]
-        parts += ["## Adherence per family (all turns)", _table("Family", models, rows)]
+        rows = [(f, [_cell(scores[m]["per_family"].get(f, {}).get("overall")) for m in models]) for f in families]
+        parts += [f"{level} Adherence per family (all turns)", _table("Family", models, rows)]
     rows = []
     for split in ("train", "heldout"):
         cells = []
         for m in models:
-            s = report[m]["survival"][split]
+            s = scores[m]["survival"][split]
             mean = s["mean_turns_to_first_violation"]
             cells.append("–" if mean is None else f"{mean:.2f} (n={s['n']})")
         rows.append((split, cells))
-    parts += ["## Survival: mean turn of the first violation", _table("Split", models, rows)]
-    if any(report[m]["no_regression"] for m in models):
-        rows = [("on topic", [_cell(report[m]["no_regression"], "on_topic") for m in models])]
-        parts += ["## No regression: on-topic rate without an instruction", _table("", models, rows)]
+    parts += [f"{level} Survival: mean turn of the first violation", _table("Split", models, rows)]
+    if any(scores[m]["no_regression"] for m in models):
+        regression = [scores[m]["no_regression"] for m in models]
+        rows = [("on topic", [_cell(r, "on_topic") for r in regression]),
+                ("mean words per reply", ["–" if r is None else f"{r['mean_words']:.1f}" for r in regression])]
+        parts += [f"{level} No regression: on-topic rate without an instruction", _table("", models, rows)]
+    return parts
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    models = _models(report)
+    parts = ["# GAtt adherence report",
+             "A reply is adherent when it passes the instruction's checks **and** the answer gate (it is a real "
+             "answer: not empty, no loop, no repeat of an earlier reply, on the user's topic). The checks alone "
+             "are in the last section."]
+    parts += _adherence_sections(report, checks_only=False, level="##")
+    gates = [report[m].get("answer_gate") for m in models]
+    if any(gates):
+        rows = [("real answers", ["–" if g is None else f"{100 * g['passed']:.1f}% (n={g['n']})" for g in gates])]
+        rows += [(f"failed: {reason}", ["–" if g is None else f"{100 * g['failed'][reason]:.1f}%" for g in gates])
+                 for reason in REASONS]
+        parts += ["## Answer gate: share of all replies", _table("", models, rows)]
     attention = [report[m]["attention_on_instruction"] for m in models]
     if any(attention):
         turns = _table_turns(attention)
         rows = [(str(t), [f"{a[str(t)]:.3f}" if str(t) in a else "–" for a in attention]) for t in turns]
         parts += ["## Attention share on the instruction", _table("Turn", models, rows)]
+    parts += ["## Checks alone, without the answer gate"] + _adherence_sections(report, checks_only=True, level="###")
     parts += ["## Settings", "\n".join(f"- {k}: {v}" for k, v in report["settings"].items())]
     return "\n\n".join(parts) + "\n"
 
@@ -111,6 +137,9 @@ def _adherence_figure(report: dict[str, Any]) -> Figure:
         turns, values, _, _ = _turn_series(report[m]["heldout_per_turn"])
         if turns:
             ax.plot(turns, values, color=color, linestyle="--", label=f"{m} (held-out values)")
+        turns, values, _, _ = _turn_series(report[m]["checks_only"]["per_turn"])
+        if turns:
+            ax.plot(turns, values, color=color, linestyle=":", linewidth=1, label=f"{m} (train, checks alone)")
     ax.set(xlabel="Turn", ylabel="Adherence (%)", title="Instruction adherence per turn", ylim=(0, 102))
     if ax.lines:
         ax.legend()

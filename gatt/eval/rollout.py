@@ -79,7 +79,7 @@ def render(
 def score_turn(
     number: int, turn: PlannedTurn, user: str, reply: str, attention: list[float] | None
 ) -> dict[str, Any]:
-    """The transcript entry of one turn: the reply and every check's result."""
+    """The transcript entry of one turn: the reply and every check's result (the answer gate comes after: judge.py)."""
     checks = [{"type": c.type, "passed": c.passes(reply)} for c in turn.checks]
     return {
         "turn": number,
@@ -87,7 +87,7 @@ def score_turn(
         "user": user,
         "reply": reply,
         "checks": checks,
-        "passed": all(c["passed"] for c in checks) if checks else None,
+        "checks_passed": all(c["passed"] for c in checks) if checks else None,
         "on_topic": all(c.passes(reply) for c in turn.on_topic) if turn.on_topic else None,
         "attention_on_instruction": sum(attention) / len(attention) if attention else None,
         "attention_per_layer": attention,

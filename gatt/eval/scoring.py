@@ -1,19 +1,24 @@
 """Scores rollout transcripts: adherence per turn with Wilson intervals, per family, survival, attention.
 
-A transcript is one dialogue of one model, as the rollout writes it; every function here is pure
-and works on lists of those dicts, so report.json can be recomputed from transcripts.jsonl.
+A transcript is one dialogue of one model, as the rollout writes it and `judge.apply_gate` judges it;
+every function here is pure and works on lists of those dicts, so report.json can be recomputed from
+transcripts.jsonl. Adherence is read from a turn's `passed` (checks and the answer gate: the headline)
+or, with `key="checks_passed"`, from the checks alone.
 """
 
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
+
+from gatt.gate import REASONS
 
 Transcript = dict[str, Any]
 
 TRAIN: tuple[str, ...] = ("train",)
 HELDOUT: tuple[str, ...] = ("heldout_value", "heldout_family")
 Z95 = 1.959963984540054
+Key = Literal["passed", "checks_passed"]
 
 
 def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -42,25 +47,21 @@ def _select(transcripts: Iterable[Transcript], strata: Sequence[str]) -> list[Tr
     return [t for t in transcripts if t["stratum"] in strata]
 
 
-def _scored_turns(transcripts: Iterable[Transcript]) -> list[dict[str, Any]]:
-    return [turn for t in transcripts for turn in t["turns"] if turn["passed"] is not None]
+def _scored_turns(transcripts: Iterable[Transcript], key: Key = "passed") -> list[dict[str, Any]]:
+    return [turn for t in transcripts for turn in t["turns"] if turn[key] is not None]
 
 
-def _per_turn(transcripts: Iterable[Transcript]) -> dict[str, dict[str, Any]]:
+def adherence_per_turn(transcripts: Iterable[Transcript], strata: Sequence[str], key: Key = "passed") -> dict[str, dict[str, Any]]:
+    """Adherence at each turn ("1", "2", ...) over the dialogues whose stratum is in `strata`."""
     passed: Counter[int] = Counter()
     total: Counter[int] = Counter()
-    for turn in _scored_turns(transcripts):
+    for turn in _scored_turns(_select(transcripts, strata), key):
         total[turn["turn"]] += 1
-        passed[turn["turn"]] += bool(turn["passed"])
+        passed[turn["turn"]] += bool(turn[key])
     return {str(k): rate(passed[k], total[k]) for k in sorted(total)}
 
 
-def adherence_per_turn(transcripts: Iterable[Transcript], strata: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Adherence at each turn ("1", "2", ...) over the dialogues whose stratum is in `strata`."""
-    return _per_turn(_select(transcripts, strata))
-
-
-def per_family(transcripts: Iterable[Transcript]) -> dict[str, dict[str, Any]]:
+def per_family(transcripts: Iterable[Transcript], key: Key = "passed") -> dict[str, dict[str, Any]]:
     """Per constraint family: per-turn adherence on train and heldout strata, and one overall rate."""
     by_family: dict[str, list[Transcript]] = defaultdict(list)
     for t in transcripts:
@@ -69,20 +70,20 @@ def per_family(transcripts: Iterable[Transcript]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for family in sorted(by_family):
         group = by_family[family]
-        turns = _scored_turns(group)
+        turns = _scored_turns(group, key)
         if not turns:
             continue
         entry: dict[str, Any] = {}
-        for key, strata in (("train", TRAIN), ("heldout", HELDOUT)):
-            table = adherence_per_turn(group, strata)
+        for split, strata in (("train", TRAIN), ("heldout", HELDOUT)):
+            table = adherence_per_turn(group, strata, key)
             if table:
-                entry[key] = table
-        entry["overall"] = rate(sum(bool(turn["passed"]) for turn in turns), len(turns))
+                entry[split] = table
+        entry["overall"] = rate(sum(bool(turn[key]) for turn in turns), len(turns))
         out[family] = entry
     return out
 
 
-def survival(transcripts: Iterable[Transcript], strata: Sequence[str]) -> dict[str, Any]:
+def survival(transcripts: Iterable[Transcript], strata: Sequence[str], key: Key = "passed") -> dict[str, Any]:
     """Share of dialogues still adherent at each turn, and the mean turn of the first violation."""
     dialogues = _select(transcripts, strata)
     first_violation: list[int] = []
@@ -91,7 +92,7 @@ def survival(transcripts: Iterable[Transcript], strata: Sequence[str]) -> dict[s
     for d in dialogues:
         turns = sorted(d["turns"], key=lambda turn: turn["turn"])
         last = turns[-1]["turn"] if turns else 0
-        failed = [turn["turn"] for turn in turns if turn["passed"] is False]
+        failed = [turn["turn"] for turn in turns if turn[key] is False]
         first = failed[0] if failed else last + 1
         first_violation.append(first)
         for t in range(1, last + 1):
@@ -116,25 +117,52 @@ def attention_per_turn(transcripts: Iterable[Transcript]) -> dict[str, float]:
     return {str(k): round(sum(values[k]) / len(values[k]), 6) for k in sorted(values)}
 
 
-def no_regression(transcripts: Iterable[Transcript]) -> dict[str, Any] | None:
-    """On-topic rate over the dialogues without an instruction (None when there are none)."""
-    flags = [turn["on_topic"] for t in _select(transcripts, ("none",)) for turn in t["turns"] if turn.get("on_topic") is not None]
+def no_regression(transcripts: Iterable[Transcript], key: Key = "passed") -> dict[str, Any] | None:
+    """Over the dialogues without an instruction: the share of replies on the user's topic, and their mean length.
+
+    With the gate (`key="passed"`), on topic means a real answer: the gate's verdict, which judges the
+    topic by the turn's on-topic checks or, without them, by likelihood; with the checks alone, the
+    turn's on-topic checks (None when no turn has any)."""
+    turns = [turn for t in _select(transcripts, ("none",)) for turn in t["turns"]]
+    flags = [turn["gate"]["passed"] if key == "passed" else turn.get("on_topic") for turn in turns]
+    flags = [f for f in flags if f is not None]
     if not flags:
         return None
     scored = rate(sum(bool(f) for f in flags), len(flags))
-    return {"on_topic": scored["adherence"], "n": scored["n"], "ci95": scored["ci95"]}
+    mean_words = sum(len(turn["reply"].split()) for turn in turns) / len(turns)
+    return {"on_topic": scored["adherence"], "n": scored["n"], "ci95": scored["ci95"], "mean_words": round(mean_words, 3)}
+
+
+def answer_gate(transcripts: Iterable[Transcript]) -> dict[str, Any] | None:
+    """How many replies the gate passed, and the share failed for each reason (a reply may fail several)."""
+    verdicts = [turn["gate"] for t in transcripts for turn in t["turns"] if "gate" in turn]
+    if not verdicts:
+        return None
+    failed = Counter(reason for v in verdicts for reason in v["failed"])
+    return {"passed": round(sum(v["passed"] for v in verdicts) / len(verdicts), 6), "n": len(verdicts),
+            "failed": {reason: round(failed[reason] / len(verdicts), 6) for reason in REASONS}}
+
+
+def adherence_scores(transcripts: Sequence[Transcript], key: Key = "passed") -> dict[str, Any]:
+    """The scores that depend on what counts as adherent: per turn and stratum, per family, survival, no regression."""
+    return {
+        "per_turn": adherence_per_turn(transcripts, TRAIN, key),
+        "heldout_per_turn": adherence_per_turn(transcripts, ("heldout_value",), key),
+        "heldout_family_per_turn": adherence_per_turn(transcripts, ("heldout_family",), key),
+        "per_family": per_family(transcripts, key),
+        "survival": {"train": survival(transcripts, TRAIN, key), "heldout": survival(transcripts, HELDOUT, key)},
+        "no_regression": no_regression(transcripts, key),
+    }
 
 
 def score_model(transcripts: Sequence[Transcript]) -> dict[str, Any]:
-    """Every score of one model's transcripts, as one JSON-serialisable dict."""
+    """Every score of one model's transcripts, as one JSON-serialisable dict: checks and gate as the headline,
+    the same scores from the checks alone under `checks_only`."""
     return {
-        "per_turn": adherence_per_turn(transcripts, TRAIN),
-        "heldout_per_turn": adherence_per_turn(transcripts, ("heldout_value",)),
-        "heldout_family_per_turn": adherence_per_turn(transcripts, ("heldout_family",)),
-        "per_family": per_family(transcripts),
-        "survival": {"train": survival(transcripts, TRAIN), "heldout": survival(transcripts, HELDOUT)},
+        **adherence_scores(transcripts, "passed"),
+        "checks_only": adherence_scores(transcripts, "checks_passed"),
+        "answer_gate": answer_gate(transcripts),
         "attention_on_instruction": attention_per_turn(transcripts),
-        "no_regression": no_regression(transcripts),
         "stop_reasons": dict(Counter(t["stop_reason"] for t in transcripts)),
         "dialogues": len(transcripts),
     }

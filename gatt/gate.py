@@ -1,0 +1,243 @@
+"""The answer gate: a reply counts as adherent only if it is also a real answer.
+
+A small chat model can pass an instruction's checks without answering: the required opening word
+alone, one sentence given to every question, a phrase looped until the token limit. The gate fails a
+reply that
+
+- is **empty**: no letter or digit;
+- **loops**: a phrase repeated back to back (one word 4 times, 2-5 words 3 times, 6+ words twice), the
+  same 5 words 3 times anywhere, or fewer than half of its word 4-grams distinct (replies of 20+ words);
+- **repeats** an earlier reply of the dialogue, or most of one: at least `repeat_share` (75%) of its
+  words fall in blocks it shares with one earlier reply (word-level matching, `difflib`). Replies to
+  the same user message, and two answers to attribute probes ("Who are you?"), may repeat each other;
+- is **off topic**: it fails the user turn's on-topic checks where the turn has them; otherwise, when
+  a `RelevanceScorer` is given, the reply is not enough more likely after its own question than after
+  other questions: log p(reply | own question) - mean log p(reply | other question), over its first
+  64 tokens, must be at least `relevance_sum` (6) nats in total and `relevance_mean` (0.25) nats per token.
+  A contrast, not a likelihood: style (a language, a persona, a sign-off) costs the same under every
+  question and cancels out; what is left is how much the question explains the reply.
+
+Where a turn has no on-topic checks and no scorer is given, relevance is not judged (`relevance` None).
+Thresholds and their agreement with a reader on labelled replies: `benchmarks/bench_gate.py`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from gatt.checks import Check, passes_all
+
+REASONS = ("empty", "loop", "repeat", "off_topic")
+# CJK scripts have no spaces between words: each character counts as a word there.
+_WORDS = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]|[^\W_]+")
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    repeat_share: float = 0.75  # a reply is a repeat when this share of its words is matched in one earlier reply
+    loop_distinct: float = 0.5  # loops: distinct word 4-grams below this share of all (replies of 20+ words)
+    relevance_sum: float = 6.0  # nats over the reply's scored tokens: own question vs the others' mean
+    relevance_mean: float = 0.25  # nats per scored token
+    relevance_tokens: int = 64  # reply tokens scored (the start of a reply says most about what it answers)
+
+
+@dataclass(frozen=True)
+class GateTurn:
+    """One turn as the gate sees it: the user's message, the reply, and what tells whether it is on topic."""
+
+    user: str
+    reply: str
+    kind: str = "chat"  # "probe": an attribute question, judged by its own checks; probe answers may repeat
+    on_topic: tuple[Check, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "on_topic", tuple(self.on_topic))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a reply is a real answer, and if not, why (a subset of REASONS, in that order)."""
+
+    failed: tuple[str, ...] = ()
+    relevance: float | None = None  # the likelihood contrast in nats, where it was measured
+    repeats: int | None = None  # index of the earlier turn the reply repeats
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+    def to_dict(self) -> dict[str, Any]:
+        """The transcript form: {"passed", "failed", "relevance", "repeats"}."""
+        relevance = None if self.relevance is None else round(self.relevance, 4)
+        return {"passed": self.passed, "failed": list(self.failed), "relevance": relevance, "repeats": self.repeats}
+
+
+def words(text: str) -> list[str]:
+    """The reply's words, case-folded, punctuation dropped (CJK characters one by one)."""
+    return _WORDS.findall(text.casefold())
+
+
+def is_empty(reply: str) -> bool:
+    """No letter or digit at all."""
+    return not words(reply)
+
+
+def loops(reply: str, distinct: float = GateConfig.loop_distinct) -> bool:
+    """Whether the reply loops on a repeated phrase (see the module docstring for the rule)."""
+    tokens = words(reply)
+    for n in range(1, min(12, len(tokens) // 2) + 1):
+        needed = 4 if n == 1 else 3 if n <= 5 else 2  # a long phrase said twice in a row is already a loop
+        for start in range(len(tokens) - n * needed + 1):
+            phrase = tokens[start : start + n]
+            if all(tokens[start + r * n : start + (r + 1) * n] == phrase for r in range(1, needed)):
+                return True
+    # The same 5 words three times anywhere: a loop with something in between ("..., and to get a flat tire on the road").
+    if max(Counter(tuple(tokens[i : i + 5]) for i in range(len(tokens) - 4)).values(), default=0) >= 3:
+        return True
+    if len(tokens) >= 20:
+        grams = [tuple(tokens[i : i + 4]) for i in range(len(tokens) - 3)]
+        return len(set(grams)) < distinct * len(grams)
+    return False
+
+
+def repeated_share(reply: str, earlier: str) -> float:
+    """Share of the reply's words that fall in blocks it shares with `earlier` (0 for an empty reply)."""
+    mine = words(reply)
+    if not mine:
+        return 0.0
+    matcher = difflib.SequenceMatcher(None, words(earlier), mine, autojunk=False)
+    return sum(block.size for block in matcher.get_matching_blocks()) / len(mine)
+
+
+class RelevanceScorer:
+    """Log-likelihoods of replies after single-turn questions, from a chat model, batched."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, batch_size: int = 16,
+                 max_reply_tokens: int = GateConfig.relevance_tokens) -> None:
+        if not tokenizer.chat_template:
+            raise ValueError("the relevance scorer needs a chat model (a tokenizer with a chat template)")
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.batch_size, self.max_reply_tokens = batch_size, max_reply_tokens
+        self._prompts: dict[str, list[int]] = {}
+        self._scores: dict[tuple[str, str], tuple[float, int]] = {}  # a reply is often scored again (sweeps, reruns)
+
+    def _prompt(self, question: str) -> list[int]:
+        if question not in self._prompts:
+            chat = [{"role": "user", "content": question}]
+            self._prompts[question] = list(self.tokenizer.apply_chat_template(
+                chat, add_generation_prompt=True, tokenize=True, return_dict=False))
+        return self._prompts[question]
+
+    def log_likelihoods(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, int]]:
+        """(sum of log p over the reply's first tokens, their count) for each (question, reply)."""
+        todo = list(dict.fromkeys(pair for pair in pairs if pair not in self._scores))
+        self._scores.update(zip(todo, self._score(todo)))
+        return [self._scores[pair] for pair in pairs]
+
+    @torch.no_grad()
+    def _score(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, int]]:
+        rows = []
+        for question, reply in pairs:
+            prompt = self._prompt(question)
+            target = self.tokenizer(reply, add_special_tokens=False)["input_ids"][: self.max_reply_tokens]
+            rows.append((prompt, target))
+        out: list[tuple[float, int]] = [(0.0, 0)] * len(rows)
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]) + len(rows[i][1]))  # similar lengths batch together
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        device = self.model.device
+        for start in range(0, len(order), self.batch_size):
+            batch = [i for i in order[start : start + self.batch_size] if rows[i][1]]
+            if not batch:
+                continue
+            width = max(len(rows[i][0]) + len(rows[i][1]) for i in batch)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)  # (B, T), right-padded
+            mask = torch.zeros(len(batch), width, dtype=torch.long)
+            for b, i in enumerate(batch):
+                sequence = rows[i][0] + rows[i][1]
+                ids[b, : len(sequence)] = torch.tensor(sequence)
+                mask[b, : len(sequence)] = 1
+            logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()  # (B, T, V)
+            logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None].to(device))[..., 0].cpu()  # (B, T-1)
+            for b, i in enumerate(batch):
+                prompt, target = rows[i]
+                out[i] = (float(logp[b, len(prompt) - 1 : len(prompt) - 1 + len(target)].sum()), len(target))
+        return out
+
+
+@dataclass(frozen=True)
+class GateItem:
+    """One reply to judge: its turn, the dialogue's earlier turns, and other questions for the relevance contrast."""
+
+    turn: GateTurn
+    earlier: Sequence[GateTurn] = ()
+    others: Sequence[str] = field(default_factory=tuple)
+
+
+class AnswerGate:
+    """Judges replies: empty, loop, repeat, off topic (see the module docstring)."""
+
+    def __init__(self, config: GateConfig = GateConfig(), scorer: RelevanceScorer | None = None) -> None:
+        self.config, self.scorer = config, scorer
+
+    def _repeats(self, item: GateItem) -> int | None:
+        turn = item.turn
+        for index, earlier in enumerate(item.earlier):
+            if earlier.user == turn.user or (earlier.kind == "probe" and turn.kind == "probe"):
+                continue
+            if repeated_share(turn.reply, earlier.reply) >= self.config.repeat_share:
+                return index
+        return None
+
+    def _needs_scoring(self, item: GateItem) -> bool:
+        turn = item.turn
+        return turn.kind == "chat" and not turn.on_topic and self.scorer is not None and bool(item.others) and not is_empty(turn.reply)
+
+    def judge(self, items: Sequence[GateItem]) -> list[Verdict]:
+        """One verdict per item; the replies judged by likelihood are scored together, in batches."""
+        relevance = self._relevance([i for i, item in enumerate(items) if self._needs_scoring(item)], items)
+        verdicts = []
+        for i, item in enumerate(items):
+            reply = item.turn.reply
+            if is_empty(reply):
+                verdicts.append(Verdict(("empty",)))
+                continue
+            failed = ["loop"] if loops(reply, self.config.loop_distinct) else []
+            repeats = self._repeats(item)
+            if repeats is not None:
+                failed.append("repeat")
+            margin, count = relevance.get(i, (None, 0))
+            if self._off_topic(item, margin, count):
+                failed.append("off_topic")
+            verdicts.append(Verdict(tuple(failed), margin, repeats))
+        return verdicts
+
+    def _off_topic(self, item: GateItem, margin: float | None, count: int) -> bool:
+        turn = item.turn
+        if turn.kind != "chat":
+            return False  # an attribute probe is judged by its own checks
+        if turn.on_topic:
+            return not passes_all(turn.reply, turn.on_topic)
+        if margin is None:
+            return False  # nothing to judge relevance by
+        return margin < self.config.relevance_sum or margin < self.config.relevance_mean * count
+
+    def _relevance(self, indices: list[int], items: Sequence[GateItem]) -> dict[int, tuple[float, int]]:
+        """(contrast in nats, reply tokens scored) of the items at `indices`, in one batched pass."""
+        if not indices or self.scorer is None:
+            return {}
+        pairs = [(question, items[i].turn.reply) for i in indices for question in (items[i].turn.user, *items[i].others)]
+        values = iter(self.scorer.log_likelihoods(pairs))
+        out = {}
+        for i in indices:
+            own, count = next(values)
+            others = [next(values)[0] for _ in items[i].others]
+            out[i] = (own - sum(others) / len(others), count)
+        return out

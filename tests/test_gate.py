@@ -1,0 +1,128 @@
+"""The answer gate: degenerate replies that pass an instruction's checks fail it; real answers pass."""
+
+import pytest
+
+from gatt.checks import Check
+from gatt.gate import AnswerGate, GateConfig, GateItem, GateTurn, RelevanceScorer, is_empty, loops, repeated_share
+
+SKY, BEES, QUAKE, CAMP = ("Why is the sky blue?", "How do bees make honey?", "What causes earthquakes?",
+                          "What should I pack for a weekend camping trip?")
+OTHERS = ("How do I fix a flat bicycle tire?", "Can you recommend a book for a long train ride?", "How can I sleep better at night?")
+
+
+def dialogue(*turns: tuple[str, str], kinds: tuple[str, ...] = ()) -> list[GateItem]:
+    """Gate items of a dialogue's (user, reply) turns, each with the turns before it."""
+    gate_turns = [GateTurn(user, reply, kinds[i] if kinds else "chat") for i, (user, reply) in enumerate(turns)]
+    return [GateItem(turn, tuple(gate_turns[:i]), OTHERS) for i, turn in enumerate(gate_turns)]
+
+
+def failed(items: list[GateItem], gate: AnswerGate | None = None) -> list[tuple[str, ...]]:
+    return [v.failed for v in (gate or AnswerGate()).judge(items)]
+
+
+# --- the three degenerate replies of the issue: each passes its instruction's check ---------------------
+
+
+def test_the_opening_word_alone_every_turn_is_a_repeat():
+    starts = Check("startswith", {"text": "Indeed"})
+    items = dialogue((SKY, "Indeed"), (BEES, "Indeed."), (QUAKE, "Indeed!"))
+    assert all(starts.passes(item.turn.reply) for item in items)
+    assert failed(items) == [(), ("repeat",), ("repeat",)]  # turn 1: nothing to repeat yet, no scorer to judge it
+
+
+def test_one_sentence_to_every_later_question_is_a_repeat_even_with_a_word_changed():
+    limit = Check("max_words", {"n": 10})
+    items = dialogue((SKY, "Air scatters blue sunlight the most."),
+                     (BEES, "That is a very good question to think about."),
+                     (QUAKE, "That is a very good question to think about."),
+                     (CAMP, "That is a really good question to think about."))
+    assert all(limit.passes(item.turn.reply) for item in items)
+    assert failed(items) == [(), (), ("repeat",), ("repeat",)]
+    assert AnswerGate().judge(items)[3].repeats == 1  # the earlier turn it repeats
+
+
+def test_a_looping_phrase_in_a_language_is_a_loop():
+    french = "C'est la question de la lumière. C'est la question de la lumière. C'est la question"
+    assert loops(french) and loops("Aye, aye, aye, aye, aye, aye, aye") and loops("Das ist gut. Das ist gut. Das ist gut.")
+    # the same 5 words three times with something between them
+    assert loops("To fix it, get a flat tire on the road, and to get a flat tire on the road, you get a flat tire on the road.")
+    assert failed(dialogue((SKY, french))) == [("loop",)]
+
+
+@pytest.mark.parametrize("reply", ["", "   ", "...", "👍", "\n\n"])
+def test_empty_replies(reply):
+    assert is_empty(reply) and failed(dialogue((SKY, reply))) == [("empty",)]
+
+
+# --- real answers it must keep ---------------------------------------------------------------------------
+
+
+def test_real_answers_with_a_persona_a_sign_off_and_a_list_pass():
+    items = dialogue(
+        (SKY, "Arr, matey! The sky be blue because the air scatters the blue light of the sun most. Have a nice day!"),
+        (BEES, "Arr, matey! The wee bees sip nectar from flowers and brew it into golden honey in the hive. Have a nice day!"),
+        (CAMP, "Arr! 1. A tent. 2. A sleeping bag. 3. A flashlight. 4. Water. 5. Food. Have a nice day!"),
+        (QUAKE, "Les séismes viennent du glissement des plaques tectoniques les unes contre les autres."),
+        (OTHERS[0], "Rayleigh's law. Rayleigh's law explains the sky, but for a tire you need a patch kit and a pump."),
+    )
+    assert failed(items) == [()] * 5
+    assert not loops("Rayleigh Scavenger's Law. Rayleigh Scavenger's Law is a concept in physics about light.")
+
+
+def test_repeated_share_counts_the_replys_words_found_in_blocks_of_the_earlier_one():
+    assert repeated_share("Indeed", "Indeed, bees make honey.") == 1.0
+    assert repeated_share("Bees make honey from nectar.", "The sky is blue.") == 0.0
+    assert repeated_share("a b c d", "a b x y") == 0.5
+    assert repeated_share("", "anything") == 0.0
+
+
+def test_probe_answers_may_repeat_each_other_and_the_same_question_may_get_the_same_answer():
+    items = dialogue(("Who are you?", "I am Marie Curie."), (SKY, "Light scatters in the air, blue the most."),
+                     ("What is your name?", "I am Marie Curie."), (SKY, "Light scatters in the air, blue the most."),
+                     kinds=("probe", "chat", "probe", "chat"))
+    assert failed(items) == [()] * 4
+    # but a chat reply that copies a probe answer is a repeat
+    assert failed(dialogue(("Who are you?", "I am Marie Curie."), (BEES, "I am Marie Curie."), kinds=("probe", "chat")))[1] == ("repeat",)
+
+
+def test_on_topic_checks_judge_the_topic_where_a_turn_has_them():
+    volcanoes = (Check("contains_any", {"words": ["volcano", "volcanoes"]}),)
+    on = GateTurn("Tell me about volcanoes.", "Volcanoes: molten rock rises through them.", on_topic=volcanoes)
+    off = GateTurn("Tell me about volcanoes.", "Coffee: it is made from roasted beans.", on_topic=volcanoes)
+    probe = GateTurn("Who are you?", "I am Napoleon.", "probe", on_topic=volcanoes)  # a probe is judged by its own checks
+    assert failed([GateItem(on), GateItem(off), GateItem(probe)]) == [(), ("off_topic",), ()]
+
+
+def test_the_config_moves_the_bars():
+    items = dialogue((SKY, "a b c d e f g h"), (BEES, "a b c d e f x y"))
+    assert failed(items) == [(), ("repeat",)]  # 6 of 8 words: 75%
+    assert failed(items, AnswerGate(GateConfig(repeat_share=0.8))) == [(), ()]
+
+
+# --- relevance by likelihood, for user turns without on-topic checks ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def scorer() -> RelevanceScorer:
+    from gatt.pretrained import load_smollm2
+
+    model, tokenizer = load_smollm2()
+    return RelevanceScorer(model, tokenizer)
+
+
+def test_relevance_fails_filler_refusals_and_off_topic_replies_and_keeps_answers(scorer):
+    replies = {
+        "Bees collect nectar from flowers and store it in the hive, where they fan it until it becomes honey.": (),
+        "Les abeilles butinent le nectar des fleurs et le transforment en miel dans la ruche.": (),
+        "Arr matey, the wee bees sip nectar from flowers and turn it into golden honey in their hive, arr!": (),
+        "That's a great question! Let me think about it.": ("off_topic",),
+        "I'm sorry, I can't help with that.": ("off_topic",),
+        "The sky looks blue because air molecules scatter blue light more than red light.": ("off_topic",),
+        "Indeed": ("off_topic",),
+    }
+    items = [GateItem(GateTurn(BEES, reply), (), OTHERS) for reply in replies]
+    verdicts = AnswerGate(scorer=scorer).judge(items)
+    assert [v.failed for v in verdicts] == list(replies.values())
+    assert all(v.relevance is not None for v in verdicts)
+    # scores are cached: judging again gives the same numbers without a second pass
+    assert [v.relevance for v in AnswerGate(scorer=scorer).judge(items)] == [v.relevance for v in verdicts]
