@@ -62,7 +62,7 @@ def main() -> None:
     verdicts = AnswerGate(config, scorer).judge(items)
     without_scorer = AnswerGate(config).judge(items)
     result: dict[str, Any] = {
-        "labelled": str(args.labelled),
+        "labelled": args.labelled.name,
         "config": vars(config) if hasattr(config, "__dict__") else {},
         "with_relevance_model": agreement(rows, verdicts),
         "heuristics_only": agreement(rows, without_scorer),

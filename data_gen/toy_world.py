@@ -16,10 +16,7 @@ import random
 import re
 import zlib
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from data_gen.constraints import LANGUAGES, ConstraintSampler, instruction_text
 from data_gen.user_turns import TOPICS, UserTurn
@@ -27,28 +24,31 @@ from gatt.checks import Constraint
 # How both the base corpus and GAtt synthesis attach an instruction to a user message (the eval's upper bound too).
 from gatt.collator import append_instruction as with_instruction
 
-# A topic's answer: "{T}: {fact} {closing}". {T} is the topic's noun phrase as a label ("Volcanoes: ..."), so no
-# verb, article or case has to agree with it; the fact (data/topic_facts.yaml) makes each topic's answer its
-# own, so answers to questions on different topics are not one template with the topic swapped (the answer
-# gate counts a reply that is most of an earlier one as a repeat); the closing is one of three, by message.
-CLOSINGS = {
-    "en": ("There is always something new to learn.", "Many people find this subject interesting.",
-           "I could talk about this for hours."),
-    "fr": ("Il y a toujours quelque chose de nouveau à apprendre.", "Beaucoup de gens trouvent ce sujet intéressant.",
-           "Je pourrais en parler pendant des heures."),
-    "es": ("Siempre hay algo nuevo que aprender.", "Mucha gente encuentra este tema interesante.",
-           "Podría hablar de esto durante horas."),
-    "de": ("Es gibt immer etwas Neues zu lernen.", "Viele Menschen finden dieses Thema spannend.",
-           "Ich könnte stundenlang darüber reden."),
-    "it": ("C'è sempre qualcosa di nuovo da imparare.", "Molte persone trovano questo tema interessante.",
-           "Potrei parlarne per ore."),
-    "pt": ("Há sempre algo novo para aprender.", "Muitas pessoas acham este tema interessante.",
-           "Eu poderia falar sobre isto durante horas."),
-    "nl": ("Er valt altijd iets nieuws te leren.", "Veel mensen vinden dit onderwerp interessant.",
-           "Ik zou er uren over kunnen praten."),
+# Two sentences about a topic, per language. {T} is the topic's noun phrase as a label ("Volcanoes: ..."),
+# so no verb, article or case has to agree with it (topics are singular, plural or mass nouns).
+TOPIC_REPLIES = {
+    "en": ("{T}: a fascinating subject. There is always something new to learn.",
+           "{T}: a topic worth talking about. Many people find this subject interesting.",
+           "{T}: a subject with a long and rich history. I could talk about this for hours."),
+    "fr": ("{T} : un sujet fascinant. Il y a toujours quelque chose de nouveau à apprendre.",
+           "{T} : un thème qui mérite qu'on en parle. Beaucoup de gens trouvent ce sujet intéressant.",
+           "{T} : un sujet avec une longue et riche histoire. Je pourrais en parler pendant des heures."),
+    "es": ("{T}: un tema fascinante. Siempre hay algo nuevo que aprender.",
+           "{T}: un tema que merece una buena conversación. Mucha gente encuentra este tema interesante.",
+           "{T}: un tema con una historia larga y rica. Podría hablar de esto durante horas."),
+    "de": ("{T}: ein faszinierendes Thema. Es gibt immer etwas Neues zu lernen.",
+           "{T}: ein Thema, über das es sich zu sprechen lohnt. Viele Menschen finden dieses Thema spannend.",
+           "{T}: ein Thema mit einer langen und reichen Geschichte. Ich könnte stundenlang darüber reden."),
+    "it": ("{T}: un argomento affascinante. C'è sempre qualcosa di nuovo da imparare.",
+           "{T}: un argomento di cui vale la pena parlare. Molte persone trovano questo tema interessante.",
+           "{T}: un argomento con una storia lunga e ricca. Potrei parlarne per ore."),
+    "pt": ("{T}: um tema fascinante. Há sempre algo novo para aprender.",
+           "{T}: um tema que merece uma boa conversa. Muitas pessoas acham este tema interessante.",
+           "{T}: um tema com uma história longa e rica. Eu poderia falar sobre isto durante horas."),
+    "nl": ("{T}: een boeiend onderwerp. Er valt altijd iets nieuws te leren.",
+           "{T}: een onderwerp dat het bespreken waard is. Veel mensen vinden dit onderwerp interessant.",
+           "{T}: een onderwerp met een lange en rijke geschiedenis. Ik zou er uren over kunnen praten."),
 }
-TOPIC_FACTS: dict[str, dict[str, str]] = yaml.safe_load(
-    (Path(__file__).parent / "data" / "topic_facts.yaml").read_text(encoding="utf-8"))["facts"]
 # For messages outside the toy world (a user's own dialogues).
 GENERIC_REPLY = {
     "en": "That is a good question. Let me think about it carefully.",
@@ -139,10 +139,9 @@ class ToyResponder:
         elif probe is not None:  # format probes: any answer shows the format
             first = ASSISTANT_LINE[lang]
         elif turn.topic in TOPICS:
-            closings = CLOSINGS[lang]
-            closing = closings[zlib.crc32(turn.text.encode()) % len(closings)]
-            colon = " :" if lang == "fr" else ":"  # French typography puts a space before the colon
-            return f"{_capitalize(TOPICS[turn.topic][lang])}{colon} {TOPIC_FACTS[turn.topic][lang]} {closing}"
+            templates = TOPIC_REPLIES[lang]
+            template = templates[zlib.crc32(turn.text.encode()) % len(templates)]
+            return template.format(T=_capitalize(TOPICS[turn.topic][lang]))
         else:
             return GENERIC_REPLY[lang]
         return f"{first} {HELP_LINE[lang]}"

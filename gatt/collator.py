@@ -109,6 +109,24 @@ class GAttCollator:
 
     def examples(self, record: dict[str, Any]) -> list[Example]:
         """The training examples of one record (one, or one per reply with mode="expand")."""
+        messages, targets = self._targets(record)
+        out = []
+        for supervised in targets:
+            example = self._fit(messages, supervised, record)
+            if example is not None:
+                out.append(example)
+        return out
+
+    def fits(self, record: dict[str, Any]) -> bool:
+        """Whether at least one example of the record fits in max_length (stops at the first that does)."""
+        messages, targets = self._targets(record)
+        counted = self.stats.copy()
+        found = any(self._fit(messages, supervised, record) is not None for supervised in targets)
+        self.stats = counted  # a dry run: it counts nothing
+        return found
+
+    def _targets(self, record: dict[str, Any]) -> tuple[list[dict[str, str]], list[list[int]]]:
+        """The rendered chat and, per example, the indices of the replies it supervises."""
         messages = self.chat(record)
         num_replies = sum(m["role"] == "assistant" for m in messages)
         if num_replies == 0:
@@ -127,12 +145,7 @@ class GAttCollator:
             targets = [[i for i in range(num_replies) if sampled[i]]]
         else:
             targets = [[i] for i in range(num_replies) if sampled[i]]
-        out = []
-        for supervised in targets:
-            example = self._fit(messages, supervised, record)
-            if example is not None:
-                out.append(example)
-        return out
+        return messages, targets
 
     def _fit(self, messages: list[dict[str, str]], supervised: list[int], record: dict[str, Any]) -> Example | None:
         """Cut after the last supervised reply; drop whole middle turns (oldest first) until it fits.

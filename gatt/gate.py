@@ -10,6 +10,8 @@ reply that
 - **repeats** an earlier reply of the dialogue, or most of one: at least `repeat_share` (75%) of its
   words fall in blocks it shares with one earlier reply (word-level matching, `difflib`). Replies to
   the same user message, and two answers to attribute probes ("Who are you?"), may repeat each other;
+  so may a reply whose turn's on-topic checks it passes while it fails the earlier turn's (a template
+  answer whose topic changed with the question's). Without on-topic checks a near copy is a repeat;
 - is **off topic**: it fails the user turn's on-topic checks where the turn has them; otherwise, when
   a `RelevanceScorer` is given, the reply is not enough more likely after its own question than after
   other questions: log p(reply | own question) - mean log p(reply | other question), over its first
@@ -192,8 +194,12 @@ class AnswerGate:
         for index, earlier in enumerate(item.earlier):
             if earlier.user == turn.user or (earlier.kind == "probe" and turn.kind == "probe"):
                 continue
-            if repeated_share(turn.reply, earlier.reply) >= self.config.repeat_share:
-                return index
+            if repeated_share(turn.reply, earlier.reply) < self.config.repeat_share:
+                continue
+            if turn.on_topic and earlier.on_topic and passes_all(turn.reply, turn.on_topic) \
+                    and not passes_all(turn.reply, earlier.on_topic):
+                continue  # the checks say it answers its own question and not the earlier one: the topic changed with it
+            return index
         return None
 
     def _needs_scoring(self, item: GateItem) -> bool:

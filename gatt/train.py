@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import random
 import shutil
@@ -33,6 +34,8 @@ import gatt  # noqa: F401  (registers the "gatt" model type and attention)
 from gatt.collator import IGNORE_INDEX, GAttCollator
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
+
+logger = logging.getLogger(__name__)
 
 
 T = TypeVar("T")
@@ -245,6 +248,13 @@ class Trainer:
         self.tokenizer = build_tokenizer(config, self.train_records, self.out / "tokenizer")
         self.collator = GAttCollator(self.tokenizer, mode=config.mode, instruction_placement=config.instruction_placement,
                                      max_length=config.max_length, packing=config.packing)
+        fitting = [r for r in self.train_records if self.collator.fits(r)]
+        if not fitting:
+            raise ValueError(f"{config.train_file}: no record fits max_length={config.max_length}; raise max_length")
+        if len(fitting) < len(self.train_records):  # else a process could draw a micro-batch with nothing to train on
+            logger.warning("%d of %d training records do not fit max_length=%d: left out",
+                           len(self.train_records) - len(fitting), len(self.train_records), config.max_length)
+        self.train_records = fitting
         model = build_model(config, self.tokenizer)
         decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
         no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]

@@ -494,6 +494,9 @@ def test_batch_skips_what_cannot_fit_and_keeps_the_rest(tokenizers):
     assert decode(tok, batch["labels"][batch["labels"] != IGNORE_INDEX].tolist()) == replies(NAPOLEON)[-1] + "<|end|>"
     with pytest.raises(ValueError, match="max_length"):  # a batch where nothing fits
         GAttCollator(tok, mode="last", max_length=limit)([long])
+    # The trainer filters with `fits` up front, so no process ever draws such a batch; the check counts nothing.
+    assert [collator.fits(r) for r in (long, NAPOLEON)] == [False, True]
+    assert collator.stats["skipped_examples"] == 1 and collator.stats["examples"] == 1
 
 
 @pytest.mark.parametrize("mode", ["last", "all", "expand"])

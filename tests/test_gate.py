@@ -93,6 +93,21 @@ def test_on_topic_checks_judge_the_topic_where_a_turn_has_them():
     assert failed([GateItem(on), GateItem(off), GateItem(probe)]) == [(), ("off_topic",), ()]
 
 
+def test_a_template_answer_with_the_topic_changed_is_no_repeat_where_on_topic_checks_show_it():
+    volcanoes = (Check("contains_any", {"words": ["volcanoes"]}),)
+    coffee = (Check("contains_any", {"words": ["coffee"]}),)
+    first = GateTurn("Tell me about volcanoes.", "Volcanoes: a fascinating subject. There is always something new to learn.",
+                     on_topic=volcanoes)
+    swapped = GateTurn("What do you know about coffee?", "Coffee: a fascinating subject. There is always something new to learn.",
+                       on_topic=coffee)
+    same_topic = GateTurn("What is coffee made of?", swapped.reply, on_topic=coffee)
+    assert failed([GateItem(swapped, (first,))]) == [()]
+    assert failed([GateItem(same_topic, (swapped,))]) == [("repeat",)]  # a second question on coffee: the same answer again
+    # Without on-topic checks the near copy is a repeat (SmolLM2's "not available for X ... books about X" template).
+    bare = [GateTurn(t.user, t.reply) for t in (first, swapped)]
+    assert failed([GateItem(bare[1], (bare[0],))]) == [("repeat",)]
+
+
 def test_the_config_moves_the_bars():
     items = dialogue((SKY, "a b c d e f g h"), (BEES, "a b c d e f x y"))
     assert failed(items) == [(), ("repeat",)]  # 6 of 8 words: 75%
@@ -126,3 +141,27 @@ def test_relevance_fails_filler_refusals_and_off_topic_replies_and_keeps_answers
     assert all(v.relevance is not None for v in verdicts)
     # scores are cached: judging again gives the same numbers without a second pass
     assert [v.relevance for v in AnswerGate(scorer=scorer).judge(items)] == [v.relevance for v in verdicts]
+
+
+def test_batched_log_likelihoods_equal_one_pair_at_a_time():
+    import torch
+
+    from gatt.modeling import GattConfig, GattForCausalLM
+    from gatt.tokenizer import train_tokenizer
+
+    tokenizer = train_tokenizer([f"{q} The answer is {i}." for i, q in enumerate(OTHERS * 20)], vocab_size=300)
+    config = GattConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, pad_token_id=tokenizer.pad_token_id,
+                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    model = GattForCausalLM(config).eval()
+    pairs = [(q, r) for q in (SKY, BEES, OTHERS[0]) for r in ("Blue light scatters.", "Bees make honey from nectar, a lot.", "Hi")]
+    batched = RelevanceScorer(model, tokenizer, batch_size=4, max_reply_tokens=6).log_likelihoods(pairs)
+    for (question, reply), (total, count) in zip(pairs, batched):
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                               tokenize=True, return_dict=False)
+        target = tokenizer(reply, add_special_tokens=False)["input_ids"][:6]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + target])).logits[0, len(prompt) - 1 : -1]  # (T_reply, V)
+        direct = logits.log_softmax(-1).gather(-1, torch.tensor(target)[:, None]).sum()
+        assert count == len(target) and total == pytest.approx(float(direct), abs=1e-4)

@@ -64,12 +64,18 @@ def test_replay_adds_its_share_of_records_from_the_replay_file(data, tmp_path):
         smoke_config(data, tmp_path / "x", replay_ratio=0.5)
     replay = tmp_path / "base.jsonl"
     data_gen_main(["base", "--num-dialogues", "100", "--seed", "0", "--out", str(tmp_path)])
-    trainer = Trainer(smoke_config(data, tmp_path / "run", replay_file=replay, replay_ratio=0.5, eval_every=0))
+    trainer = Trainer(smoke_config(data, tmp_path / "run", replay_file=replay, replay_ratio=0.5, eval_every=0,
+                                   max_length=4096))
     ids = [r["id"] for r in trainer.train_records]
     gatt_ids = {r["id"] for r in read_records(data)}
     assert len(ids) == len(set(ids)) == len(gatt_ids) + 32  # 64 GAtt dialogues + round(0.5 x 64) replayed
     assert sum(i in gatt_ids for i in ids) == len(gatt_ids)
     assert {i for i in ids if i not in gatt_ids} <= {r["id"] for r in read_records(replay)}
+    # At 512 tokens some dialogues cannot fit even with middle turns dropped: they are left out before training,
+    # so no process ever draws a micro-batch with nothing to learn from.
+    short = Trainer(smoke_config(data, tmp_path / "short", replay_file=replay, replay_ratio=0.5, eval_every=0))
+    kept = {r["id"] for r in short.train_records}
+    assert kept == {r["id"] for r in trainer.train_records if short.collator.fits(r)} and len(kept) < len(ids)
 
 
 def test_batch_order_is_a_function_of_seed_and_step():
