@@ -1,7 +1,7 @@
 # The README's commands. Torch is pinned first: an unpinned torch pulls a multi-GB CUDA build.
 PYTHON ?= python3
 
-.PHONY: install test demo bench
+.PHONY: install test demo demo-smollm2 bench
 
 install:
 	$(PYTHON) -m pip install --quiet torch==2.13.0
@@ -14,6 +14,9 @@ test: install
 
 demo: install
 	$(PYTHON) recipes/demo.py --config recipes/configs/demo.yaml
+
+demo-smollm2: install
+	$(PYTHON) recipes/demo.py --config recipes/configs/demo_smollm2.yaml
 
 bench: install
 	$(PYTHON) benchmarks/bench_attention.py

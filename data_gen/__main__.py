@@ -5,6 +5,11 @@
   python -m data_gen gatt --teacher (oracle|MODEL_DIR) --num-dialogues N --min-turns A --max-turns B
                           --samples-per-turn K --seed S --out DIR [--user-turns FILE|DIR] [--constraints FILE.yaml]
       GAtt dialogues by context distillation with rejection sampling -> DIR/gatt.jsonl (resumable)
+  python -m data_gen replay --teacher MODEL_DIR --num-dialogues N --min-turns A --max-turns B --out DIR [--user-turns FILE]
+      the teacher's own answers to dialogues without instruction, gated -> DIR/replay.jsonl (resumable):
+      replay data that keeps a fine-tune from forgetting how the model answers
+  python -m data_gen pass-rate --teacher (oracle|MODEL_DIR) --out FILE.json [--constraints FILE.yaml] [--user-turns FILE]
+      each constraint's one-turn pass rate with the instruction in view (checks; checks and gate; best of k)
   python -m data_gen eval-set --out DIR [--seed S]
       the built-in evaluation set -> DIR/constraints.yaml, DIR/user_turns.jsonl (the copy in
       gatt/eval/builtin is regenerated with --out gatt/eval/builtin)
@@ -26,10 +31,12 @@ from tqdm.auto import tqdm
 from data_gen.constraints import FAMILIES, catalogue
 from data_gen.eval_set import write_eval_set
 from data_gen.synthesis import SynthesisConfig, synthesize
-from data_gen.teacher import ModelTeacher, OracleTeacher
+from data_gen.pass_rate import PassRateConfig, format_pass_rates, measure_pass_rates
+from data_gen.teacher import ModelTeacher, OracleTeacher, Teacher
 from data_gen.toy_world import base_corpus
-from data_gen.user_turns import load_user_turns, split_user_turns
-from gatt.checks import CheckError, load_constraints
+from data_gen.user_turns import UserTurn, load_user_turns, split_user_turns
+from gatt.checks import CheckError, Constraint, load_constraints
+from gatt.generation import add_sampler_arguments
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +50,25 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _dialogues(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--min-turns", type=int, default=2, help="shortest dialogue kept")
+    parser.add_argument("--max-turns", type=int, default=24, help="longest dialogue drawn")
+    parser.add_argument("--samples-per-turn", type=int, default=4, help="candidates per turn (k) for rejection")
+    parser.add_argument("--redraws", type=int, default=2,
+                        help="other user messages tried at a turn whose k candidates all fail, before the dialogue ends there")
+    parser.add_argument("--user-turns", type=Path, help="your dialogues (JSONL/Parquet/datasets folder) or a .txt of messages")
+    parser.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad input dialogues: stop, or count and skip")
+    parser.add_argument("--shard-size", type=int, default=64, help="dialogues per resumable shard")
+
+
+def _teacher(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--teacher", required=True, help="'oracle' (the toy world's responder) or a causal LM directory")
+    add_sampler_arguments(parser)  # a model teacher's decoding
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=32, help="prompts per teacher generate() call")
+    parser.add_argument("--device", help="teacher device, e.g. cuda, cuda:1, cpu (default: cuda if available)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `base`, `gatt` and `eval-set` subcommands."""
     parser = argparse.ArgumentParser(prog="python -m data_gen", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,21 +77,33 @@ def build_parser() -> argparse.ArgumentParser:
     _common(base)
     gatt = commands.add_parser("gatt", help="write GAtt dialogues by context distillation")
     _common(gatt)
-    gatt.add_argument("--teacher", required=True, help="'oracle' (the toy world's responder) or a causal LM directory")
-    gatt.add_argument("--min-turns", type=int, default=2, help="shortest dialogue kept")
-    gatt.add_argument("--max-turns", type=int, default=24, help="longest dialogue drawn")
-    gatt.add_argument("--samples-per-turn", type=int, default=4, help="candidates per turn (k) for rejection")
-    gatt.add_argument("--redraws", type=int, default=2,
-                      help="other user messages tried at a turn whose k candidates all fail, before the dialogue ends there")
-    gatt.add_argument("--user-turns", type=Path, help="your dialogues (JSONL/Parquet/datasets folder) or a .txt of messages")
-    gatt.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad input dialogues: stop, or count and skip")
+    _dialogues(gatt)
+    _teacher(gatt)
     gatt.add_argument("--constraints", type=Path, help="YAML constraint file (default: the built-in catalogue)")
-    gatt.add_argument("--temperature", type=float, default=0.7)
-    gatt.add_argument("--top-p", type=float, default=0.95)
-    gatt.add_argument("--max-new-tokens", type=int, default=64)
-    gatt.add_argument("--batch-size", type=int, default=32, help="prompts per teacher generate() call")
-    gatt.add_argument("--device", help="teacher device, e.g. cuda, cuda:1, cpu (default: cuda if available)")
-    gatt.add_argument("--shard-size", type=int, default=64, help="dialogues per resumable shard")
+    replay = commands.add_parser(
+        "replay", help="write the teacher's own gated answers to dialogues without instruction (replay data)",
+        description="Dialogues without an instruction, each reply the teacher's own answer that passes the answer "
+        "gate (best of --samples-per-turn). Mixed into a GAtt fine-tune (replay_file=...), they keep the model "
+        "answering as it did. Writes DIR/replay.jsonl and DIR/replay.summary.json; resumes like `gatt`.",
+    )
+    _common(replay)
+    _dialogues(replay)
+    _teacher(replay)
+    pass_rate = commands.add_parser(
+        "pass-rate", help="measure each constraint's one-turn pass rate with the instruction in view",
+        description="For each constraint, --prompts user turns (a probe-only persona: its probe questions) with the "
+        "instruction appended, --samples candidates each: the share passing the checks, the checks and the answer "
+        "gate, and the share of prompts where one of the k passes both (what best-of-k rejection keeps). "
+        "Writes FILE.json and prints the per-family table.",
+    )
+    pass_rate.add_argument("--out", type=Path, required=True, help="output JSON file")
+    pass_rate.add_argument("--constraints", type=Path, help="YAML constraint file (default: the built-in catalogue)")
+    pass_rate.add_argument("--prompts", type=int, default=8, help="user turns per constraint")
+    pass_rate.add_argument("--samples", type=int, default=2, help="candidates per prompt (k)")
+    pass_rate.add_argument("--seed", type=int, default=0)
+    pass_rate.add_argument("--user-turns", type=Path, help="your dialogues (JSONL/Parquet/datasets folder) or a .txt of messages")
+    pass_rate.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad input dialogues: stop, or count and skip")
+    _teacher(pass_rate)
     eval_set = commands.add_parser(
         "eval-set", help="write the built-in evaluation set (constraints with splits, held-out user turns)",
         description="Write DIR/constraints.yaml (the catalogue, each constraint tagged train or heldout) and "
@@ -94,24 +132,48 @@ def run_base(args: argparse.Namespace) -> dict:
     return {"records": args.num_dialogues, "kinds": dict(sorted(kinds.items())), "assistant_turns": turns, "path": str(path)}
 
 
-def run_gatt(args: argparse.Namespace) -> dict:
-    """Write DIR/gatt.jsonl (resuming) and return its summary."""
-    constraints = load_constraints(args.constraints) if args.constraints else catalogue(heldout_families=args.heldout_families)
-    constraints = [c for c in constraints if c.split == "train"]  # held-out values never enter GAtt data
-    user_pool = load_user_turns(args.user_turns, on_error=args.on_error) if args.user_turns else split_user_turns()[0]
+def make_teacher(args: argparse.Namespace, constraints: list[Constraint]) -> Teacher:
     if args.teacher == "oracle":
-        teacher = OracleTeacher(constraints)
-    else:
-        teacher = ModelTeacher(
-            args.teacher, temperature=args.temperature, top_p=args.top_p,
-            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, device=args.device,
-        )
+        return OracleTeacher(constraints)
+    return ModelTeacher(args.teacher, temperature=args.temperature, top_p=args.top_p,
+                        repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, device=args.device)
+
+
+def _constraints(args: argparse.Namespace) -> list[Constraint]:
+    return load_constraints(args.constraints) if args.constraints else catalogue(heldout_families=getattr(args, "heldout_families", ["brevity"]))
+
+
+def _user_pool(args: argparse.Namespace) -> list[UserTurn]:
+    return load_user_turns(args.user_turns, on_error=args.on_error) if args.user_turns else split_user_turns()[0]
+
+
+def run_gatt(args: argparse.Namespace) -> dict:
+    """Write DIR/gatt.jsonl, or DIR/replay.jsonl without constraints (resuming), and return its summary."""
+    name = args.command
+    constraints = [] if name == "replay" else [c for c in _constraints(args) if c.split == "train"]  # held-out values never enter GAtt data
+    if name == "replay" and args.teacher == "oracle":
+        raise ValueError("replay data are a model's own answers: --teacher must be a model directory")
+    teacher = make_teacher(args, constraints)
     config = SynthesisConfig(
         num_dialogues=args.num_dialogues, min_turns=args.min_turns, max_turns=args.max_turns,
         samples_per_turn=args.samples_per_turn, redraws=args.redraws, seed=args.seed, short_prob=args.short_prob,
         shard_size=args.shard_size,
     )
-    return {**synthesize(args.out, config, teacher, constraints, user_pool), "path": str(args.out / "gatt.jsonl")}
+    return {**synthesize(args.out, config, teacher, constraints, _user_pool(args), name=name), "path": str(args.out / f"{name}.jsonl")}
+
+
+def run_pass_rate(args: argparse.Namespace) -> dict:
+    """Write the pass-rate JSON atomically, print its table, return it."""
+    constraints = _constraints(args)
+    config = PassRateConfig(prompts=args.prompts, samples=args.samples, seed=args.seed)
+    result = measure_pass_rates(make_teacher(args, constraints), constraints, _user_pool(args), config)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_name(f".{args.out.name}.tmp")
+    tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, args.out)
+    print(format_pass_rates(result), file=sys.stderr)
+    return result["per_family"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -120,6 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.command == "eval-set":
             summary = write_eval_set(args.out, seed=args.seed)
+        elif args.command == "pass-rate":
+            summary = run_pass_rate(args)
         else:
             summary = run_base(args) if args.command == "base" else run_gatt(args)
     except (ValueError, FileNotFoundError, CheckError) as error:

@@ -83,7 +83,8 @@ class _Dialogue:
         """The augmented history: the instruction appended to every user message so far."""
         messages = []
         for turn, reply in zip(self.turns, self.replies + [None]):
-            messages.append({"role": "user", "content": with_instruction(turn.text, self.instruction)})
+            text = with_instruction(turn.text, self.instruction) if self.constraints else turn.text
+            messages.append({"role": "user", "content": text})
             if reply is not None:
                 messages.append({"role": "assistant", "content": reply})
         return TurnRequest(messages, self.turns[len(self.replies)], self.constraints, key=str(self.index))
@@ -113,10 +114,12 @@ def turn_checks(constraints: Sequence[Constraint], turn: UserTurn) -> list[Check
     return checks
 
 
-def draw_dialogue(index: int, config: SynthesisConfig, sampler: ConstraintSampler, user_pool: Sequence[UserTurn]) -> _Dialogue:
-    """Constraints, instruction form and user turns of dialogue `index`, from (seed, index) alone."""
+def draw_dialogue(index: int, config: SynthesisConfig, sampler: ConstraintSampler | None,
+                  user_pool: Sequence[UserTurn]) -> _Dialogue:
+    """Constraints, instruction form and user turns of dialogue `index`, from (seed, index) alone (no sampler:
+    a dialogue without instruction)."""
     rng = random.Random(f"gatt-{config.seed}-{index}")
-    constraints, use_short = sampler.sample(rng)
+    constraints, use_short = sampler.sample(rng) if sampler is not None else ([], False)
     probes = [p.question for c in constraints for p in c.probes]
     turns = []
     for _ in range(rng.randint(config.min_turns, config.max_turns)):
@@ -180,6 +183,9 @@ def synthesize_shard(
                 if verdict.passed:
                     answers.append(candidate)
             kept = answers[0] if answers else None
+            for family in {c.family for c in dialogue.constraints}:  # the teacher's pass rate per family
+                stats[f"candidates:{family}"] += len(candidates)
+                stats[f"passed:{family}"] += len(answers)
             stats["candidates"] += len(candidates)
             stats["rejected_candidates"] += candidates.index(kept) if kept is not None else len(candidates)
             if not candidates:
@@ -204,8 +210,8 @@ def to_record(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -
         messages += [{"role": "user", "content": turn.text}, {"role": "assistant", "content": reply}]
     return {
         "id": f"d-{dialogue.index:06d}",
-        "instruction": instruction_text(dialogue.constraints, short=False),
-        "instruction_short": instruction_text(dialogue.constraints, short=True),
+        "instruction": instruction_text(dialogue.constraints, short=False) if dialogue.constraints else None,
+        "instruction_short": instruction_text(dialogue.constraints, short=True) if dialogue.constraints else None,
         "use_short": dialogue.use_short,
         "constraints": [
             {"family": c.family, "value": c.value, "split": c.split, "checks": [ch.to_dict() for ch in c.checks]}
@@ -229,18 +235,22 @@ def synthesize(
     teacher: Teacher,
     constraints: Sequence[Constraint],
     user_pool: Sequence[UserTurn],
+    name: str = "gatt",
 ) -> dict[str, Any]:
-    """Write `out_dir/gatt.jsonl` (resuming finished shards) and return the summary."""
+    """Write `out_dir/NAME.jsonl` (resuming finished shards) and return the summary.
+
+    No constraints: dialogues without an instruction, each reply the teacher's own answer that passes the
+    answer gate (replay data against forgetting)."""
     out_dir = Path(out_dir)
-    shard_dir = out_dir / "gatt.shards"
+    shard_dir = out_dir / f"{name}.shards"
     shard_dir.mkdir(parents=True, exist_ok=True)
     settings = {"config": asdict(config), "teacher": teacher.name, "constraints": [c.name for c in constraints],
                 "user_pool": len(user_pool)}
     _check_settings(shard_dir / "settings.json", settings)
     # Families drawn alike: a family with few values (all caps) gets as much GAtt data as the hobbies.
-    sampler = ConstraintSampler(constraints, short_prob=config.short_prob, by_family=True)
+    sampler = ConstraintSampler(constraints, short_prob=config.short_prob, by_family=True) if constraints else None
     num_shards = -(-config.num_dialogues // config.shard_size)
-    progress = tqdm(total=config.num_dialogues, desc="gatt synthesis", unit="dialogue")
+    progress = tqdm(total=config.num_dialogues, desc=f"{name} synthesis", unit="dialogue")
     for shard in range(num_shards):
         path = shard_dir / f"shard-{shard:05d}.jsonl"
         indices = range(shard * config.shard_size, min((shard + 1) * config.shard_size, config.num_dialogues))
@@ -255,7 +265,7 @@ def synthesize(
             _write_atomic(path, "".join(line + "\n" for line in lines))
         progress.update(len(indices))
     progress.close()
-    return _merge(out_dir, shard_dir, num_shards, config)
+    return _merge(out_dir, shard_dir, num_shards, name)
 
 
 def _shard_entry(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -> dict[str, Any]:
@@ -279,8 +289,8 @@ def _check_settings(path: Path, settings: dict[str, Any]) -> None:
         _write_atomic(path, json.dumps(settings, indent=2))
 
 
-def _merge(out_dir: Path, shard_dir: Path, num_shards: int, config: SynthesisConfig) -> dict[str, Any]:
-    """Concatenate the shards into gatt.jsonl (atomically) and summarise yield and lengths."""
+def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str) -> dict[str, Any]:
+    """Concatenate the shards into NAME.jsonl (atomically) and summarise yield and lengths."""
     stats: Counter = Counter()
     entries = []
     for shard in range(num_shards):
@@ -289,7 +299,7 @@ def _merge(out_dir: Path, shard_dir: Path, num_shards: int, config: SynthesisCon
         for line in path.read_text(encoding="utf-8").splitlines():
             entries.append(json.loads(line))
     records = [e["record"] for e in entries if e["kept"]]
-    _write_atomic(out_dir / "gatt.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    _write_atomic(out_dir / f"{name}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     lengths = [e["turns"] for e in entries if e["kept"]]
     attempted, kept = Counter(), Counter()
     for e in entries:
@@ -310,10 +320,13 @@ def _merge(out_dir: Path, shard_dir: Path, num_shards: int, config: SynthesisCon
         "gate_rejected_candidates": stats["gate_rejected_candidates"],
         "gate_failed": {reason: stats[f"gate_{reason}"] for reason in REASONS},
         "yield_per_family": {f: round(kept[f] / attempted[f], 4) for f in sorted(attempted)},
+        # Candidates that passed the checks and the gate, of all the teacher wrote in that family's dialogues.
+        "pass_rate_per_family": {f: round(stats[f"passed:{f}"] / max(stats[f"candidates:{f}"], 1), 4)
+                                 for f in sorted(attempted)},
         "turns": {
             "min": min(lengths, default=0), "median": statistics.median(lengths) if lengths else 0,
             "max": max(lengths, default=0), "histogram": dict(sorted(Counter(lengths).items())),
         },
     }
-    _write_atomic(out_dir / "gatt.summary.json", json.dumps(summary, indent=2))
+    _write_atomic(out_dir / f"{name}.summary.json", json.dumps(summary, indent=2))
     return summary

@@ -75,6 +75,8 @@ class ModelTeacher:
         *,
         temperature: float = 0.7,
         top_p: float = 0.95,
+        repetition_penalty: float = 1.0,
+        no_repeat_ngram_size: int = 0,
         max_new_tokens: int = 64,
         batch_size: int = 16,
         device: str | None = None,
@@ -91,7 +93,9 @@ class ModelTeacher:
         self.scorer = RelevanceScorer(self.model, self.tokenizer)  # the teacher judges its own candidates' relevance
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         self.max_prompt = getattr(self.model.config, "max_position_embeddings", 2048) - max_new_tokens
-        self.sampler = Sampler(do_sample=True, temperature=temperature, top_p=top_p, seed=seed, device=self.device)
+        self.sampler = Sampler(do_sample=True, temperature=temperature, top_p=top_p, seed=seed,
+                               repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                               device=self.device)
         self._groups: list[tuple[ChatBatch, list[Any]]] = []  # dialogues under way: a batch and its dialogues
         self._candidates: dict[Any, list[str]] = {}  # each dialogue's candidates of its last turn
 

@@ -15,7 +15,6 @@ Masks are boolean, True where a query may attend to a key.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Protocol
 
 import torch
@@ -256,9 +255,19 @@ def _fast_attention(
 def _explicit_attention(
     query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, score: AttentionScore, dropout_p: float
 ) -> tuple[Tensor, Tensor]:
-    n_rep = query.shape[1] // key.shape[1]
-    key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)  # (B, H, Tk, D)
-    scores = score(query, key).float()  # (B, H, Tq, Tk); softmax in fp32 for low-precision inputs
+    batch, heads, query_length, _ = query.shape
+    kv_heads, key_length = key.shape[1], key.shape[2]
+    n_rep = heads // kv_heads
+    # A dot-product score needs no per-head weights: each key/value head serves its query group without being
+    # copied n_rep times (with a long KV cache, the copies would cost more than the attention itself).
+    grouped = n_rep > 1 and isinstance(score, (ScaledDotScore, DotScore))
+    if grouped:
+        grouped_query = query.reshape(batch, kv_heads, n_rep * query_length, query.shape[-1])  # heads h = kv * n_rep + r
+        scores = score(grouped_query, key).view(batch, heads, query_length, key_length)
+    else:
+        key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)  # (B, H, Tk, D)
+        scores = score(query, key)  # (B, H, Tq, Tk)
+    scores = scores.float()  # softmax in fp32 for low-precision inputs
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
@@ -266,6 +275,9 @@ def _explicit_attention(
         weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # all-masked rows: 0, not NaN
     weights = weights.to(query.dtype)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    if grouped:
+        output = dropped.reshape(batch, kv_heads, n_rep * query_length, key_length) @ value
+        return output.view(batch, heads, query_length, value.shape[-1]), weights  # (B, H, Tq, Dv), (B, H, Tq, Tk)
     return dropped @ value, weights  # (B, H, Tq, Dv), (B, H, Tq, Tk)
 
 

@@ -28,10 +28,11 @@ from gatt.eval.judge import apply_gate
 from gatt.eval.plan import EvalDialogue, plan_dialogues
 from gatt.eval.report import build_report, format_table, write_report
 from gatt.eval.rollout import RolloutConfig, rollout
+from gatt.eval.scoring import REPEAT_SUFFIX
 from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
+from gatt.generation import add_sampler_arguments
 from gatt.modeling import GattForCausalLM
 
-REPEAT_SUFFIX = "+repeat"
 
 
 def load_model(path: str | Path, *, attention: bool, device: str | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -60,7 +61,7 @@ def parse_models(specs: list[str]) -> dict[str, str]:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise ValueError(f"--model expects NAME=DIR, got {spec!r}")
-        if name in models or name == "settings":
+        if name in models or name in ("settings", "followable"):
             raise ValueError(f"--model name {name!r} is used twice or reserved")
         models[name] = path
     return models
@@ -146,8 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="reply length limit (default: 64)")
     parser.add_argument("--batch-size", type=int, default=32, help="dialogues rolled out together (default: 32)")
     parser.add_argument("--sample", action="store_true", help="sample (seeded) instead of greedy decoding")
-    parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--top-p", type=float, default=0.95)
+    add_sampler_arguments(parser)
     parser.add_argument("--no-attention", action="store_true", help="skip the attention-to-instruction probe")
     parser.add_argument("--relevance-model", metavar="DIR",
                         help="chat model whose likelihoods judge whether a reply answers a user turn that has no "
@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     config = RolloutConfig(
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, do_sample=args.sample,
         temperature=args.temperature, top_p=args.top_p, seed=args.seed, placement=args.placement,
+        repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
         measure_attention=not args.no_attention,
     )
     relevance_model = next(iter(models.values())) if args.relevance_model is None else args.relevance_model
@@ -192,6 +193,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "placement": args.placement, "probe_every": args.probe_every, "short_prob": args.short_prob,
         "max_new_tokens": args.max_new_tokens, "decoding": "sample" if args.sample else "greedy",
         **({"temperature": args.temperature, "top_p": args.top_p} if args.sample else {}),
+        **({"repetition_penalty": args.repetition_penalty} if args.repetition_penalty != 1.0 else {}),
+        **({"no_repeat_ngram_size": args.no_repeat_ngram_size} if args.no_repeat_ngram_size else {}),
         "answer_gate": {
             "repeat_share": gate.repeat_share, "loop_distinct": gate.loop_distinct,
             "relevance": "on-topic checks; without them "

@@ -17,6 +17,7 @@ attention its tokens put on given prompt tokens (the instruction), per layer, av
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -24,7 +25,12 @@ import torch
 from torch import Tensor
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache, DynamicLayer
-from transformers.generation import TemperatureLogitsWarper, TopPLogitsWarper
+from transformers.generation import (
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopPLogitsWarper,
+)
 
 
 class GrowingLayer(DynamicLayer):
@@ -88,19 +94,40 @@ def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -
 
 
 class Sampler:
-    """Greedy, or temperature + top-p sampling from a seeded generator."""
+    """Greedy, or temperature + top-p sampling from a seeded generator.
+
+    `repetition_penalty` and `no_repeat_ngram_size` are Hugging Face's logits processors of the same
+    names, applied to the reply being written (not to the history): the usual cure for a small model's
+    greedy loops ("I am a scientist. I am a scientist. ...").
+    """
 
     def __init__(self, *, do_sample: bool, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
+                 repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
                  device: torch.device | str = "cpu") -> None:
         self.do_sample = do_sample
+        self.processors = LogitsProcessorList(
+            ([RepetitionPenaltyLogitsProcessor(repetition_penalty)] if repetition_penalty != 1.0 else [])
+            + ([NoRepeatNGramLogitsProcessor(no_repeat_ngram_size)] if no_repeat_ngram_size > 0 else [])
+        )
         self.warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature), TopPLogitsWarper(top_p)])
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
-    def __call__(self, logits: Tensor) -> Tensor:  # (B, V) -> (B,)
+    def __call__(self, logits: Tensor, reply: Tensor) -> Tensor:  # (B, V), (B, t) tokens so far -> (B,)
+        scores = self.processors(reply, logits.float()) if self.processors else logits
         if not self.do_sample:
-            return logits.argmax(-1)
-        scores = self.warpers(None, logits.float())
+            return scores.argmax(-1)
+        scores = self.warpers(None, scores.float())
         return torch.multinomial(scores.softmax(-1), 1, generator=self.generator)[:, 0]
+
+
+def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `Sampler` flags every generating command line shares."""
+    parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7)")
+    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default: 0.95)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="Hugging Face's repetition penalty over the reply being written; 1.0: off (default)")
+    parser.add_argument("--no-repeat-ngram-size", type=int, default=0,
+                        help="no n-gram of this size twice in one reply; 0: off (default)")
 
 
 class ChatBatch:
@@ -223,8 +250,11 @@ class ChatBatch:
         replies: list[list[int]] = [[] for _ in self.rows]
         attention: list[list[Tensor]] = [[] for _ in self.rows]  # per row: one (layers,) share per reply token read
         finished = [False] * len(self.rows)
+        reply = torch.zeros(len(self.rows), 0, dtype=torch.long, device=device)  # (B, step): every row's draws
         for step in range(self.max_new_tokens):
-            tokens = self.sampler(logits).tolist()
+            drawn = self.sampler(logits, reply)  # (B,)
+            reply = torch.cat([reply, drawn[:, None]], dim=1)
+            tokens = drawn.tolist()
             for i, token in enumerate(tokens):
                 if not finished[i]:
                     replies[i].append(token)

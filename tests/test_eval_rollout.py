@@ -179,7 +179,7 @@ def run_cli(model_dir: Path, inputs: tuple[Path, Path], out: Path, *extra: str) 
 
 def test_cli_writes_the_report_and_is_deterministic(model_dir, eval_inputs, tmp_path):
     report = run_cli(model_dir, eval_inputs, tmp_path / "a", "--repeat-instruction", "base")
-    assert set(report) == {"settings", "base", "other", "base+repeat"}
+    assert set(report) == {"settings", "base", "other", "base+repeat", "followable"}
     for name in ("base", "other", "base+repeat"):
         per_turn = report[name]["per_turn"]
         assert list(per_turn) == [str(t) for t in range(1, 7)]

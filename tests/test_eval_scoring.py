@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gatt.eval.report import build_report, format_table, write_report
+from gatt.eval.report import _markdown, build_report, format_table, write_report
 from gatt.eval.scoring import (
     adherence_per_turn,
     attention_per_turn,
@@ -179,6 +179,29 @@ def test_build_report_schema(transcripts: list[dict[str, Any]]) -> None:
     assert report["base"]["dialogues"] == 2 and report["gatt"] == score_model(transcripts)
     with pytest.raises(ValueError, match="settings"):
         build_report([dict(transcripts[0], model="settings")], {})
+
+
+def test_followable_families_come_from_the_upper_bound_and_gatt_is_judged_on_them() -> None:
+    runs = []
+    for model, hobby, language in (("gatt", [T, T, F], [F, F, F]), ("base", [T, F, F], [T, F, F]),
+                                   ("base+repeat", [T, T, T], [T, F, F])):
+        runs += [dialogue(f"{model}-h", "train", "hobby", hobby, model=model),
+                 dialogue(f"{model}-l", "train", "language", language, model=model),
+                 dialogue(f"{model}-hv", "heldout_value", "hobby", [F, F, F], model=model)]
+    report = build_report(runs, {})
+    assert list(report) == ["settings", "gatt", "base", "base+repeat", "followable"]
+    followable = report["followable"]
+    # base+repeat: hobby 3/6 over all turns (held-out values included) is below 0.8; with them at [T, T, T] it is not.
+    assert followable["families"] == [] and followable["beyond_the_model"] == {"hobby": 0.5, "language": 0.333333}
+    runs = [dict(t, turns=[dict(turn, passed=True) for turn in t["turns"]]) if t["id"] == "base+repeat-hv" else t
+            for t in runs]
+    followable = build_report(runs, {})["followable"]
+    assert followable["reference"] == "base+repeat" and followable["families"] == ["hobby"]
+    assert followable["per_turn"]["gatt"] == {"1": rate(1, 1), "2": rate(1, 1), "3": rate(0, 1)}  # hobby, train only
+    assert followable["per_turn"]["base"]["2"] == rate(0, 1)
+    markdown = _markdown(build_report(runs, {}))
+    assert "Beyond the model even when reminded: language (33%); those are not GAtt failures." in markdown
+    assert "followable" not in build_report([t for t in runs if t["model"] != "base+repeat"], {})
 
 
 def long_run() -> list[dict[str, Any]]:

@@ -67,6 +67,22 @@ def test_sampled_candidates_differ_and_the_kept_one_is_the_history(model, tokeni
         chat.generate({"a": prompt(tokenizer, history), "c": prompt(tokenizer, history)})
 
 
+@pytest.mark.parametrize("processor", [{"no_repeat_ngram_size": 2}, {"repetition_penalty": 1.5}])
+def test_loop_processors_act_on_the_reply_as_hugging_face_does_without_a_prompt(model, tokenizer, processor):
+    ids = prompt(tokenizer, [{"role": "user", "content": TEXTS[3]}])
+    plain = ChatBatch(model, tokenizer, Sampler(do_sample=False), max_new_tokens=24).generate({0: ids})[0][0].tokens
+    assert len(set(zip(plain, plain[1:]))) < len(plain) - 1  # this random model loops greedily
+    [candidate] = ChatBatch(model, tokenizer, Sampler(do_sample=False, **processor), max_new_tokens=24).generate({0: ids})[0]
+    # generate() from embeddings has no prompt ids, so its processors see the reply alone, as ChatBatch's do
+    with pytest.warns(UserWarning, match="newly generated tokens"):
+        reference = model.generate(
+            inputs_embeds=model.get_input_embeddings()(torch.tensor([ids])), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            do_sample=False, max_new_tokens=24, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+            **processor,
+        )
+    assert candidate.tokens == reference[0].tolist() != plain
+
+
 def test_a_choice_is_required_before_the_next_turn(model, tokenizer):
     chat = ChatBatch(model, tokenizer, Sampler(do_sample=False), max_new_tokens=4)
     ids = prompt(tokenizer, [{"role": "user", "content": TEXTS[0]}])

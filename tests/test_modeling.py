@@ -186,6 +186,7 @@ def test_from_llama_converts_the_smollm2_gguf():
     llama = AutoModelForCausalLM.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF).eval()
     model = GattForCausalLM.from_llama(smollm2_dir(), gguf_file=SMOLLM2_GGUF)
     assert not model.training and model.config.tie_word_embeddings
+    assert "quantization_config" not in model.config.to_dict()  # de-quantised weights: saveable (merged LoRA, export)
     ids = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 2]])
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, llama(ids).logits, atol=1e-4, rtol=0)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from gatt.eval.scoring import Transcript, score_model
+from gatt.eval.scoring import Transcript, followable, score_model
 from gatt.gate import REASONS
 
 TABLE_TURNS: tuple[int, ...] = (2, 4, 6, 10, 20)
@@ -27,11 +27,13 @@ def build_report(transcripts: list[Transcript], settings: dict[str, Any]) -> dic
         by_model.setdefault(t["model"], []).append(t)
     if "settings" in by_model:
         raise ValueError('a model may not be named "settings": it is the report key of the run settings')
-    return {"settings": settings, **{name: score_model(group) for name, group in by_model.items()}}
+    report = {"settings": settings, **{name: score_model(group) for name, group in by_model.items()}}
+    reminded = followable(report, transcripts)
+    return report if reminded is None else {**report, "followable": reminded}
 
 
 def _models(report: dict[str, Any]) -> list[str]:
-    return [k for k in report if k != "settings"]
+    return [k for k in report if k not in ("settings", "followable")]
 
 
 def _cell(r: dict[str, Any] | None, key: str = "adherence") -> str:
@@ -75,6 +77,8 @@ def _adherence_sections(report: dict[str, Any], checks_only: bool, level: str) -
     for key, title in TITLES.items():
         if any(scores[m][key] for m in models):
             parts += [f"{level} {title}", format_table(report, key, checks_only=checks_only)]
+        if key == "per_turn" and not checks_only and report.get("followable"):
+            parts += _followable_section(report, level)
     families = sorted({f for m in models for f in scores[m]["per_family"]})
     if families:
         rows = [(f, [_cell(scores[m]["per_family"].get(f, {}).get("overall")) for m in models]) for f in families]
@@ -94,6 +98,19 @@ def _adherence_sections(report: dict[str, Any], checks_only: bool, level: str) -
                 ("mean words per reply", ["–" if r is None else f"{r['mean_words']:.1f}" for r in regression])]
         parts += [f"{level} No regression: on-topic rate without an instruction", _table("", models, rows)]
     return parts
+
+
+def _followable_section(report: dict[str, Any], level: str) -> list[str]:
+    """The train constraints of the families the reminded model follows, and the families beyond it."""
+    f = report["followable"]
+    tables = [f["per_turn"].get(m, {}) for m in _models(report)]
+    rows = [(str(t), [_cell(table.get(str(t))) for table in tables]) for t in _table_turns(tables)]
+    beyond = ", ".join(f"{family} ({100 * a:.0f}%)" for family, a in f["beyond_the_model"].items()) or "none"
+    text = (f"Families that `{f['reference']}` follows in >= {100 * f['threshold']:.0f}% of all turns: "
+            f"{', '.join(f['families']) or 'none'}. Beyond the model even when reminded: {beyond}; "
+            "those are not GAtt failures.")
+    parts = [f"{level} Adherence per turn (train constraints of families the reminded model follows)", text]
+    return parts + ([_table("Turn", _models(report), rows)] if rows else [])
 
 
 def _markdown(report: dict[str, Any]) -> str:

@@ -31,6 +31,8 @@ class RolloutConfig:
     temperature: float = 0.7
     top_p: float = 0.95
     seed: int = 0  # sampling seed
+    repetition_penalty: float = 1.0  # over the reply being written (Hugging Face's processor); 1.0: off
+    no_repeat_ngram_size: int = 0  # no n-gram twice in one reply; 0: off
     placement: Placement = "system"  # where turn one gives the instruction
     repeat_instruction: bool = False  # the upper bound: the instruction appended to every user turn instead
     measure_attention: bool = False
@@ -123,7 +125,8 @@ def rollout(
         raise ValueError(f"{getattr(tokenizer, 'name_or_path', 'the tokenizer')} has no chat template: the evaluation needs a chat model")
     model.eval()
     sampler = Sampler(do_sample=config.do_sample, temperature=config.temperature, top_p=config.top_p, seed=config.seed,
-                      device=model.device)
+                      repetition_penalty=config.repetition_penalty,
+                      no_repeat_ngram_size=config.no_repeat_ngram_size, device=model.device)
     transcripts: list[dict[str, Any]] = []
     with tqdm(total=sum(len(d.turns) for d in dialogues), desc="rollout", unit="turn", disable=not progress) as bar:
         for start in range(0, len(dialogues), config.batch_size):

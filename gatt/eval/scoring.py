@@ -15,6 +15,8 @@ from gatt.gate import REASONS
 
 Transcript = dict[str, Any]
 
+REPEAT_SUFFIX = "+repeat"  # the model name of a model's upper bound: the instruction repeated in every user turn
+FOLLOWABLE = 0.8  # a family the upper bound follows this often (all turns) is one the model can follow when reminded
 TRAIN: tuple[str, ...] = ("train",)
 HELDOUT: tuple[str, ...] = ("heldout_value", "heldout_family")
 Z95 = 1.959963984540054
@@ -165,4 +167,23 @@ def score_model(transcripts: Sequence[Transcript]) -> dict[str, Any]:
         "attention_on_instruction": attention_per_turn(transcripts),
         "stop_reasons": dict(Counter(t["stop_reason"] for t in transcripts)),
         "dialogues": len(transcripts),
+    }
+
+
+def followable(report: dict[str, Any], transcripts: Sequence[Transcript]) -> dict[str, Any] | None:
+    """Which families the model can follow when reminded, by the first NAME+repeat model's per-family adherence
+    (>= FOLLOWABLE), and each model's per-turn adherence on those families' train constraints: GAtt is judged
+    there; a family the reminded model cannot follow is beyond the model, not a GAtt failure. None without
+    an upper bound in the report."""
+    reference = next((m for m in report if m.endswith(REPEAT_SUFFIX)), None)
+    if reference is None:
+        return None
+    overall = {f: v["overall"]["adherence"] for f, v in report[reference]["per_family"].items()}
+    families = sorted(f for f, a in overall.items() if a >= FOLLOWABLE)
+    kept = [t for t in transcripts if t["constraint"] is not None and t["constraint"]["family"] in families]
+    models = list(dict.fromkeys(t["model"] for t in transcripts))
+    return {
+        "reference": reference, "threshold": FOLLOWABLE, "families": families,
+        "beyond_the_model": {f: a for f, a in sorted(overall.items()) if a < FOLLOWABLE},
+        "per_turn": {m: adherence_per_turn([t for t in kept if t["model"] == m], TRAIN) for m in models},
     }

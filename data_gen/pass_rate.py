@@ -1,0 +1,110 @@
+"""One-turn pass rates: how often a teacher, with the instruction appended to a user turn, writes a reply
+that passes the constraint's checks, and the checks and the answer gate together.
+
+Measure this before choosing what a GAtt teacher can produce: synthesis keeps a turn when one of its k
+candidates passes, so a constraint with a per-reply rate p yields a turn with probability 1 - (1 - p)^k,
+and a dialogue of n turns about that to the power n. A persona without per-reply checks is measured on
+its probe questions. Half the prompts use the instruction's short form, as synthesis does by default.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from data_gen.constraints import instruction_text
+from data_gen.synthesis import _key, gate_turn, turn_checks
+from data_gen.teacher import Teacher, TurnRequest
+from data_gen.toy_world import with_instruction
+from data_gen.user_turns import UserTurn
+from gatt.checks import Constraint, passes_all
+from gatt.gate import AnswerGate, GateItem
+
+
+@dataclass(frozen=True)
+class PassRateConfig:
+    prompts: int = 8  # user turns per constraint
+    samples: int = 2  # candidates per prompt (the k of best-of-k)
+    seed: int = 0
+    relevance_others: int = 3  # contrast questions where a turn has no on-topic check
+    chunk: int = 64  # prompts per teacher call (progress is shown per call)
+
+    def __post_init__(self) -> None:
+        if self.prompts < 1 or self.samples < 1:
+            raise ValueError(f"prompts and samples must be >= 1, got {self.prompts} and {self.samples}")
+
+
+def _rates(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    candidates = sum(r["candidates"] for r in rows)
+    prompts = sum(r["prompts"] for r in rows)
+    share = lambda part, whole: round(part / whole, 4) if whole else 0.0  # noqa: E731
+    return {
+        "candidates": candidates,
+        "checks": share(sum(r["checks"] for r in rows), candidates),
+        "checks_and_gate": share(sum(r["checks_and_gate"] for r in rows), candidates),
+        "prompts": prompts,
+        "best_of_k": share(sum(r["any_passed"] for r in rows), prompts),
+    }
+
+
+def measure_pass_rates(
+    teacher: Teacher, constraints: Sequence[Constraint], user_pool: Sequence[UserTurn], config: PassRateConfig
+) -> dict[str, Any]:
+    """Per constraint and per family: the share of candidates passing the checks, the checks and the gate,
+    and the share of prompts where one of the k candidates passes both (`best_of_k`)."""
+    if not constraints:
+        raise ValueError("no constraint to measure")
+    if not user_pool:
+        raise ValueError("no user turn to ask")
+    rng = random.Random(f"pass-rate-{config.seed}")
+    cases: list[tuple[Constraint, UserTurn, str]] = []
+    for c in constraints:
+        questions = [UserTurn(p.question, None) for p in c.probes] if not c.checks else list(user_pool)
+        for i in range(config.prompts):
+            cases.append((c, rng.choice(questions), instruction_text([c], short=i % 2 == 1)))
+    requests = [TurnRequest([{"role": "user", "content": with_instruction(turn.text, instruction)}], turn, [c])
+                for c, turn, instruction in cases]
+    teacher.seed(config.seed)
+    sampled: list[list[str]] = []
+    for start in tqdm(range(0, len(requests), config.chunk), desc="pass rates", unit="call"):
+        sampled += teacher.sample(requests[start : start + config.chunk], config.samples)
+    gate = AnswerGate(scorer=teacher.scorer)
+    items, owners = [], []
+    for case, ((c, turn, _), candidates) in enumerate(zip(cases, sampled)):
+        pool = [t.text for t in user_pool if _key(t) != _key(turn)]
+        others = tuple(rng.sample(pool, min(config.relevance_others, len(pool))))
+        for candidate in candidates:
+            if passes_all(candidate, turn_checks([c], turn)):
+                items.append(GateItem(gate_turn([c], turn, candidate), (), others))
+                owners.append(case)
+    checked = Counter(owners)  # candidates per case that pass the checks
+    gated = Counter(case for case, verdict in zip(owners, gate.judge(items)) if verdict.passed)
+    rows: dict[str, dict[str, Any]] = {}
+    for case, ((c, _, _), candidates) in enumerate(zip(cases, sampled)):
+        row = rows.setdefault(c.name, {"family": c.family, "split": c.split, "prompts": 0, "candidates": 0,
+                                        "checks": 0, "checks_and_gate": 0, "any_passed": 0})
+        row["prompts"] += 1
+        row["candidates"] += len(candidates)
+        row["checks"] += checked[case]
+        row["checks_and_gate"] += gated[case]
+        row["any_passed"] += gated[case] > 0
+    families = sorted({row["family"] for row in rows.values()})
+    return {
+        "settings": {**asdict(config), "teacher": teacher.name},
+        "per_family": {f: _rates([r for r in rows.values() if r["family"] == f]) for f in families},
+        "per_constraint": {name: {"family": r["family"], "split": r["split"], **_rates([r])} for name, r in rows.items()},
+    }
+
+
+def format_pass_rates(result: dict[str, Any]) -> str:
+    """The per-family table in markdown."""
+    k = result["settings"]["samples"]
+    lines = [f"| family | candidates | checks | checks and gate | best of {k} |", "|---|---|---|---|---|"]
+    for family, r in result["per_family"].items():
+        lines.append(f"| {family} | {r['candidates']} | {r['checks']:.0%} | {r['checks_and_gate']:.0%} | {r['best_of_k']:.0%} |")
+    return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""The stages a real chat model adds: one-turn pass rates (what a teacher can produce) and replay data (the model's
+own gated answers without an instruction)."""
+
+import json
+
+import pytest
+
+from data_gen.__main__ import main
+from data_gen.pass_rate import PassRateConfig, format_pass_rates, measure_pass_rates
+from data_gen.synthesis import SynthesisConfig, synthesize
+from data_gen.teacher import TurnRequest
+from data_gen.user_turns import UserTurn, split_user_turns
+from gatt.checks import Check, Constraint, Probe
+from gatt.collator import GAttCollator
+from gatt.tokenizer import train_tokenizer
+
+POOL = [UserTurn("Tell me about owls.", "owls"), UserTurn("What do you know about volcanoes?", "volcanoes")]
+OK = Constraint("ok", "Open with ok.", "Opening: ok", (Check("regex", {"pattern": "^ok"}),), family="opening")
+NEVER = Constraint("zz", "Open with zz.", "Opening: zz", (Check("regex", {"pattern": "^zz"}),), family="never")
+PERSONA = Constraint("curie", "Act as Marie Curie.", "Persona: Curie", (), family="persona",
+                     probes=(Probe("Who are you?", (Check("contains_any", {"words": ["Curie"]}),)),))
+
+
+class HalfTeacher:
+    """k candidates: the first obeys and names the topic, the second obeys and is off topic, the rest disobey."""
+
+    name = "half"
+    scorer = None
+
+    def __init__(self) -> None:
+        self.requests: list[TurnRequest] = []
+
+    def sample(self, requests: list[TurnRequest], k: int) -> list[list[str]]:
+        self.requests += requests
+        out = []
+        for r in requests:
+            if r.turn.topic is None:  # a probe
+                out.append(["I am Marie Curie.", "I am an assistant."][:k])
+            else:
+                out.append([f"ok, {r.turn.text} Remarkable.", "ok, nice weather.", "no."][:k])
+        return out
+
+    def seed(self, seed: int) -> None:
+        pass
+
+
+def test_pass_rates_count_checks_gate_and_best_of_k_per_constraint_and_family():
+    teacher = HalfTeacher()
+    result = measure_pass_rates(teacher, [OK, NEVER, PERSONA], POOL, PassRateConfig(prompts=4, samples=3))
+    ok, never, persona = (result["per_constraint"][n] for n in ("ok", "zz", "curie"))
+    assert ok == {"family": "opening", "split": "train", "candidates": 12, "checks": pytest.approx(8 / 12, abs=1e-4),
+                  "checks_and_gate": pytest.approx(4 / 12, abs=1e-4), "prompts": 4, "best_of_k": 1.0}
+    assert (never["checks"], never["checks_and_gate"], never["best_of_k"]) == (0.0, 0.0, 0.0)
+    # A persona without per-reply checks is asked its probes, and judged by the probes' checks.
+    assert (persona["candidates"], persona["checks"], persona["best_of_k"]) == (8, 0.5, 1.0)
+    assert all(r.turn.text == "Who are you?" for r in teacher.requests if r.constraints[0] is PERSONA)
+    # The instruction is appended to the user turn, its short form for half the prompts.
+    texts = [r.messages[0]["content"] for r in teacher.requests if r.constraints[0] is OK]
+    assert sum(t.endswith(OK.instruction) for t in texts) == 2 == sum(t.endswith(OK.short) for t in texts)
+    assert list(result["per_family"]) == ["never", "opening", "persona"]
+    assert "| opening | 12 | 67% | 33% | 100% |" in format_pass_rates(result)
+
+
+def test_pass_rate_command_writes_json_for_the_builtin_catalogue(tmp_path, capsys):
+    main(["pass-rate", "--teacher", "oracle", "--prompts", "2", "--samples", "1", "--out", str(tmp_path / "p.json")])
+    result = json.loads((tmp_path / "p.json").read_text())
+    assert json.loads(capsys.readouterr().out) == result["per_family"]
+    # The toy world's oracle obeys every constraint and names every topic.
+    assert all(r["checks_and_gate"] == 1.0 for r in result["per_constraint"].values())
+
+
+def test_replay_dialogues_carry_no_instruction_and_train_as_plain_sft(tmp_path):
+    teacher = HalfTeacher()
+    config = SynthesisConfig(num_dialogues=4, min_turns=2, max_turns=3, samples_per_turn=2, shard_size=2)
+    summary = synthesize(tmp_path, config, teacher, [], POOL, name="replay")
+    records = [json.loads(line) for line in (tmp_path / "replay.jsonl").read_text().splitlines()]
+    assert summary["records"] == len(records) == 4 and (tmp_path / "replay.summary.json").exists()
+    assert not (tmp_path / "gatt.jsonl").exists()
+    # The teacher saw the bare user messages; the kept reply is the on-topic one.
+    assert {r.messages[-1]["content"] for r in teacher.requests} <= {t.text for t in POOL}
+    for record in records:
+        assert record["instruction"] is None and record["constraints"] == []
+        assert all(m["content"].startswith("ok, ") and "Remarkable" in m["content"]
+                   for m in record["messages"] if m["role"] == "assistant")
+    assert summary["gate_failed"]["off_topic"] >= 1 and summary["pass_rate_per_family"] == {}
+    tokenizer = train_tokenizer([m["content"] for r in records for m in r["messages"]], vocab_size=300)
+    (example,) = GAttCollator(tokenizer, mode="all").examples(records[0])
+    assert sum(label != -100 for label in example.labels) > 0  # every reply is supervised, no system message
+    assert "system" not in tokenizer.decode(example.input_ids)
+
+
+def test_replay_needs_a_model_teacher(tmp_path):
+    with pytest.raises(SystemExit, match="--teacher must be a model directory"):
+        main(["replay", "--teacher", "oracle", "--num-dialogues", "2", "--out", str(tmp_path)])
+
+
+def test_gatt_summary_gives_the_teachers_pass_rate_per_family(tmp_path):
+    train, _ = split_user_turns()
+    config = SynthesisConfig(num_dialogues=6, min_turns=2, max_turns=3, samples_per_turn=3)
+    summary = synthesize(tmp_path / "ok", config, HalfTeacher(), [OK], train)
+    # Per turn: 3 candidates, 2 pass the check and 1 of those is on topic.
+    assert summary["pass_rate_per_family"] == {"opening": pytest.approx(1 / 3, abs=1e-4)}
+    assert summary["yield_per_family"] == {"opening": 1.0}
+    summary = synthesize(tmp_path / "never", config, HalfTeacher(), [NEVER], train)
+    assert summary["pass_rate_per_family"] == {"never": 0.0} and summary["records"] == 0
