@@ -168,6 +168,10 @@ def run_pass_rate(args: argparse.Namespace) -> dict:
     constraints = _constraints(args)
     config = PassRateConfig(prompts=args.prompts, samples=args.samples, seed=args.seed)
     result = measure_pass_rates(make_teacher(args, constraints), constraints, _user_pool(args), config)
+    result["settings"].update(
+        constraints=str(args.constraints or "built-in"), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        top_p=args.top_p, repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(f".{args.out.name}.tmp")
     tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

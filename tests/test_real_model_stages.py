@@ -67,6 +67,7 @@ def test_pass_rate_command_writes_json_for_the_builtin_catalogue(tmp_path, capsy
     assert json.loads(capsys.readouterr().out) == result["per_family"]
     # The toy world's oracle obeys every constraint and names every topic.
     assert all(r["checks_and_gate"] == 1.0 for r in result["per_constraint"].values())
+    assert result["settings"]["constraints"] == "built-in" and result["settings"]["repetition_penalty"] == 1.0
 
 
 def test_replay_dialogues_carry_no_instruction_and_train_as_plain_sft(tmp_path):
