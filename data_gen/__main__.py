@@ -56,9 +56,13 @@ def _dialogues(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples-per-turn", type=int, default=4, help="candidates per turn (k) for rejection")
     parser.add_argument("--redraws", type=int, default=2,
                         help="other user messages tried at a turn whose k candidates all fail, before the dialogue ends there")
+    _user_turns(parser)
+    parser.add_argument("--shard-size", type=int, default=64, help="dialogues per resumable shard")
+
+
+def _user_turns(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--user-turns", type=Path, help="your dialogues (JSONL/Parquet/datasets folder) or a .txt of messages")
     parser.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad input dialogues: stop, or count and skip")
-    parser.add_argument("--shard-size", type=int, default=64, help="dialogues per resumable shard")
 
 
 def _teacher(parser: argparse.ArgumentParser) -> None:
@@ -101,8 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     pass_rate.add_argument("--prompts", type=int, default=8, help="user turns per constraint")
     pass_rate.add_argument("--samples", type=int, default=2, help="candidates per prompt (k)")
     pass_rate.add_argument("--seed", type=int, default=0)
-    pass_rate.add_argument("--user-turns", type=Path, help="your dialogues (JSONL/Parquet/datasets folder) or a .txt of messages")
-    pass_rate.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad input dialogues: stop, or count and skip")
+    _user_turns(pass_rate)
     _teacher(pass_rate)
     eval_set = commands.add_parser(
         "eval-set", help="write the built-in evaluation set (constraints with splits, held-out user turns)",
@@ -141,7 +144,9 @@ def make_teacher(args: argparse.Namespace, constraints: list[Constraint]) -> Tea
 
 
 def _constraints(args: argparse.Namespace) -> list[Constraint]:
-    return load_constraints(args.constraints) if args.constraints else catalogue(heldout_families=getattr(args, "heldout_families", ["brevity"]))
+    if args.constraints:
+        return load_constraints(args.constraints)
+    return catalogue(heldout_families=args.heldout_families) if hasattr(args, "heldout_families") else catalogue()
 
 
 def _user_pool(args: argparse.Namespace) -> list[UserTurn]:

@@ -128,6 +128,13 @@ def stages(config: DemoConfig) -> list[Stage]:
                                     "--samples-per-turn", str(config.samples_per_turn),
                                     *_flag("--constraints", config.constraints), "--out", str(data / "gatt")],
                       data / "gatt", True)
+
+    def gatt_model(replay_file: Path) -> Stage:
+        return Stage("gatt-model", [*train, "--config", config.gatt_config, f"model={base / 'final'}",
+                                    f"train_file={data / 'gatt' / 'gatt.jsonl'}", f"replay_file={replay_file}",
+                                    f"output_dir={gatt}", f"seed={config.seed}", *config.gatt_overrides, "--resume"],
+                     gatt, True)
+
     eval_turns = config.eval_user_turns or config.user_turns
     report_stage = Stage("report", [*python, "-m", "gatt.evaluate", "--model", f"base={base / 'final'}", "--model",
                                     f"gatt={gatt / 'final'}", "--turns", str(config.eval_turns), "--dialogues",
@@ -147,9 +154,7 @@ def stages(config: DemoConfig) -> list[Stage]:
                                   str(config.replay_dialogues), "--min-turns", str(config.gatt_min_turns),
                                   "--max-turns", str(config.replay_max_turns), "--samples-per-turn",
                                   str(config.samples_per_turn), "--out", str(replay)], replay, True),
-            Stage("gatt-model", [*train, "--config", config.gatt_config, f"model={base / 'final'}",
-                                 f"train_file={data / 'gatt' / 'gatt.jsonl'}", f"replay_file={replay / 'replay.jsonl'}",
-                                 f"output_dir={gatt}", f"seed={config.seed}", *config.gatt_overrides, "--resume"], gatt, True),
+            gatt_model(replay / "replay.jsonl"),
             report_stage,
         ]
     return [
@@ -158,9 +163,7 @@ def stages(config: DemoConfig) -> list[Stage]:
         Stage("base-model", [*train, "--config", config.base_config, f"train_file={data / 'base' / 'base.jsonl'}",
                              f"output_dir={base}", f"seed={config.seed}", *config.base_overrides, "--resume"], base, True),
         gatt_data,
-        Stage("gatt-model", [*train, "--config", config.gatt_config, f"model={base / 'final'}",
-                             f"train_file={data / 'gatt' / 'gatt.jsonl'}", f"replay_file={data / 'base' / 'base.jsonl'}",
-                             f"output_dir={gatt}", f"seed={config.seed}", *config.gatt_overrides, "--resume"], gatt, True),
+        gatt_model(data / "base" / "base.jsonl"),
         report_stage,
     ]
 
@@ -181,6 +184,8 @@ def run(config: DemoConfig) -> dict[str, Any]:
     skipped: list[str] = []
     upstream = ""
     plan = stages(config)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # stages import this checkout
+    env = {"OMP_NUM_THREADS": str(CPUS), **os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
     for i, stage in enumerate(plan, start=1):
         key = fingerprint(stage, upstream)
         done, started = stamps / f"{stage.name}.done", stamps / f"{stage.name}.started"
@@ -199,8 +204,6 @@ def run(config: DemoConfig) -> dict[str, Any]:
         started.write_text(key)
         print(f"[{i}/{len(plan)} {stage.name}] {'resuming' if interrupted else 'running'}: {' '.join(stage.command)}", flush=True)
         begin = time.perf_counter()
-        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # stages import this checkout
-        env = {"OMP_NUM_THREADS": str(CPUS), **os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
         result = subprocess.run(stage.command, cwd=ROOT, env=env)
         if result.returncode != 0:
             sys.exit(f"[{i}/{len(plan)} {stage.name}] failed (exit {result.returncode}); rerun the same command to resume")
