@@ -35,7 +35,8 @@ from data_gen.pass_rate import PassRateConfig, format_pass_rates, measure_pass_r
 from data_gen.teacher import ModelTeacher, OracleTeacher, Teacher
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import UserTurn, load_user_turns, split_user_turns
-from gatt.checks import CheckError, Constraint, load_constraints
+from gatt.checks import Constraint, load_constraints
+from gatt.cli import exit_on_bad_input
 from gatt.generation import add_sampler_arguments
 
 
@@ -58,6 +59,10 @@ def _dialogues(parser: argparse.ArgumentParser) -> None:
                         help="other user messages tried at a turn whose k candidates all fail, before the dialogue ends there")
     _user_turns(parser)
     parser.add_argument("--shard-size", type=int, default=64, help="dialogues per resumable shard")
+    parser.add_argument("--strict-repeats", action="store_true",
+                        help="reject a near copy of an earlier reply even where its topic word changed (the gate "
+                             "lets such template answers pass); a real model's teacher needs it, or the fine-tuned "
+                             "model learns to repeat itself")
 
 
 def _user_turns(parser: argparse.ArgumentParser) -> None:
@@ -138,6 +143,8 @@ def run_base(args: argparse.Namespace) -> dict:
 def make_teacher(args: argparse.Namespace, constraints: list[Constraint]) -> Teacher:
     if args.teacher == "oracle":
         return OracleTeacher(constraints)
+    if not Path(args.teacher).exists():
+        raise FileNotFoundError(f"--teacher {args.teacher}: no such model folder ('oracle' is the toy world's responder)")
     return ModelTeacher(args.teacher, temperature=args.temperature, top_p=args.top_p,
                         repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, device=args.device)
@@ -163,7 +170,7 @@ def run_gatt(args: argparse.Namespace) -> dict:
     config = SynthesisConfig(
         num_dialogues=args.num_dialogues, min_turns=args.min_turns, max_turns=args.max_turns,
         samples_per_turn=args.samples_per_turn, redraws=args.redraws, seed=args.seed, short_prob=args.short_prob,
-        shard_size=args.shard_size,
+        shard_size=args.shard_size, strict_repeats=args.strict_repeats,
     )
     return {**synthesize(args.out, config, teacher, constraints, _user_pool(args), name=name), "path": str(args.out / f"{name}.jsonl")}
 
@@ -188,15 +195,13 @@ def run_pass_rate(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> None:
     """Parse, run, print the summary; input errors exit with a one-line message."""
     args = build_parser().parse_args(argv)
-    try:
+    with exit_on_bad_input():
         if args.command == "eval-set":
             summary = write_eval_set(args.out, seed=args.seed)
         elif args.command == "pass-rate":
             summary = run_pass_rate(args)
         else:
             summary = run_base(args) if args.command == "base" else run_gatt(args)
-    except (ValueError, FileNotFoundError, CheckError) as error:
-        sys.exit(f"error: {error}")
     print(json.dumps(summary, indent=2))
 
 

@@ -34,7 +34,7 @@ from data_gen.teacher import Teacher, TurnRequest
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import TOPIC_KEYWORDS, UserTurn, on_topic_check
 from gatt.checks import Check, Constraint, passes_all
-from gatt.gate import REASONS, AnswerGate, GateItem, GateTurn
+from gatt.gate import REASONS, AnswerGate, GateConfig, GateItem, GateTurn
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ class SynthesisConfig:
     shard_size: int = 64
     redraws: int = 2  # other user messages tried at a turn whose candidates all fail, before it ends the dialogue
     relevance_others: int = 3  # other questions a reply is contrasted with where the turn has no on-topic check
+    strict_repeats: bool = False  # reject a near copy of an earlier reply even where its topic word changed
 
     def __post_init__(self) -> None:
         if self.num_dialogues < 1:
@@ -163,7 +164,7 @@ def synthesize_shard(
 ) -> None:
     """Run every dialogue of a shard to its end, one batched teacher call per turn."""
     k = config.samples_per_turn
-    gate = AnswerGate(scorer=teacher.scorer)
+    gate = AnswerGate(GateConfig(topic_change_exempts=not config.strict_repeats), scorer=teacher.scorer)
     while active := [d for d in dialogues if d.ended is None]:
         if progress is not None:
             progress.set_postfix(turn=len(active[0].replies) + 1, active=len(active))

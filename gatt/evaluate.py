@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 import gatt  # noqa: F401  (registers the "gatt" attention and the library's model with transformers)
-from gatt.checks import CheckError
+from gatt.cli import exit_on_bad_input
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.judge import apply_gate
 from gatt.eval.plan import EvalDialogue, plan_dialogues
@@ -63,17 +63,10 @@ def parse_models(specs: list[str]) -> dict[str, str]:
             raise ValueError(f"--model expects NAME=DIR, got {spec!r}")
         if name in models or name in ("settings", "followable"):
             raise ValueError(f"--model name {name!r} is used twice or reserved")
+        if not Path(path).exists():
+            raise FileNotFoundError(f"--model {spec}: no such model folder or .gguf file")
         models[name] = path
     return models
-
-
-def attention_map(transcripts: list[dict[str, Any]]) -> list[list[float]] | None:
-    """Turn x layer attention shares of the first instruction dialogue that has them (the Figure 10 analogue)."""
-    for t in transcripts:
-        rows = [turn["attention_per_layer"] for turn in t["turns"]]
-        if t["instruction"] and rows and all(rows):
-            return rows
-    return None
 
 
 def evaluate(
@@ -83,10 +76,9 @@ def evaluate(
     *,
     repeat: list[str],
     device: str | None = None,
-) -> tuple[list[dict[str, Any]], dict[str, list[list[float]]]]:
-    """Every model's transcripts (plus NAME+repeat for the models in `repeat`) and attention maps."""
+) -> list[dict[str, Any]]:
+    """Every model's transcripts (plus NAME+repeat for the models in `repeat`)."""
     transcripts: list[dict[str, Any]] = []
-    maps: dict[str, list[list[float]]] = {}
     for name, path in models.items():
         model, tokenizer = load_model(path, attention=config.measure_attention, device=device)
         runs = [(name, config)]
@@ -94,12 +86,9 @@ def evaluate(
             runs.append((name + REPEAT_SUFFIX, replace(config, repeat_instruction=True)))
         for run_name, run_config in runs:
             print(f"[eval] {run_name}: {len(dialogues)} dialogues x {max(len(d.turns) for d in dialogues)} turns", file=sys.stderr)
-            results = [{"model": run_name, **t} for t in rollout(model, tokenizer, dialogues, run_config)]
-            transcripts += results
-            if (matrix := attention_map(results)) is not None:
-                maps[run_name] = matrix
+            transcripts += [{"model": run_name, **t} for t in rollout(model, tokenizer, dialogues, run_config)]
         del model
-    return transcripts, maps
+    return transcripts
 
 
 def needs_relevance_model(dialogues: list[EvalDialogue]) -> bool:
@@ -159,12 +148,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse, evaluate, write the report; bad input exits with one `error: ...` line."""
     args = build_parser().parse_args(argv)
+    with exit_on_bad_input():
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     models = parse_models(args.model)
     repeat = list(models) if args.repeat_instruction == [] else (args.repeat_instruction or [])
     unknown = sorted(set(repeat) - set(models))
     if unknown:
-        raise SystemExit(f"--repeat-instruction names no --model: {', '.join(unknown)}")
+        raise ValueError(f"--repeat-instruction names no --model: {', '.join(unknown)}")
     no_instruction = args.dialogues // 4 if args.no_instruction_dialogues is None else args.no_instruction_dialogues
     dialogues = plan_dialogues(
         load_eval_constraints(args.constraints), load_eval_turns(args.user_turns), dialogues=args.dialogues,
@@ -179,12 +174,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     relevance_model = next(iter(models.values())) if args.relevance_model is None else args.relevance_model
     relevance_model = None if relevance_model == "none" else relevance_model
-    try:
-        transcripts, maps = evaluate(models, dialogues, config, repeat=repeat, device=args.device)
-        judge(transcripts, dialogues, relevance_model=relevance_model, others=args.relevance_others, seed=args.seed,
-              device=args.device)
-    except CheckError as error:
-        raise SystemExit(f"error: {error}") from None
+    if relevance_model is not None and not Path(relevance_model).exists():
+        raise FileNotFoundError(f"--relevance-model {relevance_model}: no such model folder or .gguf file")
+    transcripts = evaluate(models, dialogues, config, repeat=repeat, device=args.device)
+    judge(transcripts, dialogues, relevance_model=relevance_model, others=args.relevance_others, seed=args.seed,
+          device=args.device)
     gate = GateConfig()
     settings = {
         "models": models, "repeat_instruction": repeat, "turns": args.turns, "dialogues": args.dialogues,
@@ -204,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
     }
     report = build_report(transcripts, settings)
-    write_report(report, transcripts, args.out, attention_maps=maps or None)
+    write_report(report, transcripts, args.out)
     print(format_table(report))
     print(f"wrote {args.out}/report.json, report.md, adherence.png, attention.png, transcripts.jsonl")
     return report

@@ -11,7 +11,9 @@ reply that
   words fall in blocks it shares with one earlier reply (word-level matching, `difflib`). Replies to
   the same user message, and two answers to attribute probes ("Who are you?"), may repeat each other;
   so may a reply whose turn's on-topic checks it passes while it fails the earlier turn's (a template
-  answer whose topic changed with the question's). Without on-topic checks a near copy is a repeat;
+  answer whose topic changed with the question's; `topic_change_exempts=False` drops that exception,
+  as a teacher of a real model should: its near copies teach the fine-tuned model to repeat). Without
+  on-topic checks a near copy is a repeat;
 - is **off topic**: it fails the user turn's on-topic checks where the turn has them; otherwise, when
   a `RelevanceScorer` is given, the reply is not enough more likely after its own question than after
   other questions: log p(reply | own question) - mean log p(reply | other question), over its first
@@ -49,6 +51,7 @@ class GateConfig:
     relevance_sum: float = 6.0  # nats over the reply's scored tokens: own question vs the others' mean
     relevance_mean: float = 0.25  # nats per scored token
     relevance_tokens: int = 64  # reply tokens scored (the start of a reply says most about what it answers)
+    topic_change_exempts: bool = True  # a near copy whose on-topic checks say the topic changed is no repeat
 
 
 @dataclass(frozen=True)
@@ -196,8 +199,8 @@ class AnswerGate:
                 continue
             if repeated_share(turn.reply, earlier.reply) < self.config.repeat_share:
                 continue
-            if turn.on_topic and earlier.on_topic and passes_all(turn.reply, turn.on_topic) \
-                    and not passes_all(turn.reply, earlier.on_topic):
+            if self.config.topic_change_exempts and turn.on_topic and earlier.on_topic \
+                    and passes_all(turn.reply, turn.on_topic) and not passes_all(turn.reply, earlier.on_topic):
                 continue  # the checks say it answers its own question and not the earlier one: the topic changed with it
             return index
         return None

@@ -69,7 +69,7 @@ class GrowingLayer(DynamicLayer):
 class Candidate:
     text: str  # decoded, special tokens skipped, stripped
     tokens: list[int]  # generated ids, the end-of-turn token included when one was produced
-    attention: list[float] | None  # per layer: mean share on the marked prompt tokens (None: not measured)
+    attention: list[list[float]] | None  # (layers, heads): mean share on the marked prompt tokens (None: not measured)
 
 
 @dataclass
@@ -194,8 +194,8 @@ class ChatBatch:
         for key, tokens, shares in zip(self.keys, replies, attention):
             content = tokens[:-1] if tokens and tokens[-1] in self.stops else tokens
             text = self.tokenizer.decode(content, skip_special_tokens=True).strip()
-            layers = torch.stack(shares).mean(0).tolist() if shares else None
-            out.setdefault(key, []).append(Candidate(text, tokens, layers))
+            heads = torch.stack(shares).mean(0).tolist() if shares else None  # (steps, layers, heads) -> (layers, heads)
+            out.setdefault(key, []).append(Candidate(text, tokens, heads))
         return out
 
     def keep(self, chosen: Mapping[Hashable, int]) -> None:
@@ -248,7 +248,7 @@ class ChatBatch:
         """One token per row and step until every row has stopped; finished rows feed holes."""
         device = self.model.device
         replies: list[list[int]] = [[] for _ in self.rows]
-        attention: list[list[Tensor]] = [[] for _ in self.rows]  # per row: one (layers,) share per reply token read
+        attention: list[list[Tensor]] = [[] for _ in self.rows]  # per row: one (layers, heads) share per reply token read
         finished = [False] * len(self.rows)
         reply = torch.zeros(len(self.rows), 0, dtype=torch.long, device=device)  # (B, step): every row's draws
         for step in range(self.max_new_tokens):
@@ -276,7 +276,7 @@ class ChatBatch:
             )
             logits = output.logits[:, -1]
             if self.measure_attention:
-                shares = marked_shares(output.attentions, [r.marked for r in self.rows])  # (B, layers)
+                shares = marked_shares(output.attentions, [r.marked for r in self.rows])  # (B, layers, heads)
                 for i in range(len(self.rows)):
                     if feeding[i]:
                         attention[i].append(shares[i])
@@ -284,13 +284,13 @@ class ChatBatch:
 
 
 def marked_shares(attentions: Sequence[Tensor], columns: Sequence[Sequence[int]]) -> Tensor:
-    """(B, layers): each row's attention mass on its marked columns, last query, averaged over heads."""
+    """(B, layers, heads): each row's attention mass on its marked columns, from the last query, per head."""
     batch, keys = attentions[0].shape[0], attentions[0].shape[-1]
     marked = torch.zeros(batch, keys, device=attentions[0].device)
     for i, cols in enumerate(columns):
         marked[i, list(cols)] = 1.0
-    # each layer's weights: (B, H, Tq, K) -> the last query's mass on the marked keys, mean over heads
-    return torch.stack([(w[:, :, -1].float() * marked[:, None]).sum(-1).mean(1) for w in attentions], dim=1).cpu()
+    # each layer's weights: (B, H, Tq, K) -> the last query's mass on the marked keys: (B, H)
+    return torch.stack([(w[:, :, -1].float() * marked[:, None]).sum(-1) for w in attentions], dim=1).cpu()
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -4,11 +4,11 @@ import argparse
 import importlib.util
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from gatt.cli import exit_on_bad_input
 from gatt.modeling import GattForCausalLM
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -51,10 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--out", type=Path, required=True, help="folder to write (kept if it already holds a model)")
     args = parser.parse_args(argv)
-    try:
+    with exit_on_bad_input():
         print(export_smollm2(args.out))
-    except FileNotFoundError as error:
-        sys.exit(f"error: {error}")
 
 
 if __name__ == "__main__":

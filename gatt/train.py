@@ -142,6 +142,25 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
     return TrainConfig.from_dict(read_yaml_config(path, overrides), source=str(path))
 
 
+# The command that writes each data file `python -m data_gen` makes, by file name (DIR/<name>.jsonl).
+DATA_COMMANDS: dict[str, str] = {
+    "base": "python -m data_gen base --out {dir}",
+    "gatt": "python -m data_gen gatt --teacher oracle --out {dir}",
+    "replay": "python -m data_gen replay --teacher MODEL_DIR --out {dir}",
+}
+
+
+def check_data_files(config: TrainConfig) -> None:
+    """Every data file the config names exists; a missing one is reported with its key and the command that makes it."""
+    for key in ("train_file", "replay_file", "eval_file"):
+        path = getattr(config, key)
+        if path is None or Path(path).is_file():
+            continue
+        command = DATA_COMMANDS.get(Path(path).stem) if Path(path).suffix == ".jsonl" else None
+        how = f"; make it first, e.g. `{command.format(dir=Path(path).parent)}` (python -m data_gen --help)" if command else ""
+        raise FileNotFoundError(f"{key}: {path} does not exist{how}")
+
+
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """JSONL records; a bad line is reported with its file and line number."""
     records = []
@@ -234,6 +253,7 @@ class Trainer:
                 f"batch_size ({config.batch_size}) must be divisible by gradient_accumulation_steps x processes "
                 f"({config.gradient_accumulation_steps} x {world})"
             )
+        check_data_files(config)
         records = read_records(config.train_file)
         if config.replay_file:
             replay = read_records(config.replay_file)

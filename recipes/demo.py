@@ -31,7 +31,9 @@ import argparse
 import hashlib
 import json
 import os
+import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -41,6 +43,7 @@ from typing import Any
 
 import torch
 
+from gatt.cli import exit_on_bad_input
 from gatt.eval.report import format_table
 from gatt.train import dataclass_from_dict, read_yaml_config
 
@@ -69,6 +72,7 @@ class DemoConfig:
     teacher_batch_size: int = 64  # dialogues per teacher batch, and per resumable shard
     teacher_temperature: float = 0.7
     teacher_device: str = ""  # "" : cuda if available
+    teacher_strict_repeats: bool = False  # GAtt and replay data: no near copy of an earlier reply, topic word changed or not
     repetition_penalty: float = 1.0  # every reply drawn (teacher, replay, report); 1.0: off
     no_repeat_ngram_size: int = 0  # no n-gram twice in one reply, for every reply drawn; 0: off
     replay_dialogues: int = 0  # smollm2: the model's own instruction-free dialogues replayed in the fine-tune
@@ -122,6 +126,7 @@ def stages(config: DemoConfig) -> list[Stage]:
                "--max-new-tokens", str(config.teacher_max_new_tokens), "--temperature", str(config.teacher_temperature),
                "--batch-size", str(config.teacher_batch_size), "--shard-size", str(config.teacher_batch_size), *decoding,
                *_flag("--device", config.teacher_device), *_flag("--user-turns", config.user_turns),
+               *(["--strict-repeats"] if config.teacher_strict_repeats else []),
                "--seed", str(config.seed)]
     gatt_data = Stage("gatt-data", [*python, "-m", "data_gen", "gatt", *teacher, "--num-dialogues", str(config.gatt_dialogues),
                                     "--min-turns", str(config.gatt_min_turns), "--max-turns", str(config.gatt_max_turns),
@@ -176,6 +181,25 @@ def fingerprint(stage: Stage, upstream: str) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+def machine_calibration(size: int = 1024, seconds: float = 1.0) -> dict[str, Any]:
+    """This machine's speed at the start of the run, so that wall times from two machines compare: fp32 matrix
+    products (size^3, median over `seconds`) on the stages' threads, in GFLOP/s, with the CPU and thread count."""
+    torch.set_num_threads(CPUS)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(3):
+        a @ b  # warm-up
+    times: list[float] = []
+    while sum(times) < seconds:
+        begin = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - begin)
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")] if cpuinfo.exists() else []
+    return {"fp32_matmul_gflops": round(2 * size**3 / statistics.median(times) / 1e9, 1), "threads": CPUS,
+            "cpu": names[0] if names else platform.processor() or platform.machine(), "torch": torch.__version__}
+
+
 def run(config: DemoConfig) -> dict[str, Any]:
     out = Path(config.out)
     stamps = out / "stamps"
@@ -183,6 +207,8 @@ def run(config: DemoConfig) -> dict[str, Any]:
     timings: dict[str, float] = {}  # seconds each stage took when it was made (now, or by an earlier run)
     skipped: list[str] = []
     upstream = ""
+    calibration = machine_calibration()
+    print(f"machine: {calibration['cpu']}, {CPUS} threads, fp32 matmul {calibration['fp32_matmul_gflops']} GFLOP/s", flush=True)
     plan = stages(config)
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # stages import this checkout
     env = {"OMP_NUM_THREADS": str(CPUS), **os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
@@ -213,7 +239,8 @@ def run(config: DemoConfig) -> dict[str, Any]:
         started.unlink()
         print(f"[{i}/{len(plan)} {stage.name}] done in {timings[stage.name]:.0f} s", flush=True)
     report = json.loads((out / "report" / "report.json").read_text())
-    summary = {"stage_seconds": timings, "total_seconds": round(sum(timings.values()), 1), "made_by_an_earlier_run": skipped}
+    summary = {"stage_seconds": timings, "total_seconds": round(sum(timings.values()), 1), "made_by_an_earlier_run": skipped,
+               "machine": calibration}
     (out / "timings.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("\n" + format_table(report))
     print("stage times: " + ", ".join(f"{name} {s:.0f} s" for name, s in timings.items()) +
@@ -228,11 +255,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="YAML mirroring DemoConfig (default: recipes/configs/demo.yaml)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a config key (value read as YAML)")
     args = parser.parse_args(argv)
-    try:
-        config = dataclass_from_dict(DemoConfig, read_yaml_config(args.config, args.overrides), args.config)
-    except (OSError, ValueError) as error:
-        parser.error(str(error))
-    return run(config)
+    with exit_on_bad_input():
+        return run(dataclass_from_dict(DemoConfig, read_yaml_config(args.config, args.overrides), args.config))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ checkpoint in `output_dir/checkpoints`.
 """
 
 import argparse
-import sys
 
+from gatt.cli import exit_on_bad_input
 from gatt.train import load_config, train
 
 
@@ -20,11 +20,8 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a config key")
     args = parser.parse_args()
-    try:
-        config = load_config(args.config, args.overrides)
-    except (ValueError, FileNotFoundError) as error:
-        sys.exit(f"error: {error}")
-    train(config, resume=args.resume)
+    with exit_on_bad_input():
+        train(load_config(args.config, args.overrides), resume=args.resume)
 
 
 if __name__ == "__main__":

@@ -138,7 +138,9 @@ def test_attention_share_equals_a_direct_computation_from_the_weights(model, tok
         with torch.no_grad():
             weights = model(sequence, output_attentions=True).attentions  # layers x (1, H, T, T)
         queries = slice(len(prompt), sequence.shape[1])
-        direct = [float(w[0, :, queries][:, :, span].sum(-1).mean()) for w in weights]  # mean over heads and queries
+        heads = [w[0, :, queries][:, :, span].sum(-1).mean(-1).tolist() for w in weights]  # per head: mean over queries
+        assert turn["attention_per_head"] == [pytest.approx(h, abs=1e-5) for h in heads]
+        direct = [sum(h) / len(h) for h in heads]
         assert turn["attention_per_layer"] == pytest.approx(direct, abs=1e-5)
         assert turn["attention_on_instruction"] == pytest.approx(sum(direct) / len(direct), abs=1e-5)
         history += [{"role": "user", "content": turn["user"]}, {"role": "assistant", "content": turn["reply"]}]
@@ -187,6 +189,9 @@ def test_cli_writes_the_report_and_is_deterministic(model_dir, eval_inputs, tmp_
         assert {"heldout_per_turn", "per_family", "attention_on_instruction", "no_regression"} <= set(report[name])
     assert report["base"]["per_turn"] == report["other"]["per_turn"]  # the same model, the same dialogues
     assert len(report["base"]["attention_on_instruction"]) == 6
+    heads = report["base"]["attention_on_instruction_max_head"]
+    assert list(heads) == [str(t) for t in range(1, 7)]
+    assert all(heads[t] >= report["base"]["attention_on_instruction"][t] for t in heads)  # a maximum is at least the mean
     for name in ("report.json", "report.md", "adherence.png", "attention.png", "transcripts.jsonl"):
         assert (tmp_path / "a" / name).stat().st_size > 0
     lines = [json.loads(line) for line in (tmp_path / "a" / "transcripts.jsonl").read_text().splitlines()]
@@ -202,11 +207,14 @@ def test_cli_refuses_bad_input(model_dir, eval_inputs, tmp_path):
     GattForCausalLM.from_pretrained(model_dir).save_pretrained(no_template)
     tokenizer.save_pretrained(no_template)
     (no_template / "chat_template.jinja").unlink(missing_ok=True)
-    with pytest.raises(ValueError, match="no chat template"):
+    with pytest.raises(SystemExit, match="^error: .*no chat template"):
         run_cli(no_template, eval_inputs, tmp_path / "x")
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"constraints": [{**CONSTRAINTS[0].to_dict(), "checks": [{"type": "rhymes"}]}]}))
-    with pytest.raises(ValueError, match="hobby-tennis|rhymes"):
+    with pytest.raises(SystemExit, match="^error: .*(hobby-tennis|rhymes)"):
         run_cli(model_dir, (bad, eval_inputs[1]), tmp_path / "y")
-    with pytest.raises(ValueError, match="NAME=DIR"):
+    with pytest.raises(SystemExit, match="^error: --model expects NAME=DIR"):
         evaluate_main(["--model", str(model_dir), "--out", str(tmp_path / "z")])
+    with pytest.raises(SystemExit, match="^error: --model a=missing_dir: no such model folder"):
+        evaluate_main(["--model", "a=missing_dir", "--out", str(tmp_path / "z")])
+    assert not (tmp_path / "x").exists() and not (tmp_path / "z").exists()  # nothing half-written

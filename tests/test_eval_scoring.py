@@ -9,6 +9,8 @@ import pytest
 from gatt.eval.report import _markdown, build_report, format_table, write_report
 from gatt.eval.scoring import (
     adherence_per_turn,
+    attention_max_head,
+    attention_per_head,
     attention_per_turn,
     no_regression,
     per_family,
@@ -47,6 +49,7 @@ def dialogue(
             "passed": None if passed is None else passed and not failed,
             "attention_on_instruction": attn,
             "attention_per_layer": None if attn is None else [attn, attn],
+            "attention_per_head": None if attn is None else [[0.5 * attn, 1.5 * attn], [attn, attn]],  # (layers, heads)
         })
     return {
         "model": model, "id": id, "stratum": stratum, "constraint": constraint,
@@ -142,12 +145,25 @@ def test_no_regression_and_attention(transcripts: list[dict[str, Any]]) -> None:
     # The "none" dialogue's attention is excluded: it has no instruction to attend to.
     assert attention_per_turn(transcripts) == pytest.approx({"1": 0.3, "2": 0.3, "4": 0.6})
     assert attention_per_turn(transcripts[1:2]) == {}
+    # Per (layer, head), averaged over the turn's replies; the max head is the largest of those means.
+    per_head = attention_per_head(transcripts)
+    assert per_head["1"] == [pytest.approx([0.15, 0.45]), pytest.approx([0.3, 0.3])] and set(per_head) == {"1", "2", "4"}
+    assert attention_max_head(per_head) == pytest.approx({"1": 0.45, "2": 0.45, "4": 0.9})
+
+
+def test_max_head_is_the_head_that_keeps_the_instruction_over_replies() -> None:
+    # Two replies whose strongest heads differ: no single head holds 1.0 over the turn, so the max head is 0.5.
+    a, b = dialogue("a", "train", "hobby", [T]), dialogue("b", "train", "hobby", [T])
+    a["turns"][0]["attention_per_head"], b["turns"][0]["attention_per_head"] = [[1.0, 0.0]], [[0.0, 1.0]]
+    assert attention_max_head(attention_per_head([a, b])) == {"1": 0.5}
+    assert attention_max_head(attention_per_head([a, a])) == {"1": 1.0}
 
 
 def test_score_model_keys(transcripts: list[dict[str, Any]]) -> None:
     scores = score_model(transcripts)
     adherence = {"per_turn", "heldout_per_turn", "heldout_family_per_turn", "per_family", "survival", "no_regression"}
-    assert set(scores) == adherence | {"checks_only", "answer_gate", "attention_on_instruction", "stop_reasons", "dialogues"}
+    assert set(scores) == adherence | {"checks_only", "answer_gate", "attention_on_instruction",
+                                       "attention_on_instruction_max_head", "stop_reasons", "dialogues"}
     assert set(scores["checks_only"]) == adherence
     assert set(scores["survival"]) == {"train", "heldout"}
     assert scores["stop_reasons"] == {"turns": 5, "context": 1}
@@ -233,8 +249,7 @@ def test_write_report_files(tmp_path: Path) -> None:
     run = long_run()
     report = build_report(run, {"turns": 22, "seed": 0})
     out = tmp_path / "nested" / "out"
-    maps = {"gatt": [[0.1 * layer + 0.01 * turn for layer in range(4)] for turn in range(22)], "base": [[0.05] * 4] * 22}
-    write_report(report, run, out, attention_maps=maps)
+    write_report(report, run, out)
     names = {"report.json", "report.md", "adherence.png", "attention.png", "transcripts.jsonl"}
     assert {p.name for p in out.iterdir()} == names  # no .tmp left behind
 
@@ -249,6 +264,8 @@ def test_write_report_files(tmp_path: Path) -> None:
     assert "| 1 |" not in md
     assert "held-out values" in md and "held-out families" not in md
     assert "- seed: 0" in md and "on topic" in md and "Attention" in md
+    assert "| Turn | gatt (mean) | base (mean) | gatt (max head) | base (max head) |" in md
+    assert "| 20 | 0.300 | 0.100 | 0.450 | 0.150 |" in md
 
     for png in ("adherence.png", "attention.png"):
         data = (out / png).read_bytes()

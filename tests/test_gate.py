@@ -106,6 +106,8 @@ def test_a_template_answer_with_the_topic_changed_is_no_repeat_where_on_topic_ch
     # Without on-topic checks the near copy is a repeat (SmolLM2's "not available for X ... books about X" template).
     bare = [GateTurn(t.user, t.reply) for t in (first, swapped)]
     assert failed([GateItem(bare[1], (bare[0],))]) == [("repeat",)]
+    # A real model's teacher drops the exception (data_gen --strict-repeats): the template is a repeat there.
+    assert failed([GateItem(swapped, (first,))], AnswerGate(GateConfig(topic_change_exempts=False))) == [("repeat",)]
 
 
 def test_the_config_moves_the_bars():

@@ -229,7 +229,7 @@ def test_the_report_stops_with_one_line_naming_a_python_check_that_raises(checks
 def test_the_report_and_synthesis_refuse_a_python_check_that_cannot_be_imported(checks_module, model_dir, tmp_path):
     constraints = write_constraints(tmp_path / "c.yaml", {**TENNIS, "checks": [{"type": "python", "function": "nowhere_mod:f"}]})
     expected = r"constraints\[0\] 'tennis' checks\[0\]: field 'function' 'nowhere_mod:f' cannot be imported"
-    with pytest.raises(ValueError, match=expected):
+    with pytest.raises(SystemExit, match=expected):
         evaluate_main(eval_args(model_dir, constraints, tmp_path / "out"))
     with pytest.raises(SystemExit, match=expected):
         data_gen_main(["gatt", "--teacher", "oracle", "--num-dialogues", "2", "--out", str(tmp_path / "o"),

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from gatt.eval.scoring import Transcript, followable, score_model
+from gatt.eval.scoring import Transcript, attention_per_head, followable, score_model
 from gatt.gate import REASONS
 
 TABLE_TURNS: tuple[int, ...] = (2, 4, 6, 10, 20)
@@ -128,9 +128,15 @@ def _markdown(report: dict[str, Any]) -> str:
         parts += ["## Answer gate: share of all replies", _table("", models, rows)]
     attention = [report[m]["attention_on_instruction"] for m in models]
     if any(attention):
+        heads = [report[m].get("attention_on_instruction_max_head") or {} for m in models]
         turns = _table_turns(attention)
-        rows = [(str(t), [f"{a[str(t)]:.3f}" if str(t) in a else "–" for a in attention]) for t in turns]
-        parts += ["## Attention share on the instruction", _table("Turn", models, rows)]
+        rows = [(str(t), [f"{a[str(t)]:.3f}" if str(t) in a else "–" for a in attention]
+                 + [f"{h[str(t)]:.3f}" if str(t) in h else "–" for h in heads]) for t in turns]
+        columns = [f"{m} (mean)" for m in models] + [f"{m} (max head)" for m in models]
+        parts += ["## Attention share on the instruction",
+                  "Mean: over every layer and head. Max head: the single (layer, head) with the largest share, "
+                  "its share averaged over the turn's replies (the paper's Figure 10 shows maxima).",
+                  _table("Turn", columns, rows)]
     parts += ["## Checks alone, without the answer gate"] + _adherence_sections(report, checks_only=True, level="###")
     parts += ["## Settings", "\n".join(f"- {k}: {v}" for k, v in report["settings"].items())]
     return "\n\n".join(parts) + "\n"
@@ -163,35 +169,43 @@ def _adherence_figure(report: dict[str, Any]) -> Figure:
     return fig
 
 
-def _attention_figure(report: dict[str, Any], attention_maps: dict[str, list[list[float]]] | None) -> Figure:
+def _attention_figure(report: dict[str, Any], maps: dict[str, dict[str, list[list[float]]]]) -> Figure:
+    """Per model, the share of attention on the instruction of every (layer, head) per turn (cf. Figure 10);
+    without per-head maps, the mean and max-head shares per turn as lines."""
     models = _models(report)
-    if attention_maps:
-        grids = {}
-        for m, matrix in attention_maps.items():
-            width = max(len(row) for row in matrix)
-            grid = np.full((len(matrix), width), np.nan)  # (turns, layers); nan where a turn lacks a layer
-            for i, row in enumerate(matrix):
-                grid[i, : len(row)] = row
-            grids[m] = grid
-        vmax = max(float(np.nanmax(g)) for g in grids.values()) or 1.0  # one scale so models compare
-        fig = Figure(figsize=(4 * len(grids) + 1, 4.5), layout="constrained")
+    maps = {m: heads for m, heads in maps.items() if heads}
+    if maps:
+        grids, turns = {}, {}
+        for m, per_turn in maps.items():
+            turns[m] = [int(t) for t in per_turn]
+            grids[m] = np.array([np.ravel(heads) for heads in per_turn.values()])  # (turns, layers * heads)
+        vmax = max(float(g.max()) for g in grids.values()) or 1.0  # one scale so models compare
+        fig = Figure(figsize=(5 * len(grids) + 1, 5), layout="constrained")
         axes = np.atleast_1d(fig.subplots(1, len(grids), sharey=True))
-        for ax, (m, grid) in zip(axes, grids.items()):
-            image = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis", vmin=0.0, vmax=vmax,
-                              extent=(-0.5, grid.shape[1] - 0.5, 0.5, grid.shape[0] + 0.5))
-            ax.set(xlabel="Layer", title=m)
-            ax.xaxis.get_major_locator().set_params(integer=True)
+        for ax, m in zip(axes, grids):
+            layers, heads = np.shape(next(iter(maps[m].values())))
+            image = ax.imshow(grids[m], aspect="auto", origin="lower", cmap="viridis", vmin=0.0, vmax=vmax,
+                              interpolation="nearest", extent=(-0.5, layers * heads - 0.5, min(turns[m]) - 0.5, max(turns[m]) + 0.5))
+            for boundary in range(1, layers):
+                ax.axvline(boundary * heads - 0.5, color="white", linewidth=0.4, alpha=0.6)
+            step = max(1, layers // 8)
+            ax.set_xticks([layer * heads + (heads - 1) / 2 for layer in range(0, layers, step)],
+                          [str(layer) for layer in range(0, layers, step)])
+            ax.set(xlabel=f"Layer ({heads} heads each)", title=m)
             ax.yaxis.get_major_locator().set_params(integer=True)
         axes[0].set_ylabel("Turn")
         fig.colorbar(image, ax=list(axes), label="attention share on the instruction")
-        fig.suptitle("Attention on the instruction per layer and turn (cf. Figure 10)")
+        fig.suptitle("Attention on the instruction per (layer, head) and turn (cf. Figure 10)")
         return fig
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
-    for m in models:
-        series = report[m]["attention_on_instruction"]
-        if series:
-            ax.plot([int(t) for t in series], list(series.values()), marker="o", markersize=3, label=m)
+    for i, m in enumerate(models):
+        color = f"C{i}"
+        for key, style, label in (("attention_on_instruction", "-", "mean"), ("attention_on_instruction_max_head", "--", "max head")):
+            series = report[m].get(key)
+            if series:
+                ax.plot([int(t) for t in series], list(series.values()), color=color, linestyle=style, marker="o",
+                        markersize=3, label=f"{m} ({label})")
     if ax.lines:
         ax.set(xlabel="Turn", ylabel="Attention share on the instruction", title="Attention on the instruction per turn")
         ax.legend()
@@ -213,14 +227,14 @@ def _png(fig: Figure) -> bytes:
     return buffer.getvalue()
 
 
-def write_report(report: dict[str, Any], transcripts: list[Transcript], out_dir: Path,
-                 attention_maps: dict[str, list[list[float]]] | None = None) -> None:
+def write_report(report: dict[str, Any], transcripts: list[Transcript], out_dir: Path) -> None:
     """Write report.json, report.md, adherence.png, attention.png and transcripts.jsonl into `out_dir`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_atomic(out_dir / "report.json", (json.dumps(report, indent=2, sort_keys=False) + "\n").encode())
     _write_atomic(out_dir / "report.md", _markdown(report).encode())
     _write_atomic(out_dir / "adherence.png", _png(_adherence_figure(report)))
-    _write_atomic(out_dir / "attention.png", _png(_attention_figure(report, attention_maps)))
+    maps = {m: attention_per_head([t for t in transcripts if t["model"] == m]) for m in _models(report)}
+    _write_atomic(out_dir / "attention.png", _png(_attention_figure(report, maps)))
     lines = "".join(json.dumps(t, ensure_ascii=False, sort_keys=False) + "\n" for t in transcripts)
     _write_atomic(out_dir / "transcripts.jsonl", lines.encode("utf-8"))

@@ -5,7 +5,7 @@ dialogue kept across turns, so a history is never re-encoded (see that module fo
 different lengths and re-tokenised replies are handled). `reference_rollout` re-encodes the rendered
 history with Hugging Face `generate()` each turn, one dialogue at a time: the reference for tests and
 benchmarks. With `measure_attention`, each reply records the share of attention its tokens put on the
-instruction's tokens (per layer, averaged over heads).
+instruction's tokens, per (layer, head), and its means per layer and over the network.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class _Rollout:
     turns: list[dict[str, Any]] = field(default_factory=list)
     stop_reason: str | None = None
 
-    def add(self, number: int, turn: PlannedTurn, user: str, reply: str, attention: list[float] | None) -> None:
+    def add(self, number: int, turn: PlannedTurn, user: str, reply: str, attention: list[list[float]] | None) -> None:
         self.turns.append(score_turn(number, turn, user, reply, attention))
         self.messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
 
@@ -79,10 +79,13 @@ def render(
 
 
 def score_turn(
-    number: int, turn: PlannedTurn, user: str, reply: str, attention: list[float] | None
+    number: int, turn: PlannedTurn, user: str, reply: str, attention: list[list[float]] | None
 ) -> dict[str, Any]:
-    """The transcript entry of one turn: the reply and every check's result (the answer gate comes after: judge.py)."""
+    """The transcript entry of one turn: the reply and every check's result (the answer gate comes after: judge.py).
+
+    `attention`: (layers, heads) shares of the reply's attention on the instruction's tokens, or None."""
     checks = [{"type": c.type, "passed": c.passes(reply)} for c in turn.checks]
+    per_layer = None if not attention else [sum(heads) / len(heads) for heads in attention]
     return {
         "turn": number,
         "kind": turn.kind,
@@ -91,8 +94,9 @@ def score_turn(
         "checks": checks,
         "checks_passed": all(c["passed"] for c in checks) if checks else None,
         "on_topic": all(c.passes(reply) for c in turn.on_topic) if turn.on_topic else None,
-        "attention_on_instruction": sum(attention) / len(attention) if attention else None,
-        "attention_per_layer": attention,
+        "attention_on_instruction": None if per_layer is None else sum(per_layer) / len(per_layer),
+        "attention_per_layer": per_layer,
+        "attention_per_head": None if not attention else [[round(share, 6) for share in heads] for heads in attention],
     }
 
 

@@ -119,6 +119,31 @@ def attention_per_turn(transcripts: Iterable[Transcript]) -> dict[str, float]:
     return {str(k): round(sum(values[k]) / len(values[k]), 6) for k in sorted(values)}
 
 
+def attention_per_head(transcripts: Iterable[Transcript]) -> dict[str, list[list[float]]]:
+    """Per turn, the (layers, heads) attention shares on the instruction, each averaged over the turn's replies
+    in dialogues with an instruction."""
+    sums: dict[int, list[list[float]]] = {}
+    counts: Counter[int] = Counter()
+    for t in transcripts:
+        if t["instruction"] is None:
+            continue
+        for turn in t["turns"]:
+            heads = turn.get("attention_per_head")
+            if not heads:
+                continue
+            total = sums.setdefault(turn["turn"], [[0.0] * len(row) for row in heads])
+            for total_row, row in zip(total, heads):
+                total_row[:] = [a + b for a, b in zip(total_row, row)]
+            counts[turn["turn"]] += 1
+    return {str(k): [[round(v / counts[k], 6) for v in row] for row in sums[k]] for k in sorted(sums)}
+
+
+def attention_max_head(per_head: dict[str, list[list[float]]]) -> dict[str, float]:
+    """Per turn, the largest share that any single (layer, head) puts on the instruction (Figure 10's maximum),
+    from `attention_per_head`: the head that keeps the instruction, averaged over the turn's replies."""
+    return {turn: max(max(row) for row in heads) for turn, heads in per_head.items()}
+
+
 def no_regression(transcripts: Iterable[Transcript], key: Key = "passed") -> dict[str, Any] | None:
     """Over the dialogues without an instruction: the share of replies on the user's topic, and their mean length.
 
@@ -165,6 +190,7 @@ def score_model(transcripts: Sequence[Transcript]) -> dict[str, Any]:
         "checks_only": adherence_scores(transcripts, "checks_passed"),
         "answer_gate": answer_gate(transcripts),
         "attention_on_instruction": attention_per_turn(transcripts),
+        "attention_on_instruction_max_head": attention_max_head(attention_per_head(transcripts)),
         "stop_reasons": dict(Counter(t["stop_reason"] for t in transcripts)),
         "dialogues": len(transcripts),
     }

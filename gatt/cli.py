@@ -1,0 +1,31 @@
+"""How every command line of the project reports bad input: one `error: ...` line, exit status 1, no traceback.
+
+Each command's `main()` runs its work inside `exit_on_bad_input()`, which turns the errors that mean
+bad input (a missing file or model, a bad value or key, malformed YAML or JSON, a user's check that
+raises) into that one line, naming the file, key or record as the error's message does.
+`GATT_TRACEBACK=1` re-raises instead, for debugging.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import yaml
+
+from gatt.checks import CheckError
+
+BAD_INPUT: tuple[type[BaseException], ...] = (ValueError, OSError, CheckError, yaml.YAMLError)
+
+
+@contextmanager
+def exit_on_bad_input() -> Iterator[None]:
+    """Exit with `error: <message>` when the block raises one of BAD_INPUT (see the module docstring)."""
+    try:
+        yield
+    except BAD_INPUT as error:
+        if os.environ.get("GATT_TRACEBACK"):
+            raise
+        sys.exit(f"error: {error or type(error).__name__}")
