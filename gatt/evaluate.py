@@ -55,6 +55,12 @@ def load_model(path: str | Path, *, attention: bool, device: str | None = None) 
     return model.to(device).eval(), tokenizer
 
 
+def require_model(option: str, path: str) -> None:
+    """Fail before any work when a model path given on the command line does not exist."""
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{option}: no such model folder or .gguf file")
+
+
 def parse_models(specs: list[str]) -> dict[str, str]:
     models: dict[str, str] = {}
     for spec in specs:
@@ -63,8 +69,7 @@ def parse_models(specs: list[str]) -> dict[str, str]:
             raise ValueError(f"--model expects NAME=DIR, got {spec!r}")
         if name in models or name in ("settings", "followable"):
             raise ValueError(f"--model name {name!r} is used twice or reserved")
-        if not Path(path).exists():
-            raise FileNotFoundError(f"--model {spec}: no such model folder or .gguf file")
+        require_model(f"--model {spec}", path)
         models[name] = path
     return models
 
@@ -174,8 +179,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     relevance_model = next(iter(models.values())) if args.relevance_model is None else args.relevance_model
     relevance_model = None if relevance_model == "none" else relevance_model
-    if relevance_model is not None and not Path(relevance_model).exists():
-        raise FileNotFoundError(f"--relevance-model {relevance_model}: no such model folder or .gguf file")
+    if relevance_model is not None:
+        require_model(f"--relevance-model {relevance_model}", relevance_model)
     transcripts = evaluate(models, dialogues, config, repeat=repeat, device=args.device)
     judge(transcripts, dialogues, relevance_model=relevance_model, others=args.relevance_others, seed=args.seed,
           device=args.device)

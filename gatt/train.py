@@ -243,6 +243,7 @@ class Trainer:
     """Holds the run's pieces; `train()` runs (or resumes) it to `max_steps`."""
 
     def __init__(self, config: TrainConfig) -> None:
+        check_data_files(config)  # before any set-up: a missing file is named at once
         self.config = config
         self.out = Path(config.output_dir)
         self.accelerator = Accelerator(log_with="tensorboard", project_dir=str(self.out))
@@ -253,7 +254,6 @@ class Trainer:
                 f"batch_size ({config.batch_size}) must be divisible by gradient_accumulation_steps x processes "
                 f"({config.gradient_accumulation_steps} x {world})"
             )
-        check_data_files(config)
         records = read_records(config.train_file)
         if config.replay_file:
             replay = read_records(config.replay_file)
