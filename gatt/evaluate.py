@@ -82,16 +82,22 @@ def evaluate(
     repeat: list[str],
     device: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Every model's transcripts (plus NAME+repeat for the models in `repeat`)."""
+    """Every model's transcripts (plus NAME+repeat for the models in `repeat`).
+
+    A dialogue without instruction has nothing to repeat: NAME+repeat gets NAME's transcript of it, not a
+    second rollout of the same prompts."""
     transcripts: list[dict[str, Any]] = []
+    instructed = [d for d in dialogues if d.instruction]
     for name, path in models.items():
         model, tokenizer = load_model(path, attention=config.measure_attention, device=device)
-        runs = [(name, config)]
+        print(f"[eval] {name}: {len(dialogues)} dialogues x {max(len(d.turns) for d in dialogues)} turns", file=sys.stderr)
+        own = [{"model": name, **t} for t in rollout(model, tokenizer, dialogues, config)]
+        transcripts += own
         if name in repeat:
-            runs.append((name + REPEAT_SUFFIX, replace(config, repeat_instruction=True)))
-        for run_name, run_config in runs:
-            print(f"[eval] {run_name}: {len(dialogues)} dialogues x {max(len(d.turns) for d in dialogues)} turns", file=sys.stderr)
-            transcripts += [{"model": run_name, **t} for t in rollout(model, tokenizer, dialogues, run_config)]
+            print(f"[eval] {name + REPEAT_SUFFIX}: {len(instructed)} dialogues with an instruction", file=sys.stderr)
+            repeated = iter(rollout(model, tokenizer, instructed, replace(config, repeat_instruction=True)) if instructed else [])
+            transcripts += [{**t, "model": name + REPEAT_SUFFIX} if t["instruction"] is None
+                            else {"model": name + REPEAT_SUFFIX, **next(repeated)} for t in own]
         del model
     return transcripts
 

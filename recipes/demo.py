@@ -81,6 +81,7 @@ class DemoConfig:
     gatt_overrides: list[str] = field(default_factory=list)
     eval_turns: int = 30
     eval_dialogues: int = 64
+    eval_no_instruction_dialogues: int | None = None  # for the no-regression score (default: eval_dialogues / 4)
     eval_max_new_tokens: int = 48
     eval_batch_size: int = 32  # dialogues rolled out together
     eval_probe_every: int = 4  # a probe question every N turns from turn 2 (6: turns 2, 8, 14, 20)
@@ -141,9 +142,12 @@ def stages(config: DemoConfig) -> list[Stage]:
                      gatt, True)
 
     eval_turns = config.eval_user_turns or config.user_turns
+    no_instruction = ([] if config.eval_no_instruction_dialogues is None
+                      else ["--no-instruction-dialogues", str(config.eval_no_instruction_dialogues)])
     report_stage = Stage("report", [*python, "-m", "gatt.evaluate", "--model", f"base={base / 'final'}", "--model",
                                     f"gatt={gatt / 'final'}", "--turns", str(config.eval_turns), "--dialogues",
-                                    str(config.eval_dialogues), "--max-new-tokens", str(config.eval_max_new_tokens),
+                                    str(config.eval_dialogues), *no_instruction,
+                                    "--max-new-tokens", str(config.eval_max_new_tokens),
                                     "--batch-size", str(config.eval_batch_size), "--probe-every", str(config.eval_probe_every),
                                     *_flag("--constraints", config.constraints),
                                     *_flag("--user-turns", eval_turns), *_flag("--device", config.teacher_device),

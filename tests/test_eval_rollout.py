@@ -196,6 +196,12 @@ def test_cli_writes_the_report_and_is_deterministic(model_dir, eval_inputs, tmp_
         assert (tmp_path / "a" / name).stat().st_size > 0
     lines = [json.loads(line) for line in (tmp_path / "a" / "transcripts.jsonl").read_text().splitlines()]
     assert len(lines) == 3 * (4 + 1) and {line["model"] for line in lines} == {"base", "other", "base+repeat"}
+    base = {line["id"]: line for line in lines if line["model"] == "base"}
+    for line in (line for line in lines if line["model"] == "base+repeat"):
+        if line["instruction"] is None:  # nothing to repeat: base's own transcript, not a second rollout
+            assert {**line, "model": "base"} == base[line["id"]]
+        else:
+            assert all(turn["user"].endswith(" " + line["instruction"]) for turn in line["turns"])
     run_cli(model_dir, eval_inputs, tmp_path / "b", "--repeat-instruction", "base")
     assert (tmp_path / "a" / "report.json").read_bytes() == (tmp_path / "b" / "report.json").read_bytes()
 
