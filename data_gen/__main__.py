@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from data_gen.constraints import FAMILIES, catalogue
+from data_gen.constraints import FAMILIES, catalogue, limit_values
 from data_gen.eval_set import write_eval_set
 from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.pass_rate import PassRateConfig, format_pass_rates, measure_pass_rates
@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     _dialogues(gatt)
     _teacher(gatt)
     gatt.add_argument("--constraints", type=Path, help="YAML constraint file (default: the built-in catalogue)")
+    gatt.add_argument("--values-per-family", type=int, metavar="K",
+                      help="use at most K train values of each family (a fixed-seed draw): the data-variety knob "
+                           "(default: every train value)")
     replay = commands.add_parser(
         "replay", help="write the teacher's own gated answers to dialogues without instruction (replay data)",
         description="Dialogues without an instruction, each reply the teacher's own answer that passes the answer "
@@ -164,6 +167,8 @@ def run_gatt(args: argparse.Namespace) -> dict:
     """Write DIR/gatt.jsonl, or DIR/replay.jsonl without constraints (resuming), and return its summary."""
     name = args.command
     constraints = [] if name == "replay" else [c for c in _constraints(args) if c.split == "train"]  # held-out values never enter GAtt data
+    if getattr(args, "values_per_family", None) is not None:
+        constraints = limit_values(constraints, args.values_per_family, seed=args.seed)
     if name == "replay" and args.teacher == "oracle":
         raise ValueError("replay data are a model's own answers: --teacher must be a model directory")
     teacher = make_teacher(args, constraints)

@@ -49,7 +49,13 @@ FIGURES = {
     "Leonardo da Vinci": ("Leonardo",),
     "Cleopatra": ("Cleopatra",),
 }
-SIGN_OFFS = ("Cheers!", "Stay curious!", "Over and out.", "Have a great day!", "Peace and love.", "Until next time!")
+# Sign-offs drawn procedurally (an adjective and a noun: "Warm wishes!"), 120 of them: GAtt data that shows
+# many sign-offs teaches "end with the one the system message names", not a list to recall.
+SIGN_OFF_WORDS = (
+    ("Warm", "Kind", "Happy", "Best", "Bright", "Safe", "Sunny", "Gentle", "Calm", "Bold", "Sweet", "Good"),
+    ("wishes", "regards", "travels", "days", "dreams", "thoughts", "vibes", "adventures", "greetings", "journeys"),
+)
+SIGN_OFFS = tuple(f"{adjective} {noun}!" for adjective in SIGN_OFF_WORDS[0] for noun in SIGN_OFF_WORDS[1])
 
 # Pairs that cannot hold together: one sentence leaves no room for a persona line or a sign-off,
 # and capital letters would change the sign-off the check expects.
@@ -64,6 +70,8 @@ def _hobby(value: str) -> Constraint:
         name=f"hobby:{value}",
         instruction=f"You enjoy {value}, and you mention it in every answer.",
         short=f"Hobby: {value}",
+        paraphrases=(f"Your favorite hobby is {value}. Bring it up in each reply.",
+                     f"You are a big fan of {value}: talk about it whenever you answer."),
         checks=(mentions,),
         probes=(Probe("What is your favorite hobby?", (mentions,)), Probe("What do you do in your free time?", (mentions,))),
         family="hobby",
@@ -78,6 +86,7 @@ def _language(value: str) -> Constraint:
         name=f"language:{value}",
         instruction=f"Always answer in {value}.",
         short=f"Language: {value}",
+        paraphrases=(f"Reply only in {value}, whatever language I write in.", f"From now on, speak {value}."),
         checks=(Check("language", {"code": code}),),
         probes=(Probe("Which language do you speak?", (names,)), Probe("What language are we using?", (names,))),
         family="language",
@@ -91,6 +100,8 @@ def _figure(value: str) -> Constraint:
         name=f"figure:{value}",
         instruction=f"Act as {value}, and say who you are in every answer.",
         short=f"Figure: {value}",
+        paraphrases=(f"You are {value}. Introduce yourself in each reply.",
+                     f"Pretend to be {value} and give your name every time you answer."),
         checks=(names,),
         probes=(Probe("Who are you?", (names,)), Probe("What is your name?", (names,))),
         family="figure",
@@ -104,6 +115,7 @@ def _caps() -> Constraint:
         name="caps:all caps",
         instruction="Always answer in capital letters.",
         short="Format: all caps",
+        paraphrases=("Write every reply in upper case.", "Use capital letters only in your answers."),
         checks=(caps,),
         probes=(Probe("Say something about yourself.", (caps,)),),
         family="caps",
@@ -117,6 +129,7 @@ def _signoff(value: str) -> Constraint:
         name=f"signoff:{value}",
         instruction=f'End every answer with "{value}"',
         short=f"Sign-off: {value}",
+        paraphrases=(f'Finish each reply with "{value}"', f'Sign off every message with "{value}"'),
         checks=(ends,),
         probes=(Probe("How do you end your messages?", (ends,)),),
         family="signoff",
@@ -130,6 +143,7 @@ def _brevity() -> Constraint:
         name="brevity:one sentence",
         instruction="Answer in one sentence only.",
         short="Format: one sentence",
+        paraphrases=("Keep every reply to a single sentence.", "Reply with just one sentence."),
         checks=(one,),
         probes=(Probe("Describe your day.", (one,)),),
         family="brevity",
@@ -167,6 +181,20 @@ def catalogue(*, heldout_fraction: float = 0.25, seed: int = 0, heldout_families
     return constraints
 
 
+def limit_values(constraints: Sequence[Constraint], per_family: int, seed: int = 0) -> list[Constraint]:
+    """At most `per_family` values of each family, in the input order: the variety knob of GAtt data, to
+    measure how held-out adherence grows with the number of distinct values seen. Each family's values are
+    shuffled with a fixed seed and the first `per_family` kept, so a larger K keeps a superset."""
+    if per_family < 1:
+        raise ValueError(f"values per family must be >= 1, got {per_family}")
+    kept: set[str] = set()
+    for family in sorted({c.family for c in constraints}):
+        names = sorted(c.name for c in constraints if c.family == family)
+        random.Random(f"{seed}-{family}").shuffle(names)
+        kept |= set(names[:per_family])
+    return [c for c in constraints if c.name in kept]
+
+
 @dataclass
 class ConstraintSampler:
     """Draws 1 to `max_combined` non-contradictory constraints (one per family) and the instruction form.
@@ -187,7 +215,7 @@ class ConstraintSampler:
             raise ValueError(f"short_prob must be in [0, 1], got {self.short_prob}")
 
     def sample(self, rng: random.Random) -> tuple[list[Constraint], bool]:
-        """(constraints, use_short) for one dialogue."""
+        """(constraints, use_short) for one dialogue; each constraint in one of its wordings (`Constraint.phrased`)."""
         families = sorted({c.family for c in self.constraints})
         if self.by_family:
             family = rng.choice(families)
@@ -201,7 +229,7 @@ class ConstraintSampler:
                 break
             family = rng.choice(allowed)
             chosen.append(rng.choice([c for c in self.constraints if c.family == family]))
-        return chosen, rng.random() < self.short_prob
+        return [c.phrased(rng) for c in chosen], rng.random() < self.short_prob
 
 
 def instruction_text(constraints: Sequence[Constraint], short: bool) -> str:

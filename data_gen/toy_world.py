@@ -25,7 +25,10 @@ from gatt.checks import Constraint
 from gatt.collator import append_instruction as with_instruction
 
 # Two sentences about a topic, per language. {T} is the topic's noun phrase as a label ("Volcanoes: ..."),
-# so no verb, article or case has to agree with it (topics are singular, plural or mass nouns).
+# so no verb, article or case has to agree with it (topics are singular, plural or mass nouns). The label
+# is the user's own English words in every language: the toy world does not translate it. A ~1M model
+# copies a topic from the question; it did not learn 56 topics x 6 translations (its French replies named
+# 1 topic in 16), and no translation exists for a topic it has never seen.
 TOPIC_REPLIES = {
     "en": ("{T}: a fascinating subject. There is always something new to learn.",
            "{T}: a topic worth talking about. Many people find this subject interesting.",
@@ -42,7 +45,7 @@ TOPIC_REPLIES = {
     "it": ("{T}: un argomento affascinante. C'è sempre qualcosa di nuovo da imparare.",
            "{T}: un argomento di cui vale la pena parlare. Molte persone trovano questo tema interessante.",
            "{T}: un argomento con una storia lunga e ricca. Potrei parlarne per ore."),
-    "pt": ("{T}: um tema fascinante. Há sempre algo novo para aprender.",
+    "pt": ("{T}: um tema fascinante. Há sempre alguma coisa nova para aprender.",
            "{T}: um tema que merece uma boa conversa. Muitas pessoas acham este tema interessante.",
            "{T}: um tema com uma história longa e rica. Eu poderia falar sobre isto durante horas."),
     "nl": ("{T}: een boeiend onderwerp. Er valt altijd iets nieuws te leren.",
@@ -141,7 +144,7 @@ class ToyResponder:
         elif turn.topic in TOPICS:
             templates = TOPIC_REPLIES[lang]
             template = templates[zlib.crc32(turn.text.encode()) % len(templates)]
-            return template.format(T=_capitalize(TOPICS[turn.topic][lang]))
+            return template.format(T=_capitalize(TOPICS[turn.topic]["en"]))
         else:
             return GENERIC_REPLY[lang]
         return f"{first} {HELP_LINE[lang]}"
@@ -165,7 +168,9 @@ def base_corpus(
 ) -> Iterator[dict[str, Any]]:
     """Yield base SFT records {"id", "kind", "messages"} in the Hugging Face `messages` format."""
     responder = ToyResponder(catalogue)
-    sampler = ConstraintSampler(catalogue, short_prob=short_prob)
+    # Families drawn uniformly (then values): all caps, one value, is drawn as often as 22 hobbies, so the
+    # corpus shows enough capitalised topics for the model to write them.
+    sampler = ConstraintSampler(catalogue, short_prob=short_prob, by_family=True)
     probes = [(p.question, c.family) for c in catalogue for p in c.probes]
     kinds = ("local", "system", "plain")
     for index in range(num_dialogues):

@@ -4,6 +4,7 @@ import copy
 import functools
 import importlib
 import os
+import random
 import re
 import sys
 import uuid
@@ -33,7 +34,7 @@ CHECK_TYPES: dict[str, tuple[str, ...]] = {
 OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"python": ("args",)}
 _FUNCTION_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 SPLITS = ("train", "heldout")
-_CONSTRAINT_KEYS = ("name", "instruction", "short", "checks", "probes", "family", "value", "split")
+_CONSTRAINT_KEYS = ("name", "instruction", "short", "checks", "probes", "family", "value", "split", "paraphrases")
 _PROBE_KEYS = ("question", "checks")
 
 
@@ -252,7 +253,8 @@ class Constraint:
     """An instruction that must hold for a whole dialogue, with the checks a reply under it must pass.
 
     A persona ("Act as Marie Curie.") may have no per-reply checks (`checks: []`) and only probes: it is
-    then scored on its probe turns alone.
+    then scored on its probe turns alone. `paraphrases` are other wordings of the full instruction: data
+    generation draws one of them or `instruction` per dialogue, so a model learns the meaning, not a sentence.
     """
 
     name: str
@@ -263,6 +265,7 @@ class Constraint:
     family: str = "custom"
     value: str = ""
     split: str = "train"
+    paraphrases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Lists would make equal constraints compare unequal to loaded ones.
@@ -272,6 +275,7 @@ class Constraint:
         probes = tuple(Probe(p.question, tuple(_with_origin(c, f"{where} probe {p.question!r}") for c in p.checks))
                        for p in self.probes)
         object.__setattr__(self, "probes", probes)
+        object.__setattr__(self, "paraphrases", tuple(self.paraphrases))
         if not self.checks and not self.probes:
             raise ValueError(f"{where}: needs checks, probes, or both (a persona without checks is scored on its probes)")
 
@@ -286,7 +290,15 @@ class Constraint:
         if self.probes:
             out["probes"] = [probe.to_dict() for probe in self.probes]
         out.update(family=self.family, value=self.value, split=self.split)
+        if self.paraphrases:
+            out["paraphrases"] = list(self.paraphrases)
         return out
+
+    def phrased(self, rng: random.Random) -> "Constraint":
+        """This constraint with its full instruction drawn from `instruction` and its paraphrases."""
+        if not self.paraphrases:
+            return self
+        return replace(self, instruction=rng.choice((self.instruction, *self.paraphrases)))
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any], where: str = "constraint") -> "Constraint":
@@ -306,6 +318,9 @@ class Constraint:
         if not isinstance(value, str):
             raise ValueError(f"{where}: 'value' must be a string, got {value!r}")
         checks = _parse_checks(spec, where, f"{where} checks")
+        paraphrases = spec.get("paraphrases", [])
+        if not isinstance(paraphrases, list) or not all(isinstance(t, str) and t.strip() for t in paraphrases):
+            raise ValueError(f"{where}: 'paraphrases' must be a list of non-empty strings, got {paraphrases!r}")
         if not checks and not probes:
             raise ValueError(f"{where}: needs a non-empty 'checks' list, 'probes', or both "
                              "(a persona with `checks: []` is scored on its probes)")
@@ -318,6 +333,7 @@ class Constraint:
             family=_require_text(spec, "family", where) if "family" in spec else "custom",
             value=value,
             split=split,
+            paraphrases=tuple(paraphrases),
         )
 
 

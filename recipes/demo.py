@@ -62,12 +62,14 @@ class DemoConfig:
     eval_user_turns: str = ""  # other messages for the report (default: user_turns, else the built-in held-out pool)
     base_dialogues: int = 20000
     base_config: str = "recipes/configs/base_tiny.yaml"
+    base_run: str = ""  # embedded: a finished run's folder (e.g. runs/demo) whose base data and model this run uses
     base_overrides: list[str] = field(default_factory=list)  # key=value for the base training config
     teacher: str = "base"  # "base": the base model writes the GAtt data (context distillation); or "oracle"
     gatt_dialogues: int = 1500
     gatt_min_turns: int = 2
     gatt_max_turns: int = 24
     samples_per_turn: int = 2
+    gatt_values_per_family: int | None = None  # at most K train values of each family in the GAtt data (default: all)
     teacher_max_new_tokens: int = 48
     teacher_batch_size: int = 64  # dialogues per teacher batch, and per resumable shard
     teacher_temperature: float = 0.7
@@ -85,6 +87,7 @@ class DemoConfig:
     eval_max_new_tokens: int = 48
     eval_batch_size: int = 32  # dialogues rolled out together
     eval_probe_every: int = 4  # a probe question every N turns from turn 2 (6: turns 2, 8, 14, 20)
+    eval_baselines: bool = True  # also report `base` and `base+repeat`; false: the GAtt model alone
     launcher: str = "accelerate"  # "accelerate" (accelerate launch) or "python"
     mixed_precision: str = "no"  # accelerate launch --mixed_precision: no | bf16 (CPU autocast or a GPU that has it) | fp16
 
@@ -110,6 +113,8 @@ def stages(config: DemoConfig) -> list[Stage]:
         raise ValueError(f"teacher must be 'base' (or 'oracle' on the embedded model), got {config.teacher!r}")
     if config.base_model == "smollm2" and config.replay_dialogues < 1:
         raise ValueError(f"replay_dialogues must be >= 1 on smollm2 (its replay data), got {config.replay_dialogues}")
+    if config.base_run and config.base_model != "embedded":
+        raise ValueError(f"base_run reuses an embedded run's base model; base_model is {config.base_model!r}")
     if config.mixed_precision not in ("no", "bf16", "fp16"):
         raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {config.mixed_precision!r}")
     precision = config.mixed_precision
@@ -119,6 +124,12 @@ def stages(config: DemoConfig) -> list[Stage]:
                 "--no-repeat-ngram-size", str(config.no_repeat_ngram_size)]
     out = Path(config.out)
     data, base, gatt, report = out / "data", out / "base", out / "gatt", out / "report"
+    base_data = data / "base"
+    if config.base_run:
+        base, base_data = Path(config.base_run) / "base", Path(config.base_run) / "data" / "base"
+        for needed in (base / "final", base_data / "base.jsonl"):
+            if not needed.exists():
+                raise FileNotFoundError(f"base_run {config.base_run}: no {needed} (run make demo with out={config.base_run} first)")
     python = [sys.executable]
     train = ([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
               "--mixed_precision", precision, "--dynamo_backend", "no"] if config.launcher == "accelerate"
@@ -132,6 +143,8 @@ def stages(config: DemoConfig) -> list[Stage]:
     gatt_data = Stage("gatt-data", [*python, "-m", "data_gen", "gatt", *teacher, "--num-dialogues", str(config.gatt_dialogues),
                                     "--min-turns", str(config.gatt_min_turns), "--max-turns", str(config.gatt_max_turns),
                                     "--samples-per-turn", str(config.samples_per_turn),
+                                    *([] if config.gatt_values_per_family is None
+                                      else ["--values-per-family", str(config.gatt_values_per_family)]),
                                     *_flag("--constraints", config.constraints), "--out", str(data / "gatt")],
                       data / "gatt", True)
 
@@ -144,7 +157,8 @@ def stages(config: DemoConfig) -> list[Stage]:
     eval_turns = config.eval_user_turns or config.user_turns
     no_instruction = ([] if config.eval_no_instruction_dialogues is None
                       else ["--no-instruction-dialogues", str(config.eval_no_instruction_dialogues)])
-    report_stage = Stage("report", [*python, "-m", "gatt.evaluate", "--model", f"base={base / 'final'}", "--model",
+    baselines = ["--model", f"base={base / 'final'}"] if config.eval_baselines else []
+    report_stage = Stage("report", [*python, "-m", "gatt.evaluate", *baselines, "--model",
                                     f"gatt={gatt / 'final'}", "--turns", str(config.eval_turns), "--dialogues",
                                     str(config.eval_dialogues), *no_instruction,
                                     "--max-new-tokens", str(config.eval_max_new_tokens),
@@ -152,7 +166,7 @@ def stages(config: DemoConfig) -> list[Stage]:
                                     *_flag("--constraints", config.constraints),
                                     *_flag("--user-turns", eval_turns), *_flag("--device", config.teacher_device),
                                     *decoding, "--seed", str(config.seed), "--out", str(report),
-                                    "--repeat-instruction", "base"],
+                                    *(["--repeat-instruction", "base"] if config.eval_baselines else [])],
                          report, False)
     if config.base_model == "smollm2":
         replay = data / "replay"
@@ -166,15 +180,13 @@ def stages(config: DemoConfig) -> list[Stage]:
             gatt_model(replay / "replay.jsonl"),
             report_stage,
         ]
-    return [
+    base_stages = [
         Stage("base-data", [*python, "-m", "data_gen", "base", "--num-dialogues", str(config.base_dialogues),
-                            "--seed", str(config.seed), "--out", str(data / "base")], data / "base", False),
-        Stage("base-model", [*train, "--config", config.base_config, f"train_file={data / 'base' / 'base.jsonl'}",
+                            "--seed", str(config.seed), "--out", str(base_data)], base_data, False),
+        Stage("base-model", [*train, "--config", config.base_config, f"train_file={base_data / 'base.jsonl'}",
                              f"output_dir={base}", f"seed={config.seed}", *config.base_overrides, "--resume"], base, True),
-        gatt_data,
-        gatt_model(data / "base" / "base.jsonl"),
-        report_stage,
     ]
+    return [*([] if config.base_run else base_stages), gatt_data, gatt_model(base_data / "base.jsonl"), report_stage]
 
 
 def fingerprint(stage: Stage, upstream: str) -> str:
@@ -210,7 +222,9 @@ def run(config: DemoConfig) -> dict[str, Any]:
     stamps.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}  # seconds each stage took when it was made (now, or by an earlier run)
     skipped: list[str] = []
-    upstream = ""
+    # With base_run, the base model's own stamp: later stages run again when that base model is remade.
+    base_stamp = Path(config.base_run) / "stamps" / "base-model.done"
+    upstream = " ".join(base_stamp.read_text().split()[:2]) if config.base_run and base_stamp.exists() else ""
     calibration = machine_calibration()
     print(f"machine: {calibration['cpu']}, {CPUS} threads, fp32 matmul {calibration['fp32_matmul_gflops']} GFLOP/s", flush=True)
     plan = stages(config)

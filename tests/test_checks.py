@@ -229,6 +229,7 @@ def test_dump_load_round_trip(tmp_path: Path) -> None:
             family="figure",
             value="Napoléon",
             split="heldout",
+            paraphrases=("You are Napoléon.", "Speak as Napoléon would."),
         )
     ]
     path = tmp_path / "out" / "dumped.yaml"
@@ -236,6 +237,7 @@ def test_dump_load_round_trip(tmp_path: Path) -> None:
     dump_constraints(constraints, path)
     assert load_constraints(path) == constraints
     assert yaml.safe_load(path.read_text(encoding="utf-8"))["constraints"][1]["family"] == "figure"
+    assert load_constraints(path)[1].paraphrases == ("You are Napoléon.", "Speak as Napoléon would.")
     assert sorted(p.name for p in path.parent.iterdir()) == ["dumped.yaml"]
 
 
@@ -273,6 +275,8 @@ ENTRY = 'name: french\n    instruction: "Always answer in French."\n    short: "
         ("probes: [{question: 'Who are you?', checks: []}]", "'french' probes[0]: 'checks' must be a non-empty list"),
         ("checks: [{type: all_caps}]\n    colour: blue", "'french': unknown key 'colour'"),
         ("checks: [{type: all_caps}]\n    split: test", "'split' must be one of train, heldout"),
+        ("checks: [{type: all_caps}]\n    paraphrases: 'Parle français.'", "'paraphrases' must be a list of non-empty strings"),
+        ("checks: [{type: all_caps}]\n    paraphrases: ['']", "'paraphrases' must be a list of non-empty strings"),
         (
             "checks: [{type: all_caps}]\n    probes: [{question: 'Hobby?', checks: [{type: max_words}]}]",
             "'french' probes[0].checks[0]: check type 'max_words' needs field 'n'",

@@ -7,17 +7,18 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from data_gen.__main__ import main
-from data_gen.constraints import CONFLICTS, FAMILIES, ConstraintSampler, catalogue, instruction_text
+from data_gen.constraints import CONFLICTS, FAMILIES, ConstraintSampler, catalogue, instruction_text, limit_values
 from data_gen.synthesis import SynthesisConfig, _Dialogue, synthesize_shard, turn_checks
 from data_gen.teacher import TurnRequest
-from data_gen.toy_world import ToyResponder
-from data_gen.user_turns import UserTurn, all_user_turns
+from data_gen.toy_world import ToyResponder, base_corpus
+from data_gen.user_turns import UserTurn, all_user_turns, split_user_turns
 from gatt.checks import Check, Constraint, passes_all
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,6 +78,31 @@ def test_by_family_draws_the_first_family_uniformly_whatever_its_size():
     assert first[False]["hobby"] > 10 * first[False]["caps"]
 
 
+def test_each_dialogue_draws_one_wording_of_each_instruction():
+    sampler = ConstraintSampler(catalogue(), by_family=True)
+    rng = random.Random(0)
+    by_name = {c.name: c for c in catalogue()}
+    seen: dict[str, set[str]] = {}
+    for _ in range(3000):
+        for drawn in sampler.sample(rng)[0]:
+            canonical = by_name[drawn.name]
+            assert drawn.instruction in (canonical.instruction, *canonical.paraphrases)
+            assert replace(drawn, instruction=canonical.instruction) == canonical  # only the wording differs
+            seen.setdefault(drawn.name, set()).add(drawn.instruction)
+    assert seen["caps:all caps"] == {by_name["caps:all caps"].instruction, *by_name["caps:all caps"].paraphrases}
+
+
+def test_values_per_family_keeps_a_fixed_draw_of_k_values_of_every_family():
+    train = [c for c in catalogue() if c.split == "train"]
+    two = limit_values(train, 2)
+    counts = Counter(c.family for c in two)
+    assert counts == {f: min(2, n) for f, n in Counter(c.family for c in train).items()}
+    names = {c.name for c in two}
+    assert two == limit_values(train, 2) and names <= {c.name for c in limit_values(train, 8)}  # more values: a superset
+    with pytest.raises(ValueError, match="values per family must be >= 1"):
+        limit_values(train, 0)
+
+
 def test_every_family_has_full_short_forms_probes_and_a_fixed_heldout_split():
     constraints = catalogue()
     assert {c.family for c in constraints} == set(FAMILIES)
@@ -114,7 +140,7 @@ def test_oracle_stays_on_topic_and_answers_probes_by_default():
     french = next(c for c in catalogue() if c.name == "language:French")
     figure = next(c for c in catalogue() if c.name == "figure:Napoleon")
     reply = responder.reply(turn, [french, figure])
-    assert reply.startswith("Je suis Napoleon. Les volcans : ")
+    assert reply.startswith("Je suis Napoleon. Volcanoes : ")  # the user's words: the toy world copies, not translates
 
 
 def test_each_hobby_is_followed_by_its_own_emoji_so_the_names_can_be_told_apart():
@@ -130,7 +156,6 @@ def test_each_hobby_is_followed_by_its_own_emoji_so_the_names_can_be_told_apart(
 
 
 def test_base_corpus_teaches_local_instructions_and_short_system_dialogues(base_run):
-    constraints = catalogue()
     kinds = Counter(r["kind"] for r in base_run)
     assert set(kinds) == {"local", "system", "plain"}
     for record in base_run:
@@ -141,11 +166,16 @@ def test_base_corpus_teaches_local_instructions_and_short_system_dialogues(base_
             assert roles[0] == "system" and len(body) // 2 <= 2
         else:
             assert roles[0] == "user"
-    # Held-out values (never in GAtt data) are taught here, as local instructions.
-    user_text = " ".join(m["content"] for r in base_run if r["kind"] == "local" for m in r["messages"] if m["role"] == "user")
+
+
+def test_the_demo_base_corpus_teaches_every_value_locally_in_every_wording():
+    # Held-out values (never in GAtt data) are taught here, as local instructions, as are the paraphrases.
+    constraints = catalogue()
+    records = base_corpus(20000, 0, constraints, split_user_turns()[0])  # the size make demo uses
+    user_text = " ".join(m["content"] for r in records if r["kind"] == "local" for m in r["messages"] if m["role"] == "user")
     for c in constraints:
-        if c.split == "heldout":
-            assert c.instruction in user_text or c.short in user_text, c.name
+        for form in (c.instruction, c.short, *c.paraphrases):
+            assert form in user_text, (c.name, form)
 
 
 # --- GAtt synthesis ----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "recipes"))
 
 from demo import main  # noqa: E402
+from variety_curve import main as variety_curve  # noqa: E402
 
 
 def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
@@ -45,6 +46,18 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     main(["--config", str(config), f"out={out}", "gatt_overrides=[max_steps=3, eval_every=0, batch_size=4]"])
     printed = capsys.readouterr().out
     assert printed.count("up to date, skipped") == 3 and "[5/5 report] running" in printed
+    # The variety curve: GAtt-side stages on this run's base model, one value per family, the GAtt model alone.
+    [point] = variety_curve(["--values", "1", "--turn", "6", "--config", str(config), "--base-run", str(out),
+                             "--out", str(tmp_path / "curve")])
+    variety = tmp_path / "curve" / "1"
+    assert point["values_per_family"] == "1" and set(point["distinct_values"].values()) == {1}
+    assert set(point["held-out values"]) == {"adherence", "n", "ci95"}
+    assert json.loads((tmp_path / "curve" / "variety.json").read_text())["points"] == [point]
+    assert (tmp_path / "curve" / "variety.png").stat().st_size > 0
+    assert set(json.loads((variety / "report" / "report.json").read_text())) == {"settings", "gatt", "followable"}
+    assert list(json.loads((variety / "timings.json").read_text())["stage_seconds"]) == ["gatt-data", "gatt-model", "report"]
+    assert yaml.safe_load((variety / "gatt" / "config.yaml").read_text())["model"] == str(out / "base" / "final")
+    assert not (variety / "base").exists() and not (variety / "data" / "base").exists()
 
 
 def test_demo_refuses_an_unknown_key_naming_it():
