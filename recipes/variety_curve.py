@@ -6,7 +6,8 @@ says", or a list of constraints?
 For each K in --values, the main job's GAtt stages run on one finished run's base model (`base_run`):
 GAtt data with at most K train values of each family (`data_gen gatt --values-per-family K`, a nested
 fixed-seed draw), the GAtt fine-tune, and the report of the GAtt model alone, under OUT/K/ (stages skip
-and resume as in recipes/demo.py). Then OUT/variety.json and OUT/variety.png: the distinct values
+and resume as in recipes/demo.py); K = all is the base run's own GAtt model, read from its report (so
+--config should be the one that made it). Then OUT/variety.json and OUT/variety.png: the distinct values
 each family had in the GAtt data -> adherence at --turn on trained values, held-out values and the
 held-out family. `key=value` overrides DemoConfig fields of --config for every point.
 """
@@ -42,10 +43,14 @@ def distinct_values(gatt_file: Path) -> dict[str, int]:
 
 
 def point(config: DemoConfig, values: str, out: Path, turn: str) -> dict[str, Any]:
-    """One K: run its stages and read back its figures."""
-    k = None if values == "all" else int(values)
-    folder = out / values
-    report = run(DemoConfig(**{**vars(config), "out": str(folder), "gatt_values_per_family": k, "eval_baselines": False}))
+    """One K: run its stages (K = all: the base run's own GAtt model and report) and read back its figures."""
+    if values == "all":
+        folder = Path(config.base_run)
+        report = json.loads((folder / "report" / "report.json").read_text())
+    else:
+        folder = out / values
+        report = run(DemoConfig(**{**vars(config), "out": str(folder), "gatt_values_per_family": int(values),
+                                   "eval_baselines": False}))
     gatt = report["gatt"]
     return {
         "values_per_family": values,

@@ -47,14 +47,15 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert printed.count("up to date, skipped") == 3 and "[5/5 report] running" in printed
     # The variety curve: GAtt-side stages on this run's base model, one value per family, the GAtt model alone.
-    [point] = variety_curve(["--values", "1", "--turn", "6", "--config", str(config), "--base-run", str(out),
-                             "--out", str(tmp_path / "curve")])
+    points = variety_curve(["--values", "1", "all", "--turn", "6", "--config", str(config), "--base-run", str(out),
+                            "--out", str(tmp_path / "curve")])
     variety = tmp_path / "curve" / "1"
-    assert point["values_per_family"] == "1" and set(point["distinct_values"].values()) == {1}
-    assert set(point["held-out values"]) == {"adherence", "n", "ci95"}
-    assert json.loads((tmp_path / "curve" / "variety.json").read_text())["points"] == [point]
+    assert [p["values_per_family"] for p in points] == ["1", "all"] and set(points[0]["distinct_values"].values()) == {1}
+    assert sum(points[1]["distinct_values"].values()) > sum(points[0]["distinct_values"].values())  # the base run's own
+    assert set(points[0]["held-out values"]) == {"adherence", "n", "ci95"}
+    assert json.loads((tmp_path / "curve" / "variety.json").read_text())["points"] == points
     assert (tmp_path / "curve" / "variety.png").stat().st_size > 0
-    assert set(json.loads((variety / "report" / "report.json").read_text())) == {"settings", "gatt", "followable"}
+    assert set(json.loads((variety / "report" / "report.json").read_text())) == {"settings", "gatt"}  # no base+repeat
     assert list(json.loads((variety / "timings.json").read_text())["stage_seconds"]) == ["gatt-data", "gatt-model", "report"]
     assert yaml.safe_load((variety / "gatt" / "config.yaml").read_text())["model"] == str(out / "base" / "final")
     assert not (variety / "base").exists() and not (variety / "data" / "base").exists()
