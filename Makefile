@@ -19,4 +19,4 @@ demo-smollm2: install
 	$(PYTHON) recipes/demo.py --config recipes/configs/demo_smollm2.yaml
 
 bench: install
-	$(PYTHON) benchmarks/bench_attention.py
+	$(PYTHON) benchmarks/run.py --json results/benchmarks.json

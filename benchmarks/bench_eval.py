@@ -1,31 +1,41 @@
-"""Benchmark evaluation rollouts: batched with KV reuse across turns vs `generate()` per turn on the re-encoded history.
+"""Evaluation rollouts: batched with KV reuse across turns vs `generate()` per turn on the re-encoded history.
 
-Both candidates roll out the same N planned dialogues of T turns (the built-in constraints and held-out
-user turns, probes every 4th turn) with the same model, greedily, in one process:
+Both sides roll out the same planned dialogues (the built-in constraints and held-out user turns,
+probes every 4th turn) with the same model, greedily, in one process:
 
-- "kv-reuse":  `gatt.eval.rollout.rollout`, all N dialogues in one batch, one KV cache per dialogue kept
-               across turns (each turn feeds only its new tokens);
-- "reference": `gatt.eval.rollout.reference_rollout`, Hugging Face `generate()` per turn on the full
-               re-encoded history, one dialogue at a time.
+- ours:   `gatt.eval.rollout.rollout`, a batch of dialogues in lockstep, one KV cache per dialogue kept
+          across turns (each turn feeds only its new tokens);
+- theirs: `gatt.eval.rollout.reference_rollout`, Hugging Face `generate()` per turn on the full
+          re-encoded history, one dialogue at a time.
+
+A round is one batch of dialogues rolled out over all T turns by a side (chat template, generation,
+decoding, the checks of every turn); the batches take turns, so the full run (N=32 dialogues x T=24
+turns, M=32 new tokens at most, batches of 16, i.e. `gatt.evaluate --batch-size 16`: 2 batches) is done
+twice by each side, the two sides interleaved round by round, after an untimed warm-up (ours over every
+dialogue: the language checks load their models on first use; theirs on 2 dialogues x 3 turns). Batches
+of 16 rather than the evaluation's default 32 fit 4 rounds a side in the budget (on 2 CPU cores they
+are also a little faster per turn: fewer padding holes in the cache). Every round's replies must be
+identical between the two sides (an AssertionError names the first dialogue and turn that differ).
+`rollout_vs_hf_generate`: turns/s of ours over theirs (median round), goal >= 3. The full run takes about
+3 minutes on 2 otherwise idle CPU cores; `--quick` (N=8, T=8, one batch of 8, 3 rounds) about 30 s.
 
 The model is a randomly initialised GattForCausalLM of the embedded base model's size (hidden 128,
 4 layers, 4/2 heads) with a BPE tokenizer trained on the toy world's base corpus; random weights
-rarely emit the end-of-turn token, so nearly every reply runs to M tokens on both sides. Measured: wall
-time, turns/s, and the share of replies that are identical between the two (goal: all). Goal: kv-reuse
->= 3x faster. Defaults (N=32, T=24, M=32) take a few minutes on 2 CPU cores.
+rarely emit the end-of-turn token, so nearly every reply runs to M tokens on both sides.
 
-Usage: python benchmarks/bench_eval.py [--dialogues 32] [--turns 24] [--max-new-tokens 32] [--device cuda]
+  python benchmarks/bench_eval.py [--quick] [--device cuda]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 import torch
 
+from bench_common import comparison, interleaved, main, median
 from data_gen.constraints import catalogue
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import split_user_turns
@@ -36,8 +46,13 @@ from gatt.eval.rollout import RolloutConfig, reference_rollout, rollout
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
 
+# (dialogues N, turns T, max new tokens M, dialogues per batch = per round, timed rounds per side)
+FULL = {"dialogues": 32, "turns": 24, "max_new_tokens": 32, "batch_size": 16, "repeats": 4}
+QUICK = {"dialogues": 8, "turns": 8, "max_new_tokens": 32, "batch_size": 8, "repeats": 3}
+SIDES = {"ours": rollout, "theirs": reference_rollout}
 
-def build_model(device: str) -> tuple[GattForCausalLM, object]:
+
+def build_model(device: str) -> tuple[GattForCausalLM, Any]:
     corpus = base_corpus(2000, seed=0, catalogue=catalogue(), user_pool=split_user_turns()[0])
     tokenizer = train_tokenizer((m["content"] for r in corpus for m in r["messages"]), vocab_size=2048)
     config = GattConfig(
@@ -49,45 +64,91 @@ def build_model(device: str) -> tuple[GattForCausalLM, object]:
     return GattForCausalLM(config).to(device).eval(), tokenizer
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\nUsage")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dialogues", type=int, default=32, help="N dialogues (default: 32)")
-    parser.add_argument("--turns", type=int, default=24, help="T turns per dialogue (default: 24)")
-    parser.add_argument("--max-new-tokens", type=int, default=32, help="M: reply length limit (default: 32)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    parser.add_argument("--out", type=Path, default=Path("results/bench_eval.json"), help="JSON results path")
-    args = parser.parse_args()
+def first_difference(ours: Sequence[dict], theirs: Sequence[dict]) -> str | None:
+    """Where two sides' transcripts of the same dialogues first give different replies, or None."""
+    for a, b in zip(ours, theirs, strict=True):
+        if len(a["turns"]) != len(b["turns"]):
+            return f"dialogue {a['id']}: {len(a['turns'])} turns (ours) vs {len(b['turns'])} (theirs)"
+        for x, y in zip(a["turns"], b["turns"]):
+            if x["reply"] != y["reply"]:
+                return f"dialogue {a['id']}, turn {x['turn']}: {x['reply']!r} (ours) vs {y['reply']!r} (theirs)"
+    return None
 
-    model, tokenizer = build_model(args.device)
-    plan = plan_dialogues(load_eval_constraints(), load_eval_turns(), dialogues=args.dialogues, turns=args.turns, seed=0)
-    config = RolloutConfig(max_new_tokens=args.max_new_tokens, batch_size=args.dialogues)
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
-    params = sum(p.numel() for p in model.parameters())
-    print(f"torch {torch.__version__}, {device}, fp32, random model ({params / 1e6:.2f}M params), "
-          f"N={args.dialogues} dialogues x T={args.turns} turns, M={args.max_new_tokens}")
-    # warm-up: kernels, and the language detector's models (loaded once per process, ~10 s, by the first language check)
-    rollout(model, tokenizer, plan[:2], RolloutConfig(max_new_tokens=4), progress=False)
+
+def replace_turns(transcript: dict, turns: int) -> dict:
+    return {**transcript, "turns": transcript["turns"][:turns]}
+
+
+def identical_share(ours: Sequence[dict], theirs: Sequence[dict]) -> float:
+    pairs = [(x["reply"], y["reply"]) for a, b in zip(ours, theirs) for x, y in zip(a["turns"], b["turns"])]
+    return sum(x == y for x, y in pairs) / max(len(pairs), 1)
+
+
+def check_identical(ours: Sequence[dict], theirs: Sequence[dict]) -> float:
+    """The share of identical replies, which must be all of them (AssertionError naming the first difference)."""
+    difference = first_difference(ours, theirs)
+    if difference is not None:
+        raise AssertionError(f"greedy replies differ ({100 * identical_share(ours, theirs):.1f}% identical); first: {difference}")
+    return identical_share(ours, theirs)
+
+
+def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
+    size = QUICK if quick else FULL
+    model, tokenizer = build_model(device)
+    plan = plan_dialogues(load_eval_constraints(), load_eval_turns(), dialogues=size["dialogues"], turns=size["turns"], seed=0)
+    batch = size["batch_size"]
+    batches = [plan[i : i + batch] for i in range(0, len(plan), batch)]
+    config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=batch)
+
+    # Warm-up, untimed: kernels and the allocator on both sides, and the language detector (lingua loads its models
+    # lazily, per script and text length, on first use: seconds each). Ours over every dialogue, so that every model
+    # the checks of these replies need is loaded (both sides write the same replies); theirs on 2 short dialogues.
     detect_language("warm-up")
-    results, transcripts = {}, {}
-    for name, run in (("kv-reuse", rollout), ("reference", reference_rollout)):
-        start = time.perf_counter()
-        transcripts[name] = run(model, tokenizer, plan, config, progress=False)
-        seconds = time.perf_counter() - start
-        turns = sum(len(t["turns"]) for t in transcripts[name])
-        results[name] = {"seconds": seconds, "turns": turns, "turns_per_s": turns / seconds}
-        print(f"{name:>10}: {seconds:7.1f} s  {turns} turns  {turns / seconds:7.2f} turns/s")
-    pairs = [(a["reply"], b["reply"]) for x, y in zip(transcripts["kv-reuse"], transcripts["reference"])
-             for a, b in zip(x["turns"], y["turns"])]
-    same = sum(a == b for a, b in pairs) / len(pairs)
-    speedup = results["reference"]["seconds"] / results["kv-reuse"]["seconds"]
-    print(f"identical replies: {100 * same:.1f}% of {len(pairs)}")
-    print(f"speedup kv-reuse / reference: {speedup:.2f}x (goal >= 3x: {'met' if speedup >= 3 else 'NOT met'})")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "torch": torch.__version__,
-               "device": device, "params": params, "results": results, "identical_replies": same, "speedup": speedup}
-    args.out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    warm = rollout(model, tokenizer, plan, config, progress=False)
+    short = [replace(d, turns=d.turns[:3]) for d in plan[:2]]
+    check_identical([replace_turns(t, 3) for t in warm[:2]], reference_rollout(model, tokenizer, short, config, progress=False))
+
+    transcripts: dict[str, list[list[dict]]] = {name: [] for name in SIDES}  # per side: each round's transcripts
+    turns: dict[str, list[int]] = {name: [] for name in SIDES}
+    cpu: dict[str, list[float]] = {name: [] for name in SIDES}  # CPU seconds of each round
+
+    def side(name: str):
+        def round_() -> float:
+            dialogues = batches[len(transcripts[name]) % len(batches)]  # the batches in turn
+            start, cpu_start = time.perf_counter(), time.process_time()
+            out = SIDES[name](model, tokenizer, dialogues, config, progress=False)
+            seconds = time.perf_counter() - start
+            cpu[name].append(time.process_time() - cpu_start)
+            transcripts[name].append(out)
+            turns[name].append(sum(len(t["turns"]) for t in out))
+            if len(transcripts["ours"]) == len(transcripts["theirs"]):  # both sides have done this round: compare now
+                check_identical(transcripts["ours"][-1], transcripts["theirs"][-1])
+            return seconds
+        return round_
+
+    seconds = interleaved({name: side(name) for name in SIDES}, repeats=size["repeats"], warmup=0)
+    assert turns["ours"] == turns["theirs"]
+    every = {name: [t for round_ in transcripts[name] for t in round_] for name in SIDES}
+    rate = {name: median([t / s for t, s in zip(turns[name], seconds[name])]) for name in SIDES}
+    threads = torch.get_num_threads()
+    settings = {
+        "dialogues": size["dialogues"], "turns": size["turns"], "max_new_tokens": size["max_new_tokens"],
+        "dialogues_per_batch": batch, "round": f"one batch of {batch} dialogues x {size['turns']} turns per side",
+        "repeats": size["repeats"], "warmup": "ours over every dialogue, theirs over 2 dialogues x 3 turns", "greedy": True,
+        "model": "GattForCausalLM, random init (hidden 128, 4 layers, 4/2 heads, vocab 2048)",
+        "params": sum(p.numel() for p in model.parameters()), "device": device, "threads": threads,
+    }
+    result = comparison(
+        rate["ours"], rate["theirs"], unit="turns/s", goal=3.0, settings=settings,
+        identical_replies=identical_share(every["ours"], every["theirs"]),
+        turns_per_round=turns["ours"],
+        seconds={name: [round(s, 3) for s in seconds[name]] for name in SIDES},
+        # CPU time the process got / (wall x threads), per side: well below 1 means other processes competed
+        cpu_share={name: round(sum(cpu[name]) / (sum(seconds[name]) * threads), 3) for name in SIDES}
+        if device == "cpu" else None,
+    )
+    return {"rollout_vs_hf_generate": result}
 
 
 if __name__ == "__main__":
-    main()
+    main(run, __doc__)

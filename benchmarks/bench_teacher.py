@@ -1,39 +1,48 @@
-"""Benchmark GAtt teacher sampling: batched across dialogues vs one dialogue at a time.
+"""GAtt teacher sampling: our batched `ModelTeacher` vs a loop of Hugging Face `generate()` calls.
 
-Both candidates run the same synthesis with a `ModelTeacher` (k candidates per turn, each prompt
-encoded once, each dialogue's KV cache kept from turn to turn) on the same N dialogues of exactly T
-user turns, in one process:
+Both sides synthesise the same N dialogues of exactly T user turns (the toy world's constraints and user
+turns, the instruction appended to every user message), k sampled candidates per turn, with the same
+model, in one process; the first candidate is kept unchecked as the reply (a random model fails the
+checks), so histories grow as in real synthesis:
 
-- "batched":    each turn is one `teacher.sample` call holding every dialogue's request (batch_size=N:
-                one `ChatBatch` of N*k rows);
-- "sequential": one request per call (batch_size=1: N batches of k rows).
+- ours:   `data_gen.teacher.ModelTeacher` batched across dialogues: each turn is one `sample` call holding
+          every dialogue's request (one `ChatBatch` of N*k rows: each prompt encoded once for its k
+          candidates, each dialogue's KV cache kept from turn to turn);
+- theirs: what a user would write: for each dialogue and turn, `tokenizer.apply_chat_template(messages,
+          add_generation_prompt=True)` of the dialogue so far, then `model.generate(num_return_sequences=k,
+          do_sample=True)` with the teacher's sampling (temperature 0.7, top-p 0.95, no top-k, no repetition
+          penalty, as `gatt.generation.Sampler` samples) and the same token budget.
 
-The candidates alternate turn by turn (order flipping), so machine noise hits both alike; each has its
-own teacher, seeded identically. For identical work whatever the model writes, every generation makes
-exactly M new tokens (the benchmark turns the end-of-turn token off) and the first candidate is always
-kept unchecked (a random model fails the checks), appended as the reply so histories grow as in real
-synthesis. The teacher is a randomly initialised GattForCausalLM about the size of the project's
-embedded base model (hidden 256, 4 layers, 8/4 heads, vocab 2048, ~3.7M params): random weights change
-nothing in the timing.
+For identical work whatever the model writes, every candidate is exactly M new tokens on both sides (ours:
+the end-of-turn token does not stop a reply; theirs: `min_new_tokens=max_new_tokens`). A round is one
+side's whole synthesis (chat template, generation, decoding), the teacher reseeded; the sides alternate
+round by round after an untimed warm-up (2 dialogues x 1 turn each). `teacher_vs_hf_generate`: turns/s of
+ours over theirs (median round), goal >= 4. Full: N=32, T=8, k=4, M=32, 3 rounds each, about 4.5 minutes
+on 2 otherwise idle CPU cores; `--quick`: N=8, T=4, 2 rounds each, about 25 s.
 
-Measured: wall time of each candidate's synthesis (chat template, generation, decode) -> dialogues/s,
-turns/s; "CPU share" is the CPU time the process got / (wall x threads): well below 1 means other
-processes competed (small batches then slow far more than big ones, inflating the ratio). Goal:
-batched >= 4x sequential in dialogues/s. Defaults (N=32, T=8, k=4, M=32) take a minute or two on 2 cores.
+With `--device cuda`, also `teacher_batched_vs_single`: the same teacher batched across the N dialogues vs
+one dialogue per `sample` call (batch_size=1: N batches of k rows), goal >= 4.
 
-Usage: python benchmarks/bench_teacher.py [--dialogues 32] [--turns 8] [--k 4] [--max-new-tokens 32] [--device cuda]
+The teacher is a randomly initialised GattForCausalLM about the size of the project's embedded base model
+(hidden 256, 4 layers, 8/4 heads, vocab 2048, ~3.7M params; random weights change nothing in the timing).
+
+  python benchmarks/bench_teacher.py [--quick] [--device cuda]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import contextlib
+import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import torch
 
 import gatt.generation
+from bench_common import comparison, interleaved, main, median
 from data_gen.constraints import ConstraintSampler, catalogue
 from data_gen.synthesis import SynthesisConfig, _Dialogue, draw_dialogue
 from data_gen.teacher import ModelTeacher
@@ -41,6 +50,23 @@ from data_gen.toy_world import base_corpus
 from data_gen.user_turns import split_user_turns
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
+
+FULL = {"dialogues": 32, "turns": 8, "k": 4, "max_new_tokens": 32, "repeats": 3}
+QUICK = {"dialogues": 8, "turns": 4, "k": 4, "max_new_tokens": 32, "repeats": 2}
+SEED = 0
+# Where the time goes, from a profile (cProfile) of one full-size round of each side on 2 CPU cores (torch 2.13,
+# transformers 5.23); attached to a CPU result that misses its goal.
+FINDING = (
+    "Profile of one full-size round (N=32, T=8, k=4, M=32) on 2 CPU cores: "
+    "ours (one ChatBatch of N*k=128 rows, 256 forward passes, ~65 ms each): ~32% in SDPA over the fp32 KV cache "
+    "(memory-bound: 128 rows x up to ~960 columns by turn 8, ~45% of them padding holes), ~19% in the linear layers, ~20% in sampling "
+    "over the whole vocabulary each step (top-p's sort of 128x2048 logits ~7 ms, torch.multinomial ~6 ms), ~9% in "
+    "torch.cat (the attention mask and the replies growing a column a step). Theirs (generate at k=4 rows): ~90% "
+    "in its 32 decoding steps a call, ~10% re-encoding the history. Cheaper sampling (top-p over a top-k prefilter, "
+    "Gumbel-max instead of multinomial) would cut ours' sampling share, but changes the random stream, hence "
+    "every synthesised record. At --quick sizes (N=8: 32 rows) ours batches 4x fewer rows, so its ratio is lower."
+)
+SAMPLING = {"temperature": 0.7, "top_p": 0.95, "repetition_penalty": 1.0}  # ModelTeacher's defaults, both sides
 
 
 def build_teacher_dir(path: Path) -> Path:
@@ -60,6 +86,14 @@ def build_teacher_dir(path: Path) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def no_end_of_turn() -> Iterator[None]:
+    """Our teacher's replies run to max_new_tokens: no token ends a reply (the end-of-turn token is sampled
+    and fed like any other), so both sides generate exactly M tokens per candidate."""
+    with mock.patch.object(gatt.generation, "stop_token_ids", lambda model, tokenizer: set()):
+        yield
+
+
 def draw(config: SynthesisConfig) -> list[_Dialogue]:
     """The N fixed-length dialogues (fresh objects: a run appends replies to them)."""
     constraints = [c for c in catalogue() if c.split == "train"]
@@ -68,85 +102,120 @@ def draw(config: SynthesisConfig) -> list[_Dialogue]:
 
 
 def batched_turn(teacher: ModelTeacher, dialogues: list[_Dialogue], k: int) -> None:
-    """One turn of every dialogue in one `sample` call (batch_size=N)."""
+    """Ours: one turn of every dialogue in one `sample` call (batch_size=N)."""
     teacher.batch_size = len(dialogues)
     for dialogue, candidates in zip(dialogues, teacher.sample([d.request() for d in dialogues], k)):
         dialogue.replies.append(candidates[0])  # accept the first candidate, unchecked
 
 
 def sequential_turn(teacher: ModelTeacher, dialogues: list[_Dialogue], k: int) -> None:
-    """One turn of every dialogue, one `sample` call per dialogue (batch_size=1)."""
+    """Ours, one dialogue at a time: one `sample` call per dialogue (batch_size=1)."""
     teacher.batch_size = 1
     for dialogue in dialogues:
         dialogue.replies.append(teacher.sample([dialogue.request()], k)[0][0])
 
 
-CANDIDATES = {"batched": batched_turn, "sequential": sequential_turn}
+def generate_candidates(teacher: ModelTeacher, messages: list[dict[str, str]], k: int) -> list[list[int]]:
+    """Theirs: k candidates (their new token ids) for one history, by `generate()` on the re-encoded history
+    with the teacher's sampling settings, each exactly `teacher.max_new_tokens` tokens."""
+    model, tokenizer = teacher.model, teacher.tokenizer
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    input_ids = torch.tensor([ids], device=model.device)
+    output = model.generate(
+        input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, num_return_sequences=k,
+        top_k=0, **SAMPLING, max_new_tokens=teacher.max_new_tokens, min_new_tokens=teacher.max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return output[:, len(ids) :].tolist()
 
 
-def measure(teachers: dict[str, ModelTeacher], config: SynthesisConfig, seed: int) -> dict[str, dict[str, float]]:
-    """Both candidates' synthesis, interleaved turn by turn (order alternating), each with its own teacher."""
-    dialogues = {name: draw(config) for name in CANDIDATES}
-    for teacher in teachers.values():
-        teacher.seed(seed)  # identical seeding for each candidate
-    seconds, cpu_seconds = dict.fromkeys(CANDIDATES, 0.0), dict.fromkeys(CANDIDATES, 0.0)
-    for turn in range(config.max_turns):
-        for name in list(CANDIDATES)[:: 1 if turn % 2 == 0 else -1]:
-            start, cpu_start = time.perf_counter(), time.process_time()
-            CANDIDATES[name](teachers[name], dialogues[name], config.samples_per_turn)
-            seconds[name] += time.perf_counter() - start
-            cpu_seconds[name] += time.process_time() - cpu_start
-    turns = config.num_dialogues * config.max_turns
-    assert all(sum(len(d.replies) for d in ds) == turns for ds in dialogues.values()), "a turn went unanswered"
-    return {name: {"seconds": seconds[name], "dialogues_per_s": config.num_dialogues / seconds[name],
-                   "turns_per_s": turns / seconds[name],
-                   # CPU time this process got / (wall x threads): well below 1 means other processes competed
-                   "cpu_share": cpu_seconds[name] / (seconds[name] * torch.get_num_threads())}
-            for name in CANDIDATES}
+def generate_turn(teacher: ModelTeacher, dialogues: list[_Dialogue], k: int) -> None:
+    """Theirs: one turn of every dialogue, one `generate()` call per dialogue."""
+    for dialogue in dialogues:
+        candidates = generate_candidates(teacher, dialogue.request().messages, k)
+        texts = teacher.tokenizer.batch_decode(candidates, skip_special_tokens=True)
+        dialogue.replies.append(texts[0].strip())
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The docstring's layout as written, and each option's default."""
+Turn = Callable[[ModelTeacher, list[_Dialogue], int], None]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\nUsage")[0], formatter_class=HelpFormatter)
-    parser.add_argument("--dialogues", type=int, default=32, help="N dialogues (same N for both candidates)")
-    parser.add_argument("--turns", type=int, default=8, help="T user turns per dialogue (fixed)")
-    parser.add_argument("--k", type=int, default=4, help="candidates sampled per turn")
-    parser.add_argument("--max-new-tokens", type=int, default=32, help="M: exact new tokens per candidate")
-    parser.add_argument("--seed", type=int, default=0, help="dialogue draws and torch sampling seed")
-    parser.add_argument("--model-dir", type=Path, default=Path("runs/bench/teacher-model"), help="teacher (built if absent)")
-    parser.add_argument("--out", type=Path, default=Path("results/bench_teacher.json"), help="JSON results path")
-    parser.add_argument("--device", default="cpu", help="teacher device (cpu, cuda)")
-    args = parser.parse_args()
+def synthesis(teacher: ModelTeacher, turn: Turn, config: SynthesisConfig) -> tuple[float, float, list[_Dialogue]]:
+    """One side's synthesis of the N dialogues from the same seed: (wall seconds, CPU seconds, dialogues)."""
+    dialogues = draw(config)
+    teacher.seed(config.seed)
+    torch.manual_seed(config.seed)  # generate() draws from torch's global generator
+    start, cpu_start = time.perf_counter(), time.process_time()
+    for _ in range(config.max_turns):
+        turn(teacher, dialogues, config.samples_per_turn)
+    if teacher.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    assert all(len(d.replies) == config.max_turns for d in dialogues), "a turn went unanswered"
+    return seconds, cpu_seconds, dialogues
 
-    config = SynthesisConfig(num_dialogues=args.dialogues, min_turns=args.turns, max_turns=args.turns,
-                             samples_per_turn=args.k, seed=args.seed)
-    gatt.generation.stop_token_ids = lambda model, tokenizer: set()  # no end-of-turn: every reply is M tokens
-    model_dir = build_teacher_dir(args.model_dir)
-    teachers = {name: ModelTeacher(model_dir, max_new_tokens=args.max_new_tokens, device=args.device) for name in CANDIDATES}
-    teacher = teachers["batched"]
-    params = sum(p.numel() for p in teacher.model.parameters())
-    device = torch.cuda.get_device_name() if teacher.device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"torch {torch.__version__}, {device}, fp32, random teacher ({params / 1e6:.2f}M "
-          f"params), N={args.dialogues} dialogues x T={args.turns} turns, k={args.k}, M={args.max_new_tokens} new tokens")
-    batched_turn(teacher, draw(SynthesisConfig(num_dialogues=2, min_turns=1, max_turns=1)), args.k)  # warm-up
-    results = measure(teachers, config, args.seed)
-    for name, r in results.items():
-        print(f"{name:>10}: {r['seconds']:7.1f} s  {r['dialogues_per_s']:7.3f} dialogues/s  {r['turns_per_s']:7.2f} "
-              f"turns/s  CPU share {r['cpu_share']:.2f}")
-    speedup = results["batched"]["dialogues_per_s"] / results["sequential"]["dialogues_per_s"]
-    print(f"speedup batched / sequential: {speedup:.2f}x (goal >= 4x: {'met' if speedup >= 4 else 'NOT met'})")
-    if teacher.device.type == "cpu" and min(r["cpu_share"] for r in results.values()) < 0.9:
-        print("warning: other processes took CPU during the run (CPU share < 0.9); the ratio is unreliable, rerun")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-               "torch": torch.__version__, "device": device, "params": params,
-               "results": results, "speedup": speedup}
-    args.out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {args.out}")
+
+def compare(teachers: dict[str, ModelTeacher], turns: dict[str, Turn], config: SynthesisConfig, repeats: int
+            ) -> tuple[dict[str, float], dict[str, list[float]], dict[str, float]]:
+    """Turns/s of each side (median round), the rounds' seconds, and the CPU share each side got."""
+    cpu: dict[str, float] = dict.fromkeys(turns, 0.0)
+
+    def side(name: str) -> Callable[[], float]:
+        def round_() -> float:
+            seconds, cpu_seconds, _ = synthesis(teachers[name], turns[name], config)
+            cpu[name] += cpu_seconds
+            return seconds
+        return round_
+
+    warm = SynthesisConfig(num_dialogues=2, min_turns=1, max_turns=1, samples_per_turn=config.samples_per_turn)
+    for name in turns:  # untimed warm-up: kernels, the allocator
+        synthesis(teachers[name], turns[name], warm)
+    seconds = interleaved({name: side(name) for name in turns}, repeats=repeats, warmup=0)
+    total_turns = config.num_dialogues * config.max_turns
+    rate = {name: median([total_turns / s for s in seconds[name]]) for name in turns}
+    threads = torch.get_num_threads()
+    share = {name: round(cpu[name] / (sum(seconds[name]) * threads), 3) for name in turns}
+    return rate, seconds, share
+
+
+def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
+    size = QUICK if quick else FULL
+    config = SynthesisConfig(num_dialogues=size["dialogues"], min_turns=size["turns"], max_turns=size["turns"],
+                             samples_per_turn=size["k"], seed=SEED)
+    with tempfile.TemporaryDirectory() as tmp, no_end_of_turn():
+        model_dir = build_teacher_dir(Path(tmp) / "teacher")
+        teacher = ModelTeacher(model_dir, max_new_tokens=size["max_new_tokens"], device=device, **SAMPLING)
+        settings = {
+            "dialogues": size["dialogues"], "turns": size["turns"], "k": size["k"], "max_new_tokens": size["max_new_tokens"],
+            "every_candidate": "exactly max_new_tokens tokens", **SAMPLING,
+            "round": "one side's synthesis of every dialogue", "repeats": size["repeats"],
+            "warmup": "2 dialogues x 1 turn, each side",
+            "model": "GattForCausalLM, random init (hidden 256, 4 layers, 8/4 heads, vocab 2048)",
+            "params": sum(p.numel() for p in teacher.model.parameters()), "device": device,
+            "threads": torch.get_num_threads(),
+        }
+        rate, seconds, share = compare({"ours": teacher, "theirs": teacher},
+                                       {"ours": batched_turn, "theirs": generate_turn}, config, size["repeats"])
+        results = {"teacher_vs_hf_generate": comparison(
+            rate["ours"], rate["theirs"], unit="turns/s", goal=4.0,
+            settings={**settings, "theirs": "model.generate(num_return_sequences=k, do_sample=True, top_k=0, "
+                                            "min_new_tokens=max_new_tokens) per dialogue and turn"},
+            seconds={name: [round(s, 3) for s in v] for name, v in seconds.items()},
+            cpu_share=share if device == "cpu" else None,
+        )}
+        if device == "cpu" and not results["teacher_vs_hf_generate"]["met"]:
+            results["teacher_vs_hf_generate"]["finding"] = FINDING
+        if device == "cuda":
+            single = ModelTeacher(model_dir, max_new_tokens=size["max_new_tokens"], device=device, **SAMPLING)
+            rate, seconds, share = compare({"batched": teacher, "single": single},
+                                           {"batched": batched_turn, "single": sequential_turn}, config, size["repeats"])
+            results["teacher_batched_vs_single"] = comparison(
+                rate["batched"], rate["single"], unit="turns/s", goal=4.0,
+                settings={**settings, "theirs": "the same teacher, one dialogue per sample call (batch_size=1)"},
+                seconds={name: [round(s, 3) for s in v] for name, v in seconds.items()},
+            )
+    return results
 
 
 if __name__ == "__main__":
-    main()
+    main(run, __doc__)

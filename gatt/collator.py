@@ -50,6 +50,7 @@ class GAttCollator:
         instruction_placement: Placement = "system",
         max_length: int = 2048,
         packing: bool = False,
+        padding_free: bool = False,
     ) -> None:
         if mode not in ("last", "all", "expand"):
             raise ValueError(f"mode must be 'last', 'all' or 'expand', got {mode!r}")
@@ -57,7 +58,10 @@ class GAttCollator:
             raise ValueError(f"instruction_placement must be 'system' or 'first_user', got {instruction_placement!r}")
         if not tokenizer.chat_template:
             raise ValueError("the tokenizer has no chat template: GAttCollator renders dialogues with it")
+        if padding_free and not packing:
+            raise ValueError("padding_free packs a batch into one row: it needs packing=True")
         self.tokenizer, self.mode, self.max_length, self.packing = tokenizer, mode, max_length, packing
+        self.padding_free = padding_free
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if instruction_placement == "system" and not supports_system(tokenizer):
             logger.warning("the chat template has no system role: the instruction goes in front of the first user message")
@@ -200,14 +204,16 @@ class GAttCollator:
         return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
 
     def _pack(self, examples: list[Example]) -> dict[str, torch.Tensor]:
-        """First-fit rows of at most max_length; positions restart at 0 for each example (its segment)."""
-        rows: list[list[Example]] = []
-        for e in examples:
-            row = next((r for r in rows if sum(len(x.input_ids) for x in r) + len(e.input_ids) <= self.max_length), None)
-            if row is None:
-                rows.append([e])
-            else:
-                row.append(e)
+        """First-fit rows of at most max_length (padding_free: every example in one row, no padding at all);
+        positions restart at 0 for each example (its segment)."""
+        rows: list[list[Example]] = [examples] if self.padding_free else []
+        if not self.padding_free:
+            for e in examples:
+                row = next((r for r in rows if sum(len(x.input_ids) for x in r) + len(e.input_ids) <= self.max_length), None)
+                if row is None:
+                    rows.append([e])
+                else:
+                    row.append(e)
         width = max(sum(len(x.input_ids) for x in r) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)

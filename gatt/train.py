@@ -73,6 +73,7 @@ class TrainConfig:
     instruction_placement: str = "system"
     max_length: int = 1024
     packing: bool = True
+    padding_free: bool = False  # with packing: each micro-batch in one row, no padding (the model must honour segments)
     # model: a directory (the library's model or any Hugging Face causal LM), or a GattConfig to start from scratch
     model: str | None = None
     gguf_file: str | None = None
@@ -267,7 +268,8 @@ class Trainer:
             self.eval_records, self.train_records = shuffled[:n_eval], shuffled[n_eval:]
         self.tokenizer = build_tokenizer(config, self.train_records, self.out / "tokenizer")
         self.collator = GAttCollator(self.tokenizer, mode=config.mode, instruction_placement=config.instruction_placement,
-                                     max_length=config.max_length, packing=config.packing)
+                                     max_length=config.max_length, packing=config.packing,
+                                     padding_free=config.padding_free)
         fitting = [r for r in self.train_records if self.collator.fits(r)]
         if not fitting:
             raise ValueError(f"{config.train_file}: no record fits max_length={config.max_length}; raise max_length")

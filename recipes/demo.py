@@ -19,6 +19,9 @@ On SmolLM2-135M-Instruct (`base_model: smollm2`), the model is its own teacher:
 Your own files: `constraints=FILE.yaml` (split tags: train / heldout) goes to the GAtt data and the
 report; `user_turns=FILE` (.txt, .jsonl, .parquet, datasets folder) to the teacher, the replay data and
 the report, unless `eval_user_turns=FILE` names other messages for the report.
+Variety studies (recipes/variety_curve.py): `base_run=runs/demo` reuses a finished run's base data and
+model, `gatt_values_per_family=K` keeps K train values of each family in the GAtt data, and
+`eval_baselines=false` reports the GAtt model alone.
 
 A stage whose inputs (its command, and the stages before it) are unchanged since it finished is
 skipped; an interrupted stage resumes (data shards, training checkpoints); a stage whose inputs
@@ -31,9 +34,7 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -45,11 +46,12 @@ import torch
 
 from gatt.cli import exit_on_bad_input
 from gatt.eval.report import format_table
+from gatt.machine import available_cpus, machine_calibration
 from gatt.train import dataclass_from_dict, read_yaml_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # `accelerate launch` gives each process OMP_NUM_THREADS=1 unless it is set: on a CPU that halves training speed.
-CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+CPUS = available_cpus()
 
 
 @dataclass
@@ -197,25 +199,6 @@ def fingerprint(stage: Stage, upstream: str) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def machine_calibration(size: int = 1024, seconds: float = 1.0) -> dict[str, Any]:
-    """This machine's speed at the start of the run, so that wall times from two machines compare: fp32 matrix
-    products (size^3, median over `seconds`) on the stages' threads, in GFLOP/s, with the CPU and thread count."""
-    torch.set_num_threads(CPUS)
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    for _ in range(3):
-        a @ b  # warm-up
-    times: list[float] = []
-    while sum(times) < seconds:
-        begin = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - begin)
-    cpuinfo = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-             if line.startswith("model name")] if cpuinfo.exists() else []
-    return {"fp32_matmul_gflops": round(2 * size**3 / statistics.median(times) / 1e9, 1), "threads": CPUS,
-            "cpu": names[0] if names else platform.processor() or platform.machine(), "torch": torch.__version__}
-
-
 def run(config: DemoConfig) -> dict[str, Any]:
     out = Path(config.out)
     stamps = out / "stamps"
@@ -225,7 +208,7 @@ def run(config: DemoConfig) -> dict[str, Any]:
     # With base_run, the base model's own stamp: later stages run again when that base model is remade.
     base_stamp = Path(config.base_run) / "stamps" / "base-model.done"
     upstream = " ".join(base_stamp.read_text().split()[:2]) if config.base_run and base_stamp.exists() else ""
-    calibration = machine_calibration()
+    calibration = machine_calibration(CPUS)
     print(f"machine: {calibration['cpu']}, {CPUS} threads, fp32 matmul {calibration['fp32_matmul_gflops']} GFLOP/s", flush=True)
     plan = stages(config)
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # stages import this checkout

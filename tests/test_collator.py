@@ -621,6 +621,24 @@ def test_packed_loss_equals_padded_loss(tokenizers, name, mode):
     assert math.isfinite(out_pack.loss.item())
 
 
+@pytest.mark.parametrize("mode", ["all", "expand"])
+def test_padding_free_packs_every_example_in_one_row_with_the_padded_loss(tokenizers, mode):
+    tok = tokenizers["library"]
+    model = tiny_model(tok).eval()
+    records = RECORDS * 3
+    padded = GAttCollator(tok, mode=mode, max_length=256)(records)
+    rows = GAttCollator(tok, mode=mode, max_length=256, packing=True)(records)
+    flat = GAttCollator(tok, mode=mode, max_length=256, packing=True, padding_free=True)(records)
+    real_tokens = int(padded["attention_mask"].sum())
+    assert rows["input_ids"].shape[0] > 1  # rows of at most max_length need several rows here
+    assert flat["input_ids"].shape == (1, real_tokens)  # one row, not one padding token
+    assert int((flat["labels"] != IGNORE_INDEX).sum()) == int((padded["labels"] != IGNORE_INDEX).sum())
+    with torch.no_grad():
+        assert abs(model(**padded, use_cache=False).loss.item() - model(**flat, use_cache=False).loss.item()) < 1e-5
+    with pytest.raises(ValueError, match="padding_free"):
+        GAttCollator(tok, mode=mode, padding_free=True)
+
+
 def test_packed_rows_with_the_default_model_call(tokenizers):
     """`model(**packed_batch)` as a plain Trainer calls it: no use_cache argument."""
     tok = tokenizers["library"]

@@ -1,0 +1,178 @@
+"""Every benchmark, side by side with what a user would use instead, in one run: one table, one JSON.
+
+  python benchmarks/run.py [--quick] [--device cpu|cuda] [--json OUT.json] [--only KEY ...]
+  python benchmarks/run.py --markdown [results/benchmarks.json]   (README's table, from the committed JSON)
+
+Each benchmark compares ours with theirs in one process, on the same machine, model and data: warm-up,
+repeats, the median, the two sides interleaved. A result's `ratio` is ours / theirs speed (higher is
+better; for memory, their peak over ours) and `goal` the ratio to reach:
+
+  train_vs_trl               our training loop vs trl.SFTTrainer (assistant-only loss), supervised tokens/s,
+                             on the embedded model and on SmolLM2-135M with LoRA         goal >= 1.5
+  one_pass_vs_expand         mode="all" + packing vs mode="expand" (one example per reply)  goal >= 5
+  attention_vs_sdpa          our fast attention path vs torch SDPA, fwd+bwd at T=2048     goal >= 0.95
+  attention_memory_vs_eager  Hugging Face eager attention's peak memory over ours         goal >= 4
+  rollout_vs_hf_generate     batched KV-reuse rollouts vs generate() per turn             goal >= 3
+  teacher_vs_hf_generate     our batched teacher vs a generate(num_return_sequences=k) loop goal >= 4
+  (cuda) teacher_batched_vs_single  the teacher batched across dialogues vs one at a time  goal >= 4
+
+`--quick` takes under 5 minutes on 2 CPU cores, the full run under 30. The JSON holds every result under
+its key, with the machine it ran on (CPU, cores, threads, device, torch, an fp32 matmul calibration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules beside this file
+
+import torch  # noqa: E402
+
+from gatt.cli import exit_on_bad_input  # noqa: E402
+from gatt.machine import available_cpus, machine_calibration  # noqa: E402
+
+# key -> the module whose run(quick, device) returns it, in the order they run
+BENCHMARKS: dict[str, str] = {
+    "train_vs_trl": "bench_train",
+    "one_pass_vs_expand": "bench_collator",
+    "attention_vs_sdpa": "bench_attention",
+    "attention_memory_vs_eager": "bench_attention",
+    "rollout_vs_hf_generate": "bench_eval",
+    "teacher_vs_hf_generate": "bench_teacher",
+}
+GPU_ONLY = {"teacher_batched_vs_single": "bench_teacher"}
+LABELS = {
+    "train_vs_trl": "training loop vs TRL SFTTrainer",
+    "one_pass_vs_expand": 'mode="all" + packing vs one example per reply',
+    "attention_vs_sdpa": "fast attention vs torch SDPA (T=2048)",
+    "attention_memory_vs_eager": "peak memory: HF eager attention / ours (T=2048)",
+    "rollout_vs_hf_generate": "eval rollouts vs generate() per turn",
+    "teacher_vs_hf_generate": "batched teacher vs generate() loop",
+    "teacher_batched_vs_single": "teacher batched vs one dialogue at a time",
+}
+COMMITTED = Path("results/benchmarks.json")
+
+
+def machine(device: str) -> dict[str, Any]:
+    """Where the figures come from: the CPU and its speed now, the cores, the device."""
+    record = {**machine_calibration(), "cores": available_cpus(), "python": platform.python_version(), "device": device}
+    if device == "cuda":
+        record["gpu"] = torch.cuda.get_device_name()
+    return record
+
+
+def run(keys: list[str], quick: bool, device: str) -> dict[str, Any]:
+    """Run the modules behind `keys` (each once, in order); returns the JSON payload."""
+    payload: dict[str, Any] = {"machine": machine(device), "quick": quick, "seconds": {}}
+    modules = list(dict.fromkeys(BENCHMARKS.get(key) or GPU_ONLY[key] for key in keys))
+    for name in modules:
+        print(f"== {name} ({', '.join(k for k in keys if (BENCHMARKS.get(k) or GPU_ONLY.get(k)) == name)})", flush=True)
+        start = time.perf_counter()
+        results = importlib.import_module(name).run(quick, device)
+        payload["seconds"][name] = round(time.perf_counter() - start, 1)
+        payload.update({key: value for key, value in results.items() if key in keys})
+    return payload
+
+
+def figure(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def side(result: dict[str, Any], which: str) -> str:
+    """A side's raw figure; per-model figures (train_vs_trl) as `model: figure` pairs."""
+    value = result[which]
+    if isinstance(value, dict):
+        return ", ".join(f"{model}: {figure(v)}" for model, v in value.items())
+    return figure(value)
+
+
+def table_rows(payload: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for key in [*BENCHMARKS, *GPU_ONLY]:
+        if key in payload:
+            r = payload[key]
+            ratio = f"{r['ratio']:.2f}x"
+            if "per_model" in r:  # the headline is the lowest; each model's beside it
+                ratio += " (" + ", ".join(f"{model}: {m['ratio']:.2f}x" for model, m in r["per_model"].items()) + ")"
+            rows.append([key, LABELS[key], side(r, "ours"), side(r, "theirs"), r["unit"], ratio,
+                         f">= {r['goal']:g}x", "met" if r["met"] else "MISSED"])
+    return rows
+
+
+def print_table(payload: dict[str, Any]) -> None:
+    header = ["benchmark", "what", "ours", "theirs", "unit", "ratio", "goal", ""]
+    rows = [header, *table_rows(payload)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def markdown(payload: dict[str, Any], gpu: dict[str, Any] | None = None) -> str:
+    """README's table: one row per benchmark, the ratio against its goal; a GPU column where a GPU run exists."""
+    m = payload["machine"]
+    cpu = f"{m['cores']} CPU cores ({m['cpu']}, {m['fp32_matmul_gflops']} GFLOP/s fp32)"
+    header = ["benchmark", "compared", "ours", "theirs", "unit", f"ratio, {cpu}", "goal"]
+    if gpu:
+        header.append(f"ratio, {gpu['machine'].get('gpu', 'GPU')}")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for key, label, ours, theirs, unit, ratio, goal, met in table_rows(payload):
+        headline, _, per_model = ratio.partition(" ")
+        cells = [f"`{key}`", label, ours, theirs, unit, f"**{headline}** ({met}) {per_model}".rstrip(), goal.replace(">=", "≥")]
+        if gpu:
+            cells.append(f"{gpu[key]['ratio']:.2f}x" if key in gpu else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Written whole under a temporary name, then renamed: never a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python benchmarks/run.py", description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes, fewer repeats: under 5 minutes on 2 CPU cores")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where models run (default: cpu)")
+    parser.add_argument("--json", type=Path, metavar="OUT.json", help="write every result, with the machine, to this file")
+    parser.add_argument("--only", nargs="+", metavar="KEY", help="run only these benchmarks (keys above)")
+    parser.add_argument("--markdown", nargs="?", const=COMMITTED, type=Path, metavar="JSON",
+                        help=f"print README's table from a results file (default {COMMITTED}; its _gpu twin adds a column)")
+    args = parser.parse_args(argv)
+    with exit_on_bad_input():
+        if args.markdown:
+            if not args.markdown.is_file():
+                raise FileNotFoundError(f"{args.markdown}: no such results file (python benchmarks/run.py --json {args.markdown})")
+            gpu_path = args.markdown.with_name(args.markdown.stem + "_gpu.json")
+            gpu = json.loads(gpu_path.read_text()) if gpu_path.is_file() else None
+            print(markdown(json.loads(args.markdown.read_text()), gpu), end="")
+            return
+        keys = args.only or [*BENCHMARKS, *(GPU_ONLY if args.device == "cuda" else {})]
+        unknown = [k for k in keys if k not in BENCHMARKS and k not in GPU_ONLY]
+        if unknown:
+            raise ValueError(f"--only: unknown benchmark(s) {', '.join(unknown)}; valid: {', '.join([*BENCHMARKS, *GPU_ONLY])}")
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device here")
+        if args.device == "cpu" and any(k in GPU_ONLY for k in keys):
+            raise ValueError(f"--only: {', '.join(k for k in keys if k in GPU_ONLY)} needs --device cuda")
+        payload = run(keys, args.quick, args.device)
+        print()
+        print_table(payload)
+        if args.json:
+            write_json(args.json, payload)
+            print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""The machine a timing came from: CPU, threads, device and a speed calibration, so that wall times and
+throughputs from two machines can be compared (the same training step has run 3x slower on one 2-core
+VM than on another)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (the affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")] if cpuinfo.exists() else []
+    return names[0] if names else platform.processor() or platform.machine()
+
+
+def machine_calibration(threads: int | None = None, size: int = 1024, seconds: float = 1.0) -> dict[str, Any]:
+    """This machine's speed now: fp32 matrix products (size^3, median over `seconds`) on `threads` threads
+    (default: every available CPU), in GFLOP/s, with the CPU, the thread count and the torch version."""
+    threads = threads or available_cpus()
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(3):
+        a @ b  # warm-up
+    times: list[float] = []
+    while sum(times) < seconds:
+        begin = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - begin)
+    return {"fp32_matmul_gflops": round(2 * size**3 / statistics.median(times) / 1e9, 1), "threads": threads,
+            "cpu": cpu_name(), "torch": torch.__version__}
+
+
+__all__ = ["available_cpus", "cpu_name", "machine_calibration"]

@@ -1,0 +1,158 @@
+"""The rollout and teacher benchmarks (benchmarks/bench_eval.py, bench_teacher.py): both sides do the same work."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+
+import bench_eval  # noqa: E402
+import bench_teacher  # noqa: E402
+import gatt.generation  # noqa: E402
+from data_gen.synthesis import SynthesisConfig  # noqa: E402
+from data_gen.teacher import ModelTeacher  # noqa: E402
+from gatt.eval.inputs import load_eval_constraints, load_eval_turns  # noqa: E402
+from gatt.eval.plan import plan_dialogues  # noqa: E402
+from gatt.eval.rollout import RolloutConfig, reference_rollout, rollout  # noqa: E402
+from gatt.generation import ChatBatch  # noqa: E402
+from gatt.modeling import GattConfig, GattForCausalLM  # noqa: E402
+from gatt.tokenizer import train_tokenizer  # noqa: E402
+
+TEXTS = [f"Tell me about topic {i}. The weather is nice and tennis is fun, {i * 7} times." for i in range(300)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one thread is as fast, and far less hurt by other processes on the cores than several."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(TEXTS, vocab_size=400)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    torch.manual_seed(0)
+    config = GattConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                        eos_token_id=tokenizer.eos_token_id)
+    return GattForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(model, tokenizer, tmp_path_factory):
+    path = tmp_path_factory.mktemp("teacher")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------ bench_eval
+
+
+def test_eval_sides_give_identical_replies_and_a_difference_is_named(model, tokenizer):
+    plan = plan_dialogues(load_eval_constraints(), load_eval_turns(), dialogues=3, turns=4, seed=0)
+    config = RolloutConfig(max_new_tokens=6, batch_size=3)
+    ours = rollout(model, tokenizer, plan, config, progress=False)
+    theirs = reference_rollout(model, tokenizer, plan, config, progress=False)
+    assert bench_eval.check_identical(ours, theirs) == 1.0
+    assert sum(len(t["turns"]) for t in ours) == 12
+
+    changed = [dict(t, turns=[dict(turn) for turn in t["turns"]]) for t in theirs]
+    changed[1]["turns"][2]["reply"] += " (changed)"
+    with pytest.raises(AssertionError, match=rf"91\.7% identical\); first: dialogue {plan[1].id}, turn 3: "):
+        bench_eval.check_identical(ours, changed)
+
+
+def test_eval_run_returns_one_comparison_with_identical_replies(monkeypatch):
+    size = {"dialogues": 4, "turns": 2, "max_new_tokens": 4, "batch_size": 2, "repeats": 2}
+    monkeypatch.setattr(bench_eval, "QUICK", size)
+    result = bench_eval.run(quick=True, device="cpu")["rollout_vs_hf_generate"]
+    assert result["identical_replies"] == 1.0 and result["unit"] == "turns/s" and result["goal"] == 3.0
+    assert result["turns_per_round"] == [4, 4]  # a round: one batch of 2 dialogues x 2 turns, each side
+    assert len(result["seconds"]["ours"]) == len(result["seconds"]["theirs"]) == 2
+    assert result["ratio"] == pytest.approx(result["ours"] / result["theirs"], rel=1e-3)
+    assert {k: result["settings"][k] for k in ("dialogues", "turns", "max_new_tokens", "dialogues_per_batch", "repeats")} \
+        == {"dialogues": 4, "turns": 2, "max_new_tokens": 4, "dialogues_per_batch": 2, "repeats": 2}
+
+
+# ------------------------------------------------------------------------------------------ bench_teacher
+
+
+def wants_to_stop(teacher: ModelTeacher) -> None:
+    """Make the teacher's model put nearly all its mass on the end-of-turn tokens: replies would end at once."""
+    stops = sorted(gatt.generation.stop_token_ids(teacher.model, teacher.tokenizer))
+
+    def hook(module, args, output):
+        output.logits[..., stops] = 1e4
+        return output
+
+    teacher.model.register_forward_hook(hook)
+
+
+def test_teacher_and_generate_give_k_candidates_of_exactly_m_tokens(teacher_dir, monkeypatch):
+    k, m = 3, 5
+    teacher = ModelTeacher(teacher_dir, max_new_tokens=m, device="cpu", **bench_teacher.SAMPLING)
+    wants_to_stop(teacher)
+    dialogues = bench_teacher.draw(SynthesisConfig(num_dialogues=3, min_turns=2, max_turns=2, samples_per_turn=k))
+
+    # Without the benchmark's switch, our teacher's replies end at the end-of-turn token: one token each.
+    generated: list[dict] = []
+    original = ChatBatch.generate
+    monkeypatch.setattr(ChatBatch, "generate", lambda self, *a, **kw: generated.append(original(self, *a, **kw)) or generated[-1])
+    bench_teacher.batched_turn(teacher, dialogues, k)
+    assert [len(c.tokens) for out in generated for cs in out.values() for c in cs] == [1] * 3 * k
+
+    with bench_teacher.no_end_of_turn():
+        generated.clear()
+        teacher.seed(0)
+        ours = bench_teacher.draw(SynthesisConfig(num_dialogues=3, min_turns=2, max_turns=2, samples_per_turn=k))
+        for _ in range(2):
+            bench_teacher.batched_turn(teacher, ours, k)
+        theirs = [bench_teacher.generate_candidates(teacher, d.request().messages, k) for d in dialogues]
+    assert gatt.generation.stop_token_ids is not None and gatt.generation.stop_token_ids(teacher.model, teacher.tokenizer)
+    assert len(generated) == 2 and all(len(out) == 3 for out in generated)  # one batched call per turn, 3 dialogues
+    assert [[len(c.tokens) for c in cs] for out in generated for cs in out.values()] == [[m] * k] * 6
+    assert [[len(c) for c in cs] for cs in theirs] == [[m] * k] * 3
+    assert all(len(d.replies) == 2 for d in ours)
+
+
+def test_teacher_sides_synthesise_every_turn(teacher_dir):
+    config = SynthesisConfig(num_dialogues=2, min_turns=3, max_turns=3, samples_per_turn=2)
+    teacher = ModelTeacher(teacher_dir, max_new_tokens=4, device="cpu", **bench_teacher.SAMPLING)
+    with bench_teacher.no_end_of_turn():
+        for turn in (bench_teacher.batched_turn, bench_teacher.generate_turn):
+            seconds, _, dialogues = bench_teacher.synthesis(teacher, turn, config)
+            assert seconds > 0 and [len(d.replies) for d in dialogues] == [3, 3]
+            assert all(isinstance(r, str) for d in dialogues for r in d.replies)
+
+
+def test_teacher_run_returns_the_cpu_comparison(monkeypatch):
+    monkeypatch.setattr(bench_teacher, "QUICK", {"dialogues": 2, "turns": 2, "k": 2, "max_new_tokens": 4, "repeats": 1})
+    results = bench_teacher.run(quick=True, device="cpu")
+    assert list(results) == ["teacher_vs_hf_generate"]  # teacher_batched_vs_single: on a GPU only
+    result = results["teacher_vs_hf_generate"]
+    assert result["unit"] == "turns/s" and result["goal"] == 4.0 and len(result["seconds"]["theirs"]) == 1
+    assert {k: result["settings"][k] for k in ("dialogues", "turns", "k", "max_new_tokens", "repeats")} \
+        == {"dialogues": 2, "turns": 2, "k": 2, "max_new_tokens": 4, "repeats": 1}
+    assert gatt.generation.stop_token_ids.__name__ == "stop_token_ids"  # the switch is undone
+
+
+def test_teacher_batched_vs_single_compares_the_same_synthesis(teacher_dir):
+    """The GPU-only comparison's sides (our teacher batched across dialogues vs one dialogue per call), here on CPU."""
+    config = SynthesisConfig(num_dialogues=3, min_turns=2, max_turns=2, samples_per_turn=2)
+    teachers = {name: ModelTeacher(teacher_dir, max_new_tokens=3, device="cpu") for name in ("batched", "single")}
+    with bench_teacher.no_end_of_turn():
+        rate, seconds, _ = bench_teacher.compare(
+            teachers, {"batched": bench_teacher.batched_turn, "single": bench_teacher.sequential_turn}, config, repeats=2)
+    assert set(rate) == {"batched", "single"} and all(r > 0 for r in rate.values())
+    assert [len(s) for s in seconds.values()] == [2, 2]
+    assert teachers["batched"].batch_size == 3 and teachers["single"].batch_size == 1

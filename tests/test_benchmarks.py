@@ -1,0 +1,55 @@
+"""The benchmark runner: its JSON contract, its errors, and README's table generated from the committed results."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_attention  # noqa: E402
+import run as runner  # noqa: E402
+
+CONTRACT = ["train_vs_trl", "one_pass_vs_expand", "attention_vs_sdpa", "attention_memory_vs_eager",
+            "rollout_vs_hf_generate", "teacher_vs_hf_generate"]
+
+
+def test_runner_names_every_contract_key_once() -> None:
+    assert list(runner.BENCHMARKS) == CONTRACT
+
+
+def test_attention_benchmarks_write_results_with_their_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench_attention, "LENGTH", 256)  # the same code at a length a test can afford
+    out = tmp_path / "bench.json"
+    runner.main(["--quick", "--only", "attention_vs_sdpa", "attention_memory_vs_eager", "--json", str(out)])
+    payload = json.loads(out.read_text())
+    assert {"machine", "attention_vs_sdpa", "attention_memory_vs_eager"} <= set(payload)
+    assert payload["machine"]["fp32_matmul_gflops"] > 0 and payload["machine"]["cores"] >= 1
+    speed, memory = payload["attention_vs_sdpa"], payload["attention_memory_vs_eager"]
+    assert speed["ratio"] == pytest.approx(speed["ours"] / speed["theirs"], rel=1e-3)
+    # eager materialises the (B, H, T, T) weights (and their gradient); ours holds O(T) per head
+    weights_mib = 4 * 8 * 256 * 256 * 4 / 2**20
+    assert memory["theirs"] - memory["ours"] >= weights_mib
+    assert memory["ratio"] == pytest.approx(memory["theirs"] / memory["ours"], rel=1e-3)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_bad_benchmark_key_is_one_error_line() -> None:
+    result = subprocess.run([sys.executable, "benchmarks/run.py", "--only", "nope"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: --only: unknown benchmark(s) nope")
+    assert "Traceback" not in result.stderr
+
+
+def test_readme_table_is_the_committed_results() -> None:
+    """README's benchmark table is `run.py --markdown` of results/benchmarks.json, byte for byte."""
+    table = subprocess.run([sys.executable, "benchmarks/run.py", "--markdown"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- benchmarks: python benchmarks/run.py --markdown -->\n(.*?)<!-- /benchmarks -->", readme, re.S)
+    assert block is not None, "README lacks the generated benchmark table"
+    assert block.group(1) == table
