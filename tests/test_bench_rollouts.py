@@ -17,10 +17,7 @@ from gatt.eval.inputs import load_eval_constraints, load_eval_turns  # noqa: E40
 from gatt.eval.plan import plan_dialogues  # noqa: E402
 from gatt.eval.rollout import RolloutConfig, reference_rollout, rollout  # noqa: E402
 from gatt.generation import ChatBatch  # noqa: E402
-from gatt.modeling import GattConfig, GattForCausalLM  # noqa: E402
-from gatt.tokenizer import train_tokenizer  # noqa: E402
-
-TEXTS = [f"Tell me about topic {i}. The weather is nice and tennis is fun, {i * 7} times." for i in range(300)]
+from test_generation import model, tokenizer  # noqa: E402,F401  (the tiny model and tokenizer fixtures)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -30,21 +27,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return train_tokenizer(TEXTS, vocab_size=400)
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    torch.manual_seed(0)
-    config = GattConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                        eos_token_id=tokenizer.eos_token_id)
-    return GattForCausalLM(config).eval()
 
 
 @pytest.fixture(scope="module")
