@@ -99,17 +99,16 @@ def table_rows(payload: dict[str, Any]) -> list[list[str]]:
     for key in [*BENCHMARKS, *GPU_ONLY]:
         if key in payload:
             r = payload[key]
-            ratio = f"{r['ratio']:.2f}x"
-            if "per_model" in r:  # the headline is the lowest; each model's beside it
-                ratio += " (" + ", ".join(f"{model}: {m['ratio']:.2f}x" for model, m in r["per_model"].items()) + ")"
-            rows.append([key, LABELS[key], side(r, "ours"), side(r, "theirs"), r["unit"], ratio,
-                         f">= {r['goal']:g}x", "met" if r["met"] else "MISSED"])
+            # the headline ratio; a per-model benchmark (its headline the lowest) lists each model's beside it
+            per_model = ", ".join(f"{model}: {m['ratio']:.2f}x" for model, m in r.get("per_model", {}).items())
+            rows.append([key, LABELS[key], side(r, "ours"), side(r, "theirs"), r["unit"], f"{r['ratio']:.2f}x",
+                         f"({per_model})" if per_model else "", f">= {r['goal']:g}x", "met" if r["met"] else "MISSED"])
     return rows
 
 
 def print_table(payload: dict[str, Any]) -> None:
     header = ["benchmark", "what", "ours", "theirs", "unit", "ratio", "goal", ""]
-    rows = [header, *table_rows(payload)]
+    rows = [header, *([*row[:5], f"{row[5]} {row[6]}".rstrip(), *row[7:]] for row in table_rows(payload))]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
@@ -123,9 +122,8 @@ def markdown(payload: dict[str, Any], gpu: dict[str, Any] | None = None) -> str:
     if gpu:
         header.append(f"ratio, {gpu['machine'].get('gpu', 'GPU')}")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for key, label, ours, theirs, unit, ratio, goal, met in table_rows(payload):
-        headline, _, per_model = ratio.partition(" ")
-        cells = [f"`{key}`", label, ours, theirs, unit, f"**{headline}** ({met}) {per_model}".rstrip(), goal.replace(">=", "≥")]
+    for key, label, ours, theirs, unit, ratio, per_model, goal, met in table_rows(payload):
+        cells = [f"`{key}`", label, ours, theirs, unit, f"**{ratio}** ({met}) {per_model}".rstrip(), goal.replace(">=", "≥")]
         if gpu:
             cells.append(f"{gpu[key]['ratio']:.2f}x" if key in gpu else "-")
         lines.append("| " + " | ".join(cells) + " |")

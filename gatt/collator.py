@@ -206,8 +206,10 @@ class GAttCollator:
     def _pack(self, examples: list[Example]) -> dict[str, torch.Tensor]:
         """First-fit rows of at most max_length (padding_free: every example in one row, no padding at all);
         positions restart at 0 for each example (its segment)."""
-        rows: list[list[Example]] = [examples] if self.padding_free else []
-        if not self.padding_free:
+        rows: list[list[Example]] = []
+        if self.padding_free:
+            rows.append(examples)
+        else:
             for e in examples:
                 row = next((r for r in rows if sum(len(x.input_ids) for x in r) + len(e.input_ids) <= self.max_length), None)
                 if row is None:
