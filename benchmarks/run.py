@@ -12,12 +12,15 @@ better; for memory, their peak over ours) and `goal` the ratio to reach:
   one_pass_vs_expand         mode="all" + packing vs mode="expand" (one example per reply)  goal >= 5
   attention_vs_sdpa          our fast attention path vs torch SDPA, fwd+bwd at T=2048     goal >= 0.95
   attention_memory_vs_eager  Hugging Face eager attention's peak memory over ours         goal >= 4
+  linformer_memory_vs_full   full attention's peak memory over Linformer's (k=256)        goal >= 4
   rollout_vs_hf_generate     batched KV-reuse rollouts vs generate() per turn             goal >= 3
   teacher_vs_hf_generate     our batched teacher vs a generate(num_return_sequences=k) loop goal >= 4
   (cuda) teacher_batched_vs_single  the teacher batched across dialogues vs one at a time  goal >= 4
 
 `--quick` takes under 5 minutes on 2 CPU cores, the full run under 30. The JSON holds every result under
 its key, with the machine it ran on (CPU, cores, threads, device, torch, an fp32 matmul calibration).
+`--only KEY ... --json OUT.json` with an existing OUT.json merges: the keys run replace theirs, each
+carrying its own machine record and `quick` flag, and every other key stays.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ BENCHMARKS: dict[str, str] = {
     "one_pass_vs_expand": "bench_collator",
     "attention_vs_sdpa": "bench_attention",
     "attention_memory_vs_eager": "bench_attention",
+    "linformer_memory_vs_full": "bench_linformer",
     "rollout_vs_hf_generate": "bench_eval",
     "teacher_vs_hf_generate": "bench_teacher",
 }
@@ -54,6 +58,7 @@ LABELS = {
     "one_pass_vs_expand": 'mode="all" + packing vs one example per reply',
     "attention_vs_sdpa": "fast attention vs torch SDPA (T=2048)",
     "attention_memory_vs_eager": "peak memory: HF eager attention / ours (T=2048)",
+    "linformer_memory_vs_full": "peak memory: full attention / Linformer k=256 (T=4096, not causal)",
     "rollout_vs_hf_generate": "eval rollouts vs generate() per turn",
     "teacher_vs_hf_generate": "batched teacher vs generate() loop",
     "teacher_batched_vs_single": "teacher batched vs one dialogue at a time",
@@ -138,12 +143,23 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def merge_into(path: Path, payload: dict[str, Any], keys: list[str]) -> dict[str, Any]:
+    """An --only run's `keys` merged into the results already at `path`: each new result carries the machine and
+    `quick` of its own run (the file's top-level record stays that of the run that made the other keys)."""
+    merged = json.loads(path.read_text())
+    for key in keys:
+        merged[key] = {**payload[key], "machine": payload["machine"], "quick": payload["quick"]}
+    merged.setdefault("seconds", {}).update(payload["seconds"])
+    return merged
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python benchmarks/run.py", description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, fewer repeats: under 5 minutes on 2 CPU cores")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where models run (default: cpu)")
-    parser.add_argument("--json", type=Path, metavar="OUT.json", help="write every result, with the machine, to this file")
+    parser.add_argument("--json", type=Path, metavar="OUT.json",
+                        help="write every result, with the machine, to this file (with --only, merged into an existing one)")
     parser.add_argument("--only", nargs="+", metavar="KEY", help="run only these benchmarks (keys above)")
     parser.add_argument("--markdown", nargs="?", const=COMMITTED, type=Path, metavar="JSON",
                         help=f"print README's table from a results file (default {COMMITTED}; its _gpu twin adds a column)")
@@ -168,6 +184,8 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print_table(payload)
         if args.json:
+            if args.only and args.json.is_file():
+                payload = merge_into(args.json, payload, keys)
             write_json(args.json, payload)
             print(f"wrote {args.json}")
 

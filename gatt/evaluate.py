@@ -5,7 +5,9 @@ from a held-out pool; the model under test writes every reply, and every reply i
 instruction's programmatic checks (probe turns ask an attribute question of its family instead) and
 the answer gate (a real answer: not empty, no loop, no repeat of an earlier reply, on the user's topic;
 see gatt/gate.py). User turns without on-topic checks are judged on topic by a likelihood contrast
-under --relevance-model. The same dialogues are rolled out with every model. Writes report.json,
+under --relevance-model. The same dialogues are rolled out with every model; NAME+repeat (the
+instruction in every user turn) and NAME+split (split-softmax: attention on the instruction boosted at
+inference, no fine-tuning) are the same model given the instruction otherwise. Writes report.json,
 report.md, adherence.png, attention.png and transcripts.jsonl, and prints the table in the form of the
 Llama 2 paper's Table 30 (checks and gate; the checks alone are under `checks_only`).
 """
@@ -28,7 +30,7 @@ from gatt.eval.judge import apply_gate
 from gatt.eval.plan import EvalDialogue, plan_dialogues
 from gatt.eval.report import build_report, format_table, write_report
 from gatt.eval.rollout import RolloutConfig, rollout
-from gatt.eval.scoring import REPEAT_SUFFIX
+from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
 from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
 from gatt.generation import add_sampler_arguments
 from gatt.modeling import GattForCausalLM
@@ -80,26 +82,64 @@ def evaluate(
     config: RolloutConfig,
     *,
     repeat: list[str],
+    split: dict[str, list[float]] | None = None,
     device: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Every model's transcripts (plus NAME+repeat for the models in `repeat`).
+    """Every model's transcripts, plus NAME+repeat for the models in `repeat` and NAME+split for those in `split`.
 
-    A dialogue without instruction has nothing to repeat: NAME+repeat gets NAME's transcript of it, not a
-    second rollout of the same prompts."""
+    `split`: split-softmax strengths per model; one strength is the column NAME+split, several are
+    NAME+split@STRENGTH each (`split_column`)."""
+    split = split or {}
     transcripts: list[dict[str, Any]] = []
-    instructed = [d for d in dialogues if d.instruction]
     for name, path in models.items():
-        model, tokenizer = load_model(path, attention=config.measure_attention, device=device)
+        attention = config.measure_attention or name in split
+        model, tokenizer = load_model(path, attention=attention, device=device)
         print(f"[eval] {name}: {len(dialogues)} dialogues x {max(len(d.turns) for d in dialogues)} turns", file=sys.stderr)
         own = [{"model": name, **t} for t in rollout(model, tokenizer, dialogues, config)]
         transcripts += own
         if name in repeat:
-            print(f"[eval] {name + REPEAT_SUFFIX}: {len(instructed)} dialogues with an instruction", file=sys.stderr)
-            repeated = iter(rollout(model, tokenizer, instructed, replace(config, repeat_instruction=True)) if instructed else [])
-            transcripts += [{**t, "model": name + REPEAT_SUFFIX} if t["instruction"] is None
-                            else {"model": name + REPEAT_SUFFIX, **next(repeated)} for t in own]
+            transcripts += variant(name + REPEAT_SUFFIX, model, tokenizer, own, dialogues, replace(config, repeat_instruction=True))
+        for strength in split.get(name, []):
+            column = split_column(name, strength, split[name])
+            transcripts += variant(column, model, tokenizer, own, dialogues, replace(config, split_softmax=strength))
         del model
     return transcripts
+
+
+def variant(column: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, own: list[dict[str, Any]],
+            dialogues: list[EvalDialogue], config: RolloutConfig) -> list[dict[str, Any]]:
+    """A model's transcripts under another way of giving the instruction (repeated, boosted), as `column`.
+
+    A dialogue without instruction is the same either way: it gets the model's own transcript, not a
+    second rollout of the same prompts."""
+    instructed = [d for d in dialogues if d.instruction]
+    print(f"[eval] {column}: {len(instructed)} dialogues with an instruction", file=sys.stderr)
+    rolled = iter(rollout(model, tokenizer, instructed, config) if instructed else [])
+    return [{**t, "model": column} if t["instruction"] is None else {"model": column, **next(rolled)} for t in own]
+
+
+def split_column(name: str, strength: float, strengths: list[float]) -> str:
+    """NAME+split for a model's only strength, NAME+split@STRENGTH when there are several."""
+    return name + SPLIT_SUFFIX + ("" if len(strengths) == 1 else f"@{strength:g}")
+
+
+def parse_split(specs: list[str], models: dict[str, str]) -> dict[str, list[float]]:
+    """`--split-softmax NAME:STRENGTH[,STRENGTH...]` -> {NAME: [strengths]}, each strength in [0, 1]."""
+    split: dict[str, list[float]] = {}
+    for spec in specs:
+        name, sep, values = spec.rpartition(":")
+        if not sep or name not in models:
+            raise ValueError(f"--split-softmax expects NAME:STRENGTH with NAME a --model, got {spec!r}")
+        try:
+            strengths = [float(v) for v in values.split(",")]
+        except ValueError:
+            raise ValueError(f"--split-softmax {spec}: strengths must be numbers in [0, 1]") from None
+        if any(not 0.0 <= s <= 1.0 for s in strengths) or len(set(strengths)) != len(strengths):
+            raise ValueError(f"--split-softmax {spec}: strengths must be distinct numbers in [0, 1]")
+        if name in split:
+            raise ValueError(f"--split-softmax names {name!r} twice; give its strengths once, comma-separated")
+        split[name] = strengths
+    return split
 
 
 def needs_relevance_model(dialogues: list[EvalDialogue]) -> bool:
@@ -123,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example: python -m gatt.evaluate --model base=runs/demo/base/final --model gatt=runs/demo/gatt/final "
-        "--turns 30 --dialogues 64 --seed 0 --out runs/demo/report --repeat-instruction base",
+        "--turns 30 --dialogues 64 --seed 0 --out runs/demo/report --repeat-instruction base --split-softmax base:0.5",
     )
     parser.add_argument("--model", action="append", required=True, metavar="NAME=DIR",
                         help="a model under test: a chat-model directory (or .gguf file); repeat for several")
@@ -140,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeat-instruction", nargs="*", metavar="NAME", default=None,
                         help="also evaluate the upper bound with the instruction appended to every user turn, as "
                              "NAME+repeat, for the named models (no names: all)")
+    parser.add_argument("--split-softmax", action="append", default=[], metavar="NAME:STRENGTH",
+                        help="also evaluate NAME with split-softmax (Li et al. 2024: every head's attention on the "
+                             "instruction boosted at inference, no fine-tuning) as NAME+split; STRENGTH in [0, 1], "
+                             "0: no change; several comma-separated strengths give NAME+split@STRENGTH columns")
     parser.add_argument("--placement", choices=["system", "first_user"], default="system",
                         help="where turn one gives the instruction (default: system)")
     parser.add_argument("--probe-every", type=int, default=4, help="a probe every N turns from turn 2; 0: none (default: 4)")
@@ -171,6 +215,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     unknown = sorted(set(repeat) - set(models))
     if unknown:
         raise ValueError(f"--repeat-instruction names no --model: {', '.join(unknown)}")
+    split = parse_split(args.split_softmax, models)
     no_instruction = args.dialogues // 4 if args.no_instruction_dialogues is None else args.no_instruction_dialogues
     dialogues = plan_dialogues(
         load_eval_constraints(args.constraints), load_eval_turns(args.user_turns), dialogues=args.dialogues,
@@ -187,12 +232,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     relevance_model = None if relevance_model == "none" else relevance_model
     if relevance_model is not None:
         require_model(f"--relevance-model {relevance_model}", relevance_model)
-    transcripts = evaluate(models, dialogues, config, repeat=repeat, device=args.device)
+    transcripts = evaluate(models, dialogues, config, repeat=repeat, split=split, device=args.device)
     judge(transcripts, dialogues, relevance_model=relevance_model, others=args.relevance_others, seed=args.seed,
           device=args.device)
     gate = GateConfig()
     settings = {
-        "models": models, "repeat_instruction": repeat, "turns": args.turns, "dialogues": args.dialogues,
+        "models": models, "repeat_instruction": repeat, **({"split_softmax": split} if split else {}), "turns": args.turns, "dialogues": args.dialogues,
         "no_instruction_dialogues": no_instruction, "seed": args.seed,
         "constraints": str(args.constraints or "built-in"), "user_turns": str(args.user_turns or "built-in held-out pool"),
         "placement": args.placement, "probe_every": args.probe_every, "short_prob": args.short_prob,

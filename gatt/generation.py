@@ -10,6 +10,8 @@ and the rendered ones are fed instead, so every turn sees exactly the re-encoded
 
 With `k > 1` the prompt is encoded once and the cache repeated for k sampled candidates; `keep` then
 keeps one candidate per dialogue (rejection sampling) and drops the others' cache rows.
+With `split_softmax=STRENGTH`, every forward call boosts each row's attention on its marked tokens (the
+instruction) by split-softmax (gatt/split_softmax.py): the cache columns of those tokens are known here.
 The attention probe (`measure_attention=True`, for attention that returns its weights: the library's,
 or a Hugging Face model loaded with `attn_implementation="gatt"`) gives, for each reply, the share of
 attention its tokens put on given prompt tokens (the instruction), per layer, averaged over heads.
@@ -31,6 +33,8 @@ from transformers.generation import (
     TemperatureLogitsWarper,
     TopPLogitsWarper,
 )
+
+from gatt.split_softmax import SplitSoftmax
 
 
 class GrowingLayer(DynamicLayer):
@@ -82,6 +86,12 @@ class _Row:
 
     def copy(self) -> "_Row":
         return _Row(list(self.fed), list(self.columns), list(self.marked))
+
+
+def uses_library_attention(model: PreTrainedModel) -> bool:
+    """Whether the model attends with gatt.attention: the library's model, or `attn_implementation="gatt"`."""
+    config = model.config
+    return config.model_type == "gatt" or getattr(config, "_attn_implementation", None) == "gatt"
 
 
 def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
@@ -141,9 +151,14 @@ class ChatBatch:
         *,
         max_new_tokens: int,
         measure_attention: bool = False,
+        split_softmax: float | None = None,
     ) -> None:
         self.model, self.sampler, self.max_new_tokens = model, sampler, max_new_tokens
         self.measure_attention = measure_attention
+        if split_softmax is not None and not uses_library_attention(model):
+            raise ValueError("split-softmax runs in the library's attention: use a GattForCausalLM, or load the "
+                             "Hugging Face model with attn_implementation=\"gatt\"")
+        self.split_softmax = split_softmax  # strength: boost the attention on each row's marked tokens
         self.stops = stop_token_ids(model, tokenizer)
         self.tokenizer = tokenizer
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -240,9 +255,15 @@ class ChatBatch:
         self.mask = torch.cat([self.mask, segment_mask.to(device)], dim=1)
         output = self.model(
             input_ids=input_ids.to(device), attention_mask=self.mask, position_ids=position_ids.to(device),
-            past_key_values=self.cache, use_cache=True, logits_to_keep=1,
+            past_key_values=self.cache, use_cache=True, logits_to_keep=1, **self._split_softmax(),
         )
         return output.logits[:, -1]
+
+    def _split_softmax(self) -> dict[str, SplitSoftmax]:
+        """The `split_softmax` keyword of a forward call: every row's marked columns (none: nothing to boost)."""
+        if self.split_softmax is None:
+            return {}
+        return {"split_softmax": SplitSoftmax.from_columns(self.split_softmax, [r.marked for r in self.rows], self.model.device)}
 
     def _decode(self, logits: Tensor) -> tuple[list[list[int]], list[list[Tensor]]]:
         """One token per row and step until every row has stopped; finished rows feed holes."""
@@ -273,6 +294,7 @@ class ChatBatch:
                 attention_mask=self.mask,
                 position_ids=torch.tensor([len(r.fed) - 1 for r in self.rows], device=device)[:, None],
                 past_key_values=self.cache, use_cache=True, output_attentions=self.measure_attention,
+                **self._split_softmax(),
             )
             logits = output.logits[:, -1]
             if self.measure_attention:

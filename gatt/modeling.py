@@ -43,6 +43,7 @@ from gatt.attention import (
     segment_ids_from_position_ids,
     segment_spans,
 )
+from gatt.split_softmax import SplitSoftmax
 
 
 @strict
@@ -133,6 +134,7 @@ class GattDecoderLayer(GradientCheckpointingLayer):
         past_key_values: Cache | None = None,
         return_weights: bool = False,
         spans: list[list[tuple[int, int]]] | None = None,
+        split_softmax: SplitSoftmax | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         attn_out, weights = self.self_attn(
             self.input_layernorm(hidden_states),
@@ -142,6 +144,7 @@ class GattDecoderLayer(GradientCheckpointingLayer):
             past_key_values=past_key_values,
             return_weights=return_weights,
             spans=spans,
+            split_softmax=split_softmax,
         )
         hidden_states = hidden_states + attn_out
         hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
@@ -192,9 +195,14 @@ class GattModel(GattPreTrainedModel):
         use_cache: bool | None = None,
         segment_ids: Tensor | None = None,
         output_attentions: bool = False,
+        split_softmax: SplitSoftmax | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast:
-        """attention_mask: (B, past + T) with 1 on real tokens, or a 4-D bool mask used as is."""
+        """attention_mask: (B, past + T) with 1 on real tokens, or a 4-D bool mask used as is.
+
+        `split_softmax`: every layer boosts its attention on the instruction's key columns (inference-time
+        rival to GAtt, gatt/split_softmax.py).
+        """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
@@ -236,6 +244,7 @@ class GattModel(GattPreTrainedModel):
                 past_key_values=past_key_values,
                 return_weights=output_attentions,
                 spans=spans,
+                split_softmax=split_softmax,
             )
             if output_attentions:
                 attentions.append(weights)
@@ -312,6 +321,7 @@ class GattForCausalLM(GattPreTrainedModel, GenerationMixin):
         output_attentions: bool = False,
         logits_to_keep: int | Tensor = 0,
         skip_logits: bool = False,
+        split_softmax: SplitSoftmax | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
         """Logits (B, T, V); with `labels` (-100 = no loss), the mean next-token cross-entropy.
@@ -328,6 +338,7 @@ class GattForCausalLM(GattPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             segment_ids=segment_ids,
             output_attentions=output_attentions,
+            split_softmax=split_softmax,
         )
         hidden_states = outputs.last_hidden_state
         if skip_logits and labels is not None:

@@ -224,3 +224,30 @@ def test_cli_refuses_bad_input(model_dir, eval_inputs, tmp_path):
     with pytest.raises(SystemExit, match="^error: --model a=missing_dir: no such model folder"):
         evaluate_main(["--model", "a=missing_dir", "--out", str(tmp_path / "z")])
     assert not (tmp_path / "x").exists() and not (tmp_path / "z").exists()  # nothing half-written
+
+
+def test_cli_split_softmax_adds_the_boosted_column(model_dir, eval_inputs, tmp_path):
+    report = run_cli(model_dir, eval_inputs, tmp_path / "s", "--split-softmax", "base:0.9")
+    assert set(report) == {"settings", "base", "other", "base+split"}
+    assert report["settings"]["split_softmax"] == {"base": [0.9]}
+    lines = [json.loads(line) for line in (tmp_path / "s" / "transcripts.jsonl").read_text().splitlines()]
+    base = {line["id"]: line for line in lines if line["model"] == "base"}
+    boosted = [line for line in lines if line["model"] == "base+split"]
+    assert len(boosted) == 4 + 1
+    for line in boosted:
+        if line["instruction"] is None:  # nothing to boost: base's own transcript
+            assert {**line, "model": "base"} == base[line["id"]]
+    # the boosted model puts more of its attention on the instruction than the same model without it
+    for turn in ("2", "6"):
+        assert report["base+split"]["attention_on_instruction"][turn] > report["base"]["attention_on_instruction"][turn]
+    sweep = run_cli(model_dir, eval_inputs, tmp_path / "w", "--split-softmax", "other:0.2,0.6", "--no-attention")
+    assert {"other+split@0.2", "other+split@0.6"} <= set(sweep)
+    assert sweep["base"]["per_turn"] == report["base"]["per_turn"]
+
+
+@pytest.mark.parametrize("spec,message", [("nobody:0.5", "NAME a --model"), ("base:2", "in \\[0, 1\\]"),
+                                          ("base:x", "numbers"), ("base", "NAME:STRENGTH")])
+def test_cli_refuses_a_bad_split_softmax_spec(model_dir, eval_inputs, tmp_path, spec, message):
+    with pytest.raises(SystemExit, match=f"^error: .*{message}"):
+        run_cli(model_dir, eval_inputs, tmp_path / "bad", "--split-softmax", spec)
+    assert not (tmp_path / "bad").exists()

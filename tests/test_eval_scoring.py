@@ -8,6 +8,7 @@ import pytest
 
 from gatt.eval.report import _markdown, build_report, format_table, write_report
 from gatt.eval.scoring import (
+    STRATA_INSTRUCTED,
     adherence_per_turn,
     attention_max_head,
     attention_per_head,
@@ -142,6 +143,13 @@ def test_no_regression_and_attention(transcripts: list[dict[str, Any]]) -> None:
     assert no_regression(transcripts) == {"on_topic": 0.5, "n": 4, "ci95": rate(2, 4)["ci95"], "mean_words": 1.0}
     assert no_regression(transcripts, "checks_passed") == {"on_topic": 0.75, "n": 4, "ci95": rate(3, 4)["ci95"], "mean_words": 1.0}
     assert no_regression(transcripts[:5]) is None
+    # With the instruction: every chat turn of the instructed dialogues (all pass the gate here); probes do not count.
+    instructed = no_regression(transcripts, strata=STRATA_INSTRUCTED)
+    assert instructed == {"on_topic": 1.0, "n": 17, "ci95": rate(17, 17)["ci95"], "mean_words": 1.0}
+    transcripts[0]["turns"][1]["kind"] = "probe"
+    assert no_regression(transcripts, strata=STRATA_INSTRUCTED)["n"] == 16
+    assert no_regression(transcripts, "checks_passed", STRATA_INSTRUCTED) is None  # no on-topic checks there
+    transcripts[0]["turns"][1]["kind"] = "chat"
     # The "none" dialogue's attention is excluded: it has no instruction to attend to.
     assert attention_per_turn(transcripts) == pytest.approx({"1": 0.3, "2": 0.3, "4": 0.6})
     assert attention_per_turn(transcripts[1:2]) == {}
@@ -161,7 +169,8 @@ def test_max_head_is_the_head_that_keeps_the_instruction_over_replies() -> None:
 
 def test_score_model_keys(transcripts: list[dict[str, Any]]) -> None:
     scores = score_model(transcripts)
-    adherence = {"per_turn", "heldout_per_turn", "heldout_family_per_turn", "per_family", "survival", "no_regression"}
+    adherence = {"per_turn", "heldout_per_turn", "heldout_family_per_turn", "per_family", "survival", "no_regression",
+                 "no_regression_instructed"}
     assert set(scores) == adherence | {"checks_only", "answer_gate", "attention_on_instruction",
                                        "attention_on_instruction_max_head", "stop_reasons", "dialogues"}
     assert set(scores["checks_only"]) == adherence

@@ -92,11 +92,14 @@ def _adherence_sections(report: dict[str, Any], checks_only: bool, level: str) -
             cells.append("–" if mean is None else f"{mean:.2f} (n={s['n']})")
         rows.append((split, cells))
     parts += [f"{level} Survival: mean turn of the first violation", _table("Split", models, rows)]
-    if any(scores[m]["no_regression"] for m in models):
-        regression = [scores[m]["no_regression"] for m in models]
-        rows = [("on topic", [_cell(r, "on_topic") for r in regression]),
-                ("mean words per reply", ["–" if r is None else f"{r['mean_words']:.1f}" for r in regression])]
-        parts += [f"{level} No regression: on-topic rate without an instruction", _table("", models, rows)]
+    rows = []
+    for key, where in (("no_regression", "without an instruction"), ("no_regression_instructed", "with the instruction")):
+        regression = [scores[m].get(key) for m in models]
+        if any(regression):
+            rows += [(f"on topic, {where}", [_cell(r, "on_topic") for r in regression]),
+                     (f"mean words per reply, {where}", ["–" if r is None else f"{r['mean_words']:.1f}" for r in regression])]
+    if rows:
+        parts += [f"{level} No regression: on-topic rate and reply length (chat turns)", _table("", models, rows)]
     return parts
 
 

@@ -5,7 +5,8 @@ dialogue kept across turns, so a history is never re-encoded (see that module fo
 different lengths and re-tokenised replies are handled). `reference_rollout` re-encodes the rendered
 history with Hugging Face `generate()` each turn, one dialogue at a time: the reference for tests and
 benchmarks. With `measure_attention`, each reply records the share of attention its tokens put on the
-instruction's tokens, per (layer, head), and its means per layer and over the network.
+instruction's tokens, per (layer, head), and its means per layer and over the network. With
+`split_softmax`, every layer boosts its attention on the instruction's tokens as the replies are written.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class RolloutConfig:
     placement: Placement = "system"  # where turn one gives the instruction
     repeat_instruction: bool = False  # the upper bound: the instruction appended to every user turn instead
     measure_attention: bool = False
+    split_softmax: float | None = None  # strength: boost every head's attention on the instruction (gatt/split_softmax.py)
 
 
 @dataclass
@@ -136,7 +138,7 @@ def rollout(
         for start in range(0, len(dialogues), config.batch_size):
             rows = [_Rollout(d) for d in dialogues[start : start + config.batch_size]]
             chat = ChatBatch(model, tokenizer, sampler, max_new_tokens=config.max_new_tokens,
-                             measure_attention=config.measure_attention)
+                             measure_attention=config.measure_attention, split_softmax=config.split_softmax)
             for t in range(max(len(r.dialogue.turns) for r in rows)):
                 prompts, marked, users = {}, {}, {}
                 for i, row in enumerate(rows):
@@ -173,8 +175,8 @@ def reference_rollout(
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """The same transcripts the slow way: Hugging Face `generate()` per turn on the re-encoded history, one dialogue at a time."""
-    if config.do_sample or config.measure_attention:
-        raise ValueError("reference_rollout is the greedy reference: no sampling, no attention probe")
+    if config.do_sample or config.measure_attention or config.split_softmax is not None:
+        raise ValueError("reference_rollout is the greedy reference: no sampling, no attention probe, no split-softmax")
     model.eval()
     stops = sorted(stop_token_ids(model, tokenizer))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]

@@ -16,9 +16,11 @@ from gatt.gate import REASONS
 Transcript = dict[str, Any]
 
 REPEAT_SUFFIX = "+repeat"  # the model name of a model's upper bound: the instruction repeated in every user turn
+SPLIT_SUFFIX = "+split"  # a model with split-softmax: its attention on the instruction boosted at inference
 FOLLOWABLE = 0.8  # a family the upper bound follows this often (all turns) is one the model can follow when reminded
 TRAIN: tuple[str, ...] = ("train",)
 HELDOUT: tuple[str, ...] = ("heldout_value", "heldout_family")
+STRATA_INSTRUCTED: tuple[str, ...] = TRAIN + HELDOUT
 Z95 = 1.959963984540054
 Key = Literal["passed", "checks_passed"]
 
@@ -144,13 +146,16 @@ def attention_max_head(per_head: dict[str, list[list[float]]]) -> dict[str, floa
     return {turn: max(max(row) for row in heads) for turn, heads in per_head.items()}
 
 
-def no_regression(transcripts: Iterable[Transcript], key: Key = "passed") -> dict[str, Any] | None:
-    """Over the dialogues without an instruction: the share of replies on the user's topic, and their mean length.
+def no_regression(transcripts: Iterable[Transcript], key: Key = "passed", strata: Sequence[str] = ("none",)) -> dict[str, Any] | None:
+    """Over the chat turns of the dialogues without an instruction (or of `strata`): the share of replies on
+    the user's topic, and their mean length.
 
     With the gate (`key="passed"`), on topic means a real answer: the gate's verdict, which judges the
     topic by the turn's on-topic checks or, without them, by likelihood; with the checks alone, the
     turn's on-topic checks (None when no turn has any)."""
-    turns = [turn for t in _select(transcripts, ("none",)) for turn in t["turns"]]
+    turns = [turn for t in _select(transcripts, strata) for turn in t["turns"] if turn["kind"] == "chat"]
+    if not turns:
+        return None
     flags = [turn["gate"]["passed"] if key == "passed" else turn.get("on_topic") for turn in turns]
     flags = [f for f in flags if f is not None]
     if not flags:
@@ -179,6 +184,9 @@ def adherence_scores(transcripts: Sequence[Transcript], key: Key = "passed") -> 
         "per_family": per_family(transcripts, key),
         "survival": {"train": survival(transcripts, TRAIN, key), "heldout": survival(transcripts, HELDOUT, key)},
         "no_regression": no_regression(transcripts, key),
+        # The same scores in the dialogues with an instruction: what the model gives up to follow it (a model
+        # whose attention is boosted at inference, NAME+split, differs from NAME only there).
+        "no_regression_instructed": no_regression(transcripts, key, STRATA_INSTRUCTED),
     }
 
 
