@@ -708,8 +708,9 @@ def hf_attention_forward(
 ) -> tuple[Tensor, Tensor | None]:
     """The `AttentionInterface` signature: returns (output (B, Tq, H, Dv), weights or None).
 
-    A `split_softmax=SplitSoftmax(...)` keyword given to the model's forward (or `generate`) reaches every
-    layer here through transformers' attention kwargs."""
+    A `split_softmax=SplitSoftmax(...)` keyword given to the model's forward reaches every layer here
+    through transformers' attention kwargs (`generate()` refuses keywords its model does not name; the
+    library's model names it, so its `generate()` takes it too)."""
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
     # The "gatt" mask function is transformers' SDPA one: None means a plain causal (or single-query) mask.

@@ -98,7 +98,8 @@ def evaluate(
         own = [{"model": name, **t} for t in rollout(model, tokenizer, dialogues, config)]
         transcripts += own
         if name in repeat:
-            transcripts += variant(name + REPEAT_SUFFIX, model, tokenizer, own, dialogues, replace(config, repeat_instruction=True))
+            repeated = replace(config, repeat_instruction=True)
+            transcripts += variant(name + REPEAT_SUFFIX, model, tokenizer, own, dialogues, repeated)
         for strength in split.get(name, []):
             column = split_column(name, strength, split[name])
             transcripts += variant(column, model, tokenizer, own, dialogues, replace(config, split_softmax=strength))
@@ -237,8 +238,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           device=args.device)
     gate = GateConfig()
     settings = {
-        "models": models, "repeat_instruction": repeat, **({"split_softmax": split} if split else {}), "turns": args.turns, "dialogues": args.dialogues,
-        "no_instruction_dialogues": no_instruction, "seed": args.seed,
+        "models": models, "repeat_instruction": repeat, **({"split_softmax": split} if split else {}),
+        "turns": args.turns, "dialogues": args.dialogues, "no_instruction_dialogues": no_instruction, "seed": args.seed,
         "constraints": str(args.constraints or "built-in"), "user_turns": str(args.user_turns or "built-in held-out pool"),
         "placement": args.placement, "probe_every": args.probe_every, "short_prob": args.short_prob,
         "max_new_tokens": args.max_new_tokens, "decoding": "sample" if args.sample else "greedy",

@@ -56,7 +56,9 @@ class SplitSoftmax:
         if not 0.0 <= self.strength <= 1.0:
             raise ValueError(f"split-softmax strength must lie in [0, 1] (0: no change), got {self.strength}")
         if self.columns.ndim != 2 or self.columns.dtype != torch.long:
-            raise ValueError(f"columns must be a (batch, L) long tensor, got {tuple(self.columns.shape)} {self.columns.dtype}")
+            raise ValueError(
+                f"columns must be a (batch, L) long tensor, got {tuple(self.columns.shape)} {self.columns.dtype}"
+            )
 
     @classmethod
     def from_columns(cls, strength: float, columns: Sequence[Sequence[int]], device: Any = None) -> "SplitSoftmax":
@@ -91,7 +93,9 @@ class SplitSoftmax:
 
     def _check_batch(self, batch: int) -> None:
         if self.columns.shape[0] != batch:
-            raise ValueError(f"split-softmax has instruction columns for {self.columns.shape[0]} rows, the batch has {batch}")
+            raise ValueError(
+                f"split-softmax has instruction columns for {self.columns.shape[0]} rows, the batch has {batch}"
+            )
 
 
 def split_softmax_weights(weights: Tensor, split: SplitSoftmax) -> Tensor:

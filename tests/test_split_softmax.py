@@ -146,6 +146,16 @@ def test_kv_cache_decoding_with_split_softmax_equals_the_full_forward(llama, mod
     torch.testing.assert_close(torch.stack(steps, 1), full[:, 9:23], rtol=1e-4, atol=1e-4)
 
 
+@torch.no_grad()
+def test_generate_of_the_library_model_takes_split_softmax(model):
+    ids, split = IDS[:1, :16], SplitSoftmax.from_columns(0.9, [[2, 3, 4, 5]])
+    tokens = ids[0].tolist()
+    for _ in range(6):  # greedy, re-encoding everything each step
+        tokens.append(int(model(torch.tensor([tokens]), split_softmax=split).logits[0, -1].argmax()))
+    out = model.generate(ids, max_new_tokens=6, do_sample=False, split_softmax=split, pad_token_id=0, eos_token_id=None)
+    assert out[0].tolist() == tokens
+
+
 def test_chat_batch_boosts_each_rows_instruction_like_reencoding(model):
     """Rows of different lengths (left padding, holes): each reply equals a greedy loop that re-encodes the row
     alone with split-softmax on its instruction's columns."""
