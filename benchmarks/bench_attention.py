@@ -57,9 +57,9 @@ def candidates(length: int, device: str) -> dict[str, Attention]:
     }
 
 
-def make_inputs(length: int, device: str) -> tuple[list[Tensor], Tensor]:
+def make_inputs(length: int, device: str, sizes: dict[str, int] = SHAPE) -> tuple[list[Tensor], Tensor]:
     """q, k, v (B, H, T, D) leaves with requires_grad, and a fixed output gradient (B, H, T, D)."""
-    shape = (SHAPE["batch"], SHAPE["heads"], length, SHAPE["head_dim"])
+    shape = (sizes["batch"], sizes["heads"], length, sizes["head_dim"])
     qkv = [torch.randn(shape, device=device, requires_grad=True) for _ in range(3)]
     return qkv, torch.randn(shape, device=device)
 

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bench_attention import MIB, Attention, peak_bytes, timed
+from bench_attention import MIB, Attention, make_inputs, peak_bytes, timed
 from bench_common import comparison, interleaved, main, median
 from gatt.attention import linformer_attention, masked_attention
 
@@ -37,13 +37,6 @@ SHAPE = {"batch": 1, "heads": 8, "head_dim": 64}  # B, H, D: T=4096 full attenti
 PROJECTED = 256  # k
 LENGTH = 4096  # n: E and F are (k, n); the headline length
 LENGTHS = (1024, 2048, 4096)
-
-
-def make_inputs(length: int, device: str) -> tuple[list[Tensor], Tensor]:
-    """q, k, v (B, H, T, D) leaves with requires_grad, and a fixed output gradient (B, H, T, D)."""
-    shape = (SHAPE["batch"], SHAPE["heads"], length, SHAPE["head_dim"])
-    qkv = [torch.randn(shape, device=device, requires_grad=True) for _ in range(3)]
-    return qkv, torch.randn(shape, device=device)
 
 
 def candidates(projections: tuple[Tensor, Tensor]) -> dict[str, Attention]:
@@ -59,7 +52,7 @@ def candidates(projections: tuple[Tensor, Tensor]) -> dict[str, Attention]:
 
 def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
     torch.manual_seed(0)
-    lengths = [LENGTH] if quick else [t for t in LENGTHS if t <= LENGTH]
+    lengths = [LENGTH] if quick else list(LENGTHS)
     repeats = 3 if quick else 5
     projections = tuple(
         (torch.randn(PROJECTED, LENGTH, device=device) * LENGTH**-0.5).requires_grad_(True) for _ in range(2)
@@ -68,7 +61,7 @@ def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
     peaks: dict[int, dict[str, float]] = {}
     ms: dict[int, dict[str, float]] = {}
     for length in lengths:
-        qkv, grad = make_inputs(length, device)
+        qkv, grad = make_inputs(length, device, SHAPE)
         peaks[length] = {}
         for name, fn in sides.items():
             for p in projections:

@@ -419,8 +419,7 @@ def default_inv_freq(head_dim: int, base: float) -> Tensor:
 
 def apply_rotary(query: Tensor, key: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
     """Rotate query (B, H, T, D) and key (B, Hkv, T, D) by the angles of their positions."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, D)
-    return query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
+    return _rotate(query, cos, sin), _rotate(key, cos, sin)
 
 
 def _rotate_half(x: Tensor) -> Tensor:
@@ -429,7 +428,7 @@ def _rotate_half(x: Tensor) -> Tensor:
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x (B, H, T, D) alone by its own (cos, sin) tables (B, T, D): cross-attention's queries and keys."""
+    """Rotate x (B, H, T, D) by the (cos, sin) tables (B, T, D) of its positions (cross-attention: each side its own)."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, D)
     return x * cos + _rotate_half(x) * sin
 

@@ -270,6 +270,7 @@ class ChatBatch:
         device = self.model.device
         replies: list[list[int]] = [[] for _ in self.rows]
         attention: list[list[Tensor]] = [[] for _ in self.rows]  # per row: one (layers, heads) share per reply token read
+        split_softmax = self._split_softmax()  # the rows and their marked columns stay as they are until the reply ends
         finished = [False] * len(self.rows)
         reply = torch.zeros(len(self.rows), 0, dtype=torch.long, device=device)  # (B, step): every row's draws
         for step in range(self.max_new_tokens):
@@ -293,8 +294,7 @@ class ChatBatch:
                 input_ids=torch.tensor([t if f else self.pad for t, f in zip(tokens, feeding)], device=device)[:, None],
                 attention_mask=self.mask,
                 position_ids=torch.tensor([len(r.fed) - 1 for r in self.rows], device=device)[:, None],
-                past_key_values=self.cache, use_cache=True, output_attentions=self.measure_attention,
-                **self._split_softmax(),
+                past_key_values=self.cache, use_cache=True, output_attentions=self.measure_attention, **split_softmax,
             )
             logits = output.logits[:, -1]
             if self.measure_attention:

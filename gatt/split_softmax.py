@@ -33,7 +33,7 @@ heads, Tq queries (the last Tq of the Tk key columns, as with a KV cache), L ins
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -51,6 +51,8 @@ class SplitSoftmax:
 
     strength: float
     columns: Tensor
+    last: Tensor = field(init=False)  # (B,): each row's last instruction column, -1 for none
+    max_column: int = field(init=False)  # read once here, not with a device sync in every layer
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.strength <= 1.0:
@@ -59,6 +61,9 @@ class SplitSoftmax:
             raise ValueError(
                 f"columns must be a (batch, L) long tensor, got {tuple(self.columns.shape)} {self.columns.dtype}"
             )
+        last = self.columns.max(dim=1).values
+        object.__setattr__(self, "last", last)
+        object.__setattr__(self, "max_column", int(last.max()) if last.numel() else -1)
 
     @classmethod
     def from_columns(cls, strength: float, columns: Sequence[Sequence[int]], device: Any = None) -> "SplitSoftmax":
@@ -78,15 +83,15 @@ class SplitSoftmax:
 
     def instruction_mask(self, key_length: int) -> Tensor:
         """(B, Tk) bool: True on the instruction's key columns."""
-        if int(self.columns.max()) >= key_length:
-            raise ValueError(f"an instruction column ({int(self.columns.max())}) lies beyond the {key_length} keys")
+        if self.max_column >= key_length:
+            raise ValueError(f"an instruction column ({self.max_column}) lies beyond the {key_length} keys")
         mask = torch.zeros(self.columns.shape[0], key_length + 1, dtype=torch.bool, device=self.columns.device)
         mask.scatter_(1, torch.where(self.columns < 0, key_length, self.columns), True)  # -1 padding -> a spare column
         return mask[:, :key_length]
 
     def boosted_queries(self, query_length: int, key_length: int) -> Tensor:
         """(B, 1, Tq, 1) bool: the queries split-softmax changes, those after the row's last instruction token."""
-        last = self.columns.max(dim=1).values  # (B,), -1: no instruction
+        last = self.last  # (B,), -1: no instruction
         query_columns = torch.arange(key_length - query_length, key_length, device=self.columns.device)  # (Tq,)
         boosted = (query_columns[None, :] > last[:, None]) & (last[:, None] >= 0)  # (B, Tq)
         return boosted[:, None, :, None]

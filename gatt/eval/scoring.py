@@ -154,8 +154,6 @@ def no_regression(transcripts: Iterable[Transcript], key: Key = "passed", strata
     topic by the turn's on-topic checks or, without them, by likelihood; with the checks alone, the
     turn's on-topic checks (None when no turn has any)."""
     turns = [turn for t in _select(transcripts, strata) for turn in t["turns"] if turn["kind"] == "chat"]
-    if not turns:
-        return None
     flags = [turn["gate"]["passed"] if key == "passed" else turn.get("on_topic") for turn in turns]
     flags = [f for f in flags if f is not None]
     if not flags:
