@@ -15,6 +15,9 @@
       gatt/eval/builtin is regenerated with --out gatt/eval/builtin)
 
 The base and gatt outputs load with `datasets.load_dataset("json", data_files=...)`.
+
+gatt and replay split their dialogues across processes: `torchrun --nproc_per_node N -m data_gen gatt ...`
+(or `accelerate launch -m data_gen gatt ...`) writes the same bytes as one process, N times faster.
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ from data_gen.constraints import FAMILIES, catalogue, limit_values
 from data_gen.eval_set import write_eval_set
 from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.pass_rate import PassRateConfig, format_pass_rates, measure_pass_rates
-from data_gen.teacher import ModelTeacher, OracleTeacher, Teacher
+from data_gen.teacher import TORCH_DTYPES, ModelTeacher, OracleTeacher, Teacher
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import UserTurn, load_user_turns, split_user_turns
 from gatt.checks import Constraint, load_constraints
 from gatt.cli import exit_on_bad_input
+from gatt.distributed import process_state
 from gatt.generation import add_sampler_arguments
 
 
@@ -75,7 +79,13 @@ def _teacher(parser: argparse.ArgumentParser) -> None:
     add_sampler_arguments(parser)  # a model teacher's decoding
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=32, help="prompts per teacher generate() call")
-    parser.add_argument("--device", help="teacher device, e.g. cuda, cuda:1, cpu (default: cuda if available)")
+    parser.add_argument("--device", help="teacher device, e.g. cuda, cuda:1, cpu (default: this process's GPU under "
+                                         "torchrun/accelerate launch, else cuda if available, else cpu)")
+    parser.add_argument("--teacher-dtype", choices=sorted(TORCH_DTYPES), default=None,
+                        help="load the teacher in this dtype (bf16 halves its memory; default: transformers' default)")
+    parser.add_argument("--teacher-device-map", metavar="MAP",
+                        help="spread a teacher too large for one device over the visible GPUs (e.g. auto, balanced); "
+                             "run one process per machine with it, or give each process its own CUDA_VISIBLE_DEVICES")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,7 +160,8 @@ def make_teacher(args: argparse.Namespace, constraints: list[Constraint]) -> Tea
         raise FileNotFoundError(f"--teacher {args.teacher}: no such model folder ('oracle' is the toy world's responder)")
     return ModelTeacher(args.teacher, temperature=args.temperature, top_p=args.top_p,
                         repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
-                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, device=args.device)
+                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, device=args.device,
+                        dtype=args.teacher_dtype, device_map=args.teacher_device_map)
 
 
 def _constraints(args: argparse.Namespace) -> list[Constraint]:
@@ -207,7 +218,8 @@ def main(argv: list[str] | None = None) -> None:
             summary = run_pass_rate(args)
         else:
             summary = run_base(args) if args.command == "base" else run_gatt(args)
-    print(json.dumps(summary, indent=2))
+    if process_state().is_main_process:  # under a launcher, one summary for the job
+        print(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,10 @@ dialogue is kept up to its last passing turn if that still reaches `min_turns`, 
 
 Work is written in shards (`<out>/gatt.shards/shard-NNNNN.jsonl`, renamed into place when complete),
 so a killed run resumes on the same command without duplicates or losses; each dialogue's draws depend
-only on (seed, its index), so the output is the same however often the run was interrupted.
+only on (seed, its index), and the teacher is seeded per shard, so the output is the same however often
+the run was interrupted. Under `torchrun` or `accelerate launch` the processes deal the shards round robin
+(`gatt.distributed`); when every shard is written, process 0 merges them: the same bytes as one process.
+With several machines, --out must be on a filesystem they share.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from data_gen.teacher import Teacher, TurnRequest
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import TOPIC_KEYWORDS, UserTurn, on_topic_check
 from gatt.checks import Check, Constraint, passes_all
+from gatt.distributed import my_items, process_state
 from gatt.gate import REASONS, AnswerGate, GateConfig, GateItem, GateTurn
 
 
@@ -225,7 +229,7 @@ def to_record(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: several may write settings.json at once
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 
@@ -238,7 +242,7 @@ def synthesize(
     user_pool: Sequence[UserTurn],
     name: str = "gatt",
 ) -> dict[str, Any]:
-    """Write `out_dir/NAME.jsonl` (resuming finished shards) and return the summary.
+    """Write `out_dir/NAME.jsonl` (resuming finished shards) and return the summary (on every process).
 
     No constraints: dialogues without an instruction, each reply the teacher's own answer that passes the
     answer gate (replay data against forgetting)."""
@@ -251,10 +255,14 @@ def synthesize(
     # Families drawn alike: a family with few values (all caps) gets as much GAtt data as the hobbies.
     sampler = ConstraintSampler(constraints, short_prob=config.short_prob, by_family=True) if constraints else None
     num_shards = -(-config.num_dialogues // config.shard_size)
-    progress = tqdm(total=config.num_dialogues, desc=f"{name} synthesis", unit="dialogue")
-    for shard in range(num_shards):
-        path = shard_dir / f"shard-{shard:05d}.jsonl"
-        indices = range(shard * config.shard_size, min((shard + 1) * config.shard_size, config.num_dialogues))
+    state = process_state()
+    mine = my_items(num_shards, state)
+    where = f" (process {state.process_index} of {state.num_processes})" if state.num_processes > 1 else ""
+    progress = tqdm(total=sum(len(_shard_indices(s, config)) for s in mine), desc=f"{name} synthesis{where}",
+                    unit="dialogue", disable=not state.is_local_main_process)
+    for shard in mine:
+        path = _shard_path(shard_dir, shard)
+        indices = _shard_indices(shard, config)
         if not path.exists():  # else finished before an interruption
             teacher.seed(config.seed * 100_003 + shard)  # the shard's sampling does not depend on earlier shards
             dialogues = [draw_dialogue(i, config, sampler, user_pool) for i in indices]
@@ -262,11 +270,25 @@ def synthesize(
             synthesize_shard(dialogues, teacher, config, user_pool, stats, progress)
             lines = [json.dumps(_shard_entry(d, teacher.name, config), ensure_ascii=False) for d in dialogues]
             # Stats first: the shard's .jsonl appearing is what marks it finished.
-            _write_atomic(path.with_suffix(".stats.json"), json.dumps(stats))
+            made = {"process": state.process_index, "processes": state.num_processes, "counts": stats}
+            _write_atomic(path.with_suffix(".stats.json"), json.dumps(made))
             _write_atomic(path, "".join(line + "\n" for line in lines))
         progress.update(len(indices))
     progress.close()
-    return _merge(out_dir, shard_dir, num_shards, name)
+    state.wait_for_everyone()  # every shard is written
+    if state.is_main_process:
+        _merge(out_dir, shard_dir, num_shards, name, processes=state.num_processes)
+    state.wait_for_everyone()  # the merged file and summary are written
+    return json.loads((out_dir / f"{name}.summary.json").read_text())
+
+
+def _shard_path(shard_dir: Path, shard: int) -> Path:
+    return shard_dir / f"shard-{shard:05d}.jsonl"
+
+
+def _shard_indices(shard: int, config: SynthesisConfig) -> range:
+    """The dialogues of a shard."""
+    return range(shard * config.shard_size, min((shard + 1) * config.shard_size, config.num_dialogues))
 
 
 def _shard_entry(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -> dict[str, Any]:
@@ -290,15 +312,23 @@ def _check_settings(path: Path, settings: dict[str, Any]) -> None:
         _write_atomic(path, json.dumps(settings, indent=2))
 
 
-def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str) -> dict[str, Any]:
-    """Concatenate the shards into NAME.jsonl (atomically) and summarise yield and lengths."""
+def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str, processes: int) -> dict[str, Any]:
+    """Concatenate the shards into NAME.jsonl (atomically) and summarise yield, lengths and who made what."""
     stats: Counter = Counter()
     entries = []
+    per_rank = [0] * processes  # dialogues made by each process (a shard from an earlier run keeps its maker)
     for shard in range(num_shards):
-        path = shard_dir / f"shard-{shard:05d}.jsonl"
-        stats.update(json.loads(path.with_suffix(".stats.json").read_text()))
-        for line in path.read_text(encoding="utf-8").splitlines():
-            entries.append(json.loads(line))
+        path = _shard_path(shard_dir, shard)
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is missing after every process finished: processes on several "
+                                    "machines need --out on a filesystem they all write to")
+        made = json.loads(path.with_suffix(".stats.json").read_text())
+        made = made if "counts" in made else {"process": 0, "counts": made}  # a shard written before processes were recorded
+        stats.update(made["counts"])
+        lines = path.read_text(encoding="utf-8").splitlines()
+        per_rank += [0] * (made["process"] + 1 - len(per_rank))
+        per_rank[made["process"]] += len(lines)
+        entries += [json.loads(line) for line in lines]
     records = [e["record"] for e in entries if e["kept"]]
     _write_atomic(out_dir / f"{name}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     lengths = [e["turns"] for e in entries if e["kept"]]
@@ -310,6 +340,8 @@ def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str) -> dict[s
     summary = {
         "records": len(records),
         "dialogues": len(entries),
+        "processes": processes,
+        "per_rank": per_rank,
         "dropped": sum(not e["kept"] for e in entries),
         "truncated": sum(e["kept"] and e["turns"] < e["planned"] for e in entries),
         "ended": dict(Counter(e["ended"] for e in entries)),

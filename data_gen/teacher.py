@@ -17,8 +17,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from data_gen.toy_world import ToyResponder
 from data_gen.user_turns import UserTurn
 from gatt.checks import Constraint
+from gatt.distributed import process_state
 from gatt.gate import RelevanceScorer
 from gatt.generation import ChatBatch, Sampler
+
+
+TORCH_DTYPES: dict[str, torch.dtype | str] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "auto": "auto"}
 
 
 @dataclass(frozen=True)
@@ -80,16 +84,28 @@ class ModelTeacher:
         max_new_tokens: int = 64,
         batch_size: int = 16,
         device: str | None = None,
+        dtype: str | None = None,
+        device_map: str | None = None,
         seed: int = 0,
     ) -> None:
+        """`device`: default this process's device (cuda:LOCAL_RANK under a launcher, else cuda if there is one,
+        else cpu). `dtype`: fp32, bf16, fp16 or auto (the checkpoint's); default: transformers' default.
+        `device_map` (e.g. "auto"): spread a teacher too large for one device over the visible ones, instead of `device`."""
         self.name = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         if not self.tokenizer.chat_template:
             raise ValueError(f"teacher {model_dir} has no chat template: a teacher must be a chat model")
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir).to(self.device).eval()
+        if device is not None and device_map is not None:
+            raise ValueError("give the teacher a --device or a --teacher-device-map, not both")
+        kwargs: dict[str, Any] = {} if dtype is None else {"dtype": TORCH_DTYPES[dtype]}
+        if device_map is not None:
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, device_map=device_map, **kwargs).eval()
+        else:
+            target = torch.device(device) if device is not None else process_state().device
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs).to(target).eval()
+        self.device = self.model.device  # where inputs go (with a device map: the embeddings')
         self.scorer = RelevanceScorer(self.model, self.tokenizer)  # the teacher judges its own candidates' relevance
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         self.max_prompt = getattr(self.model.config, "max_position_embeddings", 2048) - max_new_tokens

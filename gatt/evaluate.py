@@ -10,6 +10,10 @@ instruction in every user turn) and NAME+split (split-softmax: attention on the 
 inference, no fine-tuning) are the same model given the instruction otherwise. Writes report.json,
 report.md, adherence.png, attention.png and transcripts.jsonl, and prints the table in the form of the
 Llama 2 paper's Table 30 (checks and gate; the checks alone are under `checks_only`).
+
+`torchrun --nproc_per_node N -m gatt.evaluate ...` (or `accelerate launch -m gatt.evaluate ...`) deals the
+rollout batches across N processes, each on its own device; process 0 judges and writes the report, the
+same report.json as one process.
 """
 
 from __future__ import annotations
@@ -20,16 +24,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 import gatt  # noqa: F401  (registers the "gatt" attention and the library's model with transformers)
 from gatt.cli import exit_on_bad_input
+from gatt.distributed import process_state
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.judge import apply_gate
 from gatt.eval.plan import EvalDialogue, plan_dialogues
 from gatt.eval.report import build_report, format_table, write_report
-from gatt.eval.rollout import RolloutConfig, rollout
+from gatt.eval.rollout import RolloutConfig, distributed_rollout
 from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
 from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
 from gatt.generation import add_sampler_arguments
@@ -53,8 +57,13 @@ def load_model(path: str | Path, *, attention: bool, device: str | None = None) 
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if attention and not isinstance(model, GattForCausalLM):
         model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="gatt", **kwargs)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return model.to(device).eval(), tokenizer
+    return model.to(device or process_state().device).eval(), tokenizer
+
+
+def say(message: str) -> None:
+    """A progress line on stderr, once for the job."""
+    if process_state().is_main_process:
+        print(message, file=sys.stderr)
 
 
 def require_model(option: str, path: str) -> None:
@@ -90,12 +99,13 @@ def evaluate(
     `split`: split-softmax strengths per model; one strength is the column NAME+split, several are
     NAME+split@STRENGTH each (`split_column`)."""
     split = split or {}
+    state = process_state()
     transcripts: list[dict[str, Any]] = []
     for name, path in models.items():
         attention = config.measure_attention or name in split
         model, tokenizer = load_model(path, attention=attention, device=device)
-        print(f"[eval] {name}: {len(dialogues)} dialogues x {max(len(d.turns) for d in dialogues)} turns", file=sys.stderr)
-        own = [{"model": name, **t} for t in rollout(model, tokenizer, dialogues, config)]
+        say(f"[eval] {name}: {len(dialogues)} dialogues x {max(len(d.turns) for d in dialogues)} turns")
+        own = [{"model": name, **t} for t in distributed_rollout(model, tokenizer, dialogues, config, state)]
         transcripts += own
         if name in repeat:
             repeated = replace(config, repeat_instruction=True)
@@ -114,8 +124,8 @@ def variant(column: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
     A dialogue without instruction is the same either way: it gets the model's own transcript, not a
     second rollout of the same prompts."""
     instructed = [d for d in dialogues if d.instruction]
-    print(f"[eval] {column}: {len(instructed)} dialogues with an instruction", file=sys.stderr)
-    rolled = iter(rollout(model, tokenizer, instructed, config) if instructed else [])
+    say(f"[eval] {column}: {len(instructed)} dialogues with an instruction")
+    rolled = iter(distributed_rollout(model, tokenizer, instructed, config, process_state()) if instructed else [])
     return [{**t, "model": column} if t["instruction"] is None else {"model": column, **next(rolled)} for t in own]
 
 
@@ -234,6 +244,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if relevance_model is not None:
         require_model(f"--relevance-model {relevance_model}", relevance_model)
     transcripts = evaluate(models, dialogues, config, repeat=repeat, split=split, device=args.device)
+    if not process_state().is_main_process:
+        return {}  # every process rolled out its share and has every transcript; process 0 judges and reports
     judge(transcripts, dialogues, relevance_model=relevance_model, others=args.relevance_others, seed=args.seed,
           device=args.device)
     gate = GateConfig()

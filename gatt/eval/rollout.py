@@ -11,7 +11,7 @@ instruction's tokens, per (layer, head), and its means per layer and over the ne
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from accelerate import PartialState
+
 from gatt.collator import Placement, append_instruction, place_instruction
+from gatt.distributed import gather_items, my_items
 from gatt.eval.plan import EvalDialogue, PlannedTurn
 from gatt.generation import ChatBatch, Sampler, stop_token_ids
 
@@ -125,8 +128,11 @@ def rollout(
     config: RolloutConfig = RolloutConfig(),
     *,
     progress: bool = True,
+    batches: Collection[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Transcripts of `dialogues` (same order), batched across dialogues, with the KV cache reused across turns."""
+    """Transcripts of `dialogues` (same order), batched across dialogues, with the KV cache reused across turns.
+
+    `batches`: roll out only these batches (of `config.batch_size` dialogues, numbered from 0): a process's share."""
     if not tokenizer.chat_template:
         raise ValueError(f"{getattr(tokenizer, 'name_or_path', 'the tokenizer')} has no chat template: the evaluation needs a chat model")
     model.eval()
@@ -134,8 +140,12 @@ def rollout(
                       repetition_penalty=config.repetition_penalty,
                       no_repeat_ngram_size=config.no_repeat_ngram_size, device=model.device)
     transcripts: list[dict[str, Any]] = []
-    with tqdm(total=sum(len(d.turns) for d in dialogues), desc="rollout", unit="turn", disable=not progress) as bar:
-        for start in range(0, len(dialogues), config.batch_size):
+    starts = [start for b, start in enumerate(range(0, len(dialogues), config.batch_size)) if batches is None or b in batches]
+    total = sum(len(d.turns) for start in starts for d in dialogues[start : start + config.batch_size])
+    with tqdm(total=total, desc="rollout", unit="turn", disable=not progress) as bar:
+        for start in starts:
+            # Each batch samples from its own seed: its replies do not depend on which batches ran before it.
+            sampler.generator.manual_seed(config.seed * 100_003 + start // config.batch_size)
             rows = [_Rollout(d) for d in dialogues[start : start + config.batch_size]]
             chat = ChatBatch(model, tokenizer, sampler, max_new_tokens=config.max_new_tokens,
                              measure_attention=config.measure_attention, split_softmax=config.split_softmax)
@@ -163,6 +173,23 @@ def rollout(
                 row.stop_reason = row.stop_reason or "turns"
             transcripts += [transcript(row) for row in rows]
     return transcripts
+
+
+def distributed_rollout(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    dialogues: Sequence[EvalDialogue],
+    config: RolloutConfig,
+    state: PartialState,
+) -> list[dict[str, Any]]:
+    """`rollout` with the batches dealt across the job's processes; every process gets all transcripts, in order.
+
+    A batch's replies depend only on its dialogues and seed, so the transcripts equal one process's."""
+    size = config.batch_size
+    batches = my_items(-(-len(dialogues) // size), state)
+    indices = [i for b in batches for i in range(b * size, min((b + 1) * size, len(dialogues)))]
+    own = rollout(model, tokenizer, dialogues, config, batches=set(batches), progress=state.is_local_main_process)
+    return gather_items(dict(zip(indices, own)), state)
 
 
 @torch.no_grad()

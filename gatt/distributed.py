@@ -1,0 +1,53 @@
+"""Work split across the processes of one job (`torchrun`, `accelerate launch`) for the stages that are not
+training: synthesis shards and evaluation batches.
+
+Items are dealt round robin: process `rank` of `world` takes items rank, rank + world, ... Every item is a
+fixed unit of work (a shard of dialogues, a batch of rollouts) whose result does not depend on which
+process makes it or on what the others do, so the merged output is the same for any process count. A
+plain `python` run is the same code with one process.
+
+Accelerate's `PartialState` reads the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK; gloo on CPU
+with ACCELERATE_USE_CPU=1, NCCL on GPUs) and picks this process's device (cuda:LOCAL_RANK).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TypeVar
+
+import torch
+from accelerate import PartialState
+from accelerate.utils import gather_object, parse_flag_from_env
+
+T = TypeVar("T")
+
+# Processes wait for one another at the end of a stage while the slowest finishes its share (a synthesis
+# shard can take hours with a large teacher): far longer than torch's default 30-minute collective timeout.
+# A process that dies does not leave the others waiting: the launcher stops the whole job.
+STAGE_TIMEOUT = timedelta(days=7)
+
+
+def process_state() -> PartialState:
+    """This process's place in the job (one process without a launcher): on CPU with gloo when there is no
+    accelerator or ACCELERATE_USE_CPU=1 (Accelerate reads that flag only in `Accelerator`, not `PartialState`)."""
+    cpu = parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.accelerator.is_available()
+    state = PartialState(cpu=cpu, timeout=STAGE_TIMEOUT)
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if state.num_processes != launched:  # else every process would make every item
+        raise RuntimeError(f"launched as {launched} processes (WORLD_SIZE) but Accelerate sees {state.num_processes}")
+    return state
+
+
+def my_items(count: int, state: PartialState) -> list[int]:
+    """The indices of the items (of `count`) this process makes."""
+    return list(range(state.process_index, count, state.num_processes))
+
+
+def gather_items(mine: dict[int, T], state: PartialState) -> list[T]:
+    """Every process's items, in index order (on every process); `mine`: this process's, by index."""
+    if state.num_processes == 1:
+        return [mine[i] for i in sorted(mine)]
+    every: Sequence[tuple[int, T]] = gather_object(sorted(mine.items(), key=lambda pair: pair[0]))
+    return [item for _, item in sorted(every, key=lambda pair: pair[0])]
