@@ -30,14 +30,23 @@ STAGE_TIMEOUT = timedelta(days=7)
 
 
 def process_state() -> PartialState:
-    """This process's place in the job (one process without a launcher): on CPU with gloo when there is no
-    accelerator or ACCELERATE_USE_CPU=1 (Accelerate reads that flag only in `Accelerator`, not `PartialState`)."""
-    cpu = parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.accelerator.is_available()
-    state = PartialState(cpu=cpu, timeout=STAGE_TIMEOUT)
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if state.num_processes != launched:  # else every process would make every item
-        raise RuntimeError(f"launched as {launched} processes (WORLD_SIZE) but Accelerate sees {state.num_processes}")
+    """This process's place in the job (one process without a launcher); gloo on CPU (`on_cpu`)."""
+    state = PartialState(cpu=on_cpu(), timeout=STAGE_TIMEOUT)
+    check_launch(state.num_processes)
     return state
+
+
+def on_cpu() -> bool:
+    """Whether the job runs on CPU: no accelerator, or ACCELERATE_USE_CPU=1. Accelerate must be told (`cpu=True`),
+    else under torchrun on a CPU machine it sees no backend and every process runs alone."""
+    return parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.accelerator.is_available()
+
+
+def check_launch(num_processes: int) -> None:
+    """Refuse a job whose processes do not see one another: each would do all the work."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if num_processes != launched:
+        raise RuntimeError(f"launched as {launched} processes (WORLD_SIZE) but Accelerate sees {num_processes}")
 
 
 def my_items(count: int, state: PartialState) -> list[int]:

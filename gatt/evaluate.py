@@ -209,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "on-topic checks (default: the first --model; 'none': do not judge those turns' topic)")
     parser.add_argument("--relevance-others", type=int, default=3,
                         help="other questions each reply is contrasted with in the relevance test (default: 3)")
-    parser.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    parser.add_argument("--device", help="cpu, cuda, ... (default: this process's GPU under torchrun/accelerate launch, "
+                                         "else cuda if available, else cpu)")
     return parser
 
 

@@ -26,12 +26,13 @@ from typing import Any, TypeVar
 import torch
 import yaml
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, get_cosine_with_min_lr_schedule_with_warmup
 
 import gatt  # noqa: F401  (registers the "gatt" model type and attention)
 from gatt.collator import IGNORE_INDEX, GAttCollator
+from gatt.distributed import check_launch, on_cpu
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
 
@@ -247,14 +248,27 @@ class Trainer:
         check_data_files(config)  # before any set-up: a missing file is named at once
         self.config = config
         self.out = Path(config.output_dir)
-        self.accelerator = Accelerator(log_with="tensorboard", project_dir=str(self.out))
+        self.accelerator = Accelerator(cpu=on_cpu(), log_with="tensorboard", project_dir=str(self.out))
+        check_launch(self.accelerator.num_processes)
         set_seed(config.seed)
         world = self.accelerator.num_processes
+        if self._sharded() and config.lora_r > 0 and config.merge_lora:
+            # merge_and_unload would run on one process's shards: save the adapter, merge it after training.
+            raise ValueError(f"merge_lora=true is not supported under {self.accelerator.distributed_type.value}: set "
+                             "merge_lora=false (the adapter is saved; merge it afterwards with peft's merge_and_unload)")
         if config.batch_size % (config.gradient_accumulation_steps * world):
             raise ValueError(
                 f"batch_size ({config.batch_size}) must be divisible by gradient_accumulation_steps x processes "
                 f"({config.gradient_accumulation_steps} x {world})"
             )
+        if self.accelerator.distributed_type == DistributedType.DEEPSPEED:
+            # Accelerate steps the DeepSpeed engine inside every backward() unless accelerator.accumulate() is in use;
+            # train_step accumulates with no_sync instead, so k micro-batches would be k optimizer steps.
+            if config.gradient_accumulation_steps != 1:
+                raise ValueError("gradient_accumulation_steps must be 1 under DeepSpeed (raise batch_size instead), got "
+                                 f"{config.gradient_accumulation_steps}")
+            # No dataloader is prepared, so Accelerate cannot infer DeepSpeed's micro-batch size: give it (bookkeeping only).
+            self.accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.batch_size // world
         records = read_records(config.train_file)
         if config.replay_file:
             replay = read_records(config.replay_file)
@@ -411,17 +425,27 @@ class Trainer:
                 shutil.rmtree(old)
         acc.wait_for_everyone()
 
+    def _sharded(self) -> bool:
+        """Whether the weights are split across processes (FSDP, DeepSpeed ZeRO-3): no process holds the whole model."""
+        acc = self.accelerator
+        if acc.distributed_type == DistributedType.DEEPSPEED:
+            return acc.state.deepspeed_plugin.zero_stage == 3
+        return acc.distributed_type == DistributedType.FSDP
+
     def save_final(self) -> None:
         """`output_dir/final`: a from_pretrained-loadable model (LoRA merged, or adapter + base) and tokenizer."""
         acc = self.accelerator
         acc.wait_for_everyone()
+        # Sharded weights are gathered into one full state dict on the main process: a collective, so every
+        # process joins before the others return. (Checkpoints stay in the plugin's own, possibly sharded, format.)
+        state_dict = acc.get_state_dict(self.model) if self._sharded() else None
         if not acc.is_main_process:
             return
         model = acc.unwrap_model(self.model)
         if self.config.lora_r > 0 and self.config.merge_lora:
             model = model.merge_and_unload()
         final = self.out / "final"
-        model.save_pretrained(final)
+        model.save_pretrained(final, state_dict=state_dict)
         self.tokenizer.save_pretrained(final)
 
 
