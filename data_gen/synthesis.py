@@ -312,7 +312,7 @@ def _check_settings(path: Path, settings: dict[str, Any]) -> None:
         _write_atomic(path, json.dumps(settings, indent=2))
 
 
-def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str, processes: int) -> dict[str, Any]:
+def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str, processes: int) -> None:
     """Concatenate the shards into NAME.jsonl (atomically) and summarise yield, lengths and who made what."""
     stats: Counter = Counter()
     entries = []
@@ -362,4 +362,3 @@ def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str, processes
         },
     }
     _write_atomic(out_dir / f"{name}.summary.json", json.dumps(summary, indent=2))
-    return summary

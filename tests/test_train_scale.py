@@ -207,7 +207,22 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[n] - b[n]).abs().max()) for n in a)
 
 
-def test_gradient_accumulation_equals_the_larger_batch(data, tmp_path):
+@pytest.fixture
+def fresh_accelerate(monkeypatch):
+    """In-process Trainers in fp32 on a fresh Accelerate state: its singletons (and ACCELERATE_* variables) outlive the
+    test that set them, and a mixed precision left by an earlier test in the suite gave bf16 gradients here (1.8e-4 off)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    for name in [name for name in os.environ if name.startswith("ACCELERATE_")]:
+        monkeypatch.delenv(name)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def test_gradient_accumulation_equals_the_larger_batch(data, tmp_path, fresh_accelerate):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
