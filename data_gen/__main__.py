@@ -41,8 +41,9 @@ from data_gen.toy_world import base_corpus
 from data_gen.user_turns import UserTurn, load_user_turns, split_user_turns
 from gatt.checks import Constraint, load_constraints
 from gatt.cli import exit_on_bad_input
-from gatt.distributed import process_state
+from gatt.distributed import end_job, process_state
 from gatt.generation import add_sampler_arguments
+from gatt.model_folder import check_model_folder
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -157,8 +158,7 @@ def run_base(args: argparse.Namespace) -> dict:
 def make_teacher(args: argparse.Namespace, constraints: list[Constraint]) -> Teacher:
     if args.teacher == "oracle":
         return OracleTeacher(constraints)
-    if not Path(args.teacher).exists():
-        raise FileNotFoundError(f"--teacher {args.teacher}: no such model folder ('oracle' is the toy world's responder)")
+    check_model_folder(args.teacher, "--teacher", hint=" ('oracle' is the toy world's responder)")
     return ModelTeacher(args.teacher, temperature=args.temperature, top_p=args.top_p,
                         repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, device=args.device,
@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> None:
             summary = run_base(args) if args.command == "base" else run_gatt(args)
     if process_state().is_main_process:  # under a launcher, one summary for the job
         print(json.dumps(summary, indent=2))
+    end_job()
 
 
 if __name__ == "__main__":

@@ -42,6 +42,17 @@ def on_cpu() -> bool:
     return parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.accelerator.is_available()
 
 
+def end_job() -> None:
+    """Close a stage run by a launcher: every process waits for the others, then leaves the process group.
+
+    A process that exits with its group open while a peer still works (process 0 judging a report, merging
+    shards) has been seen to abort at exit in gloo ("terminate called without an active exception")."""
+    state = process_state()
+    if state.num_processes > 1:
+        state.wait_for_everyone()
+        state.destroy_process_group()
+
+
 def check_launch(num_processes: int) -> None:
     """Refuse a job whose processes do not see one another: each would do all the work."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))

@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 import gatt  # noqa: F401  (registers the "gatt" attention and the library's model with transformers)
 from gatt.cli import exit_on_bad_input
-from gatt.distributed import process_state
+from gatt.distributed import end_job, process_state
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.judge import apply_gate
 from gatt.eval.plan import EvalDialogue, plan_dialogues
@@ -37,6 +37,8 @@ from gatt.eval.rollout import RolloutConfig, distributed_rollout
 from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
 from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
 from gatt.generation import add_sampler_arguments
+from gatt.machine import package_versions
+from gatt.model_folder import check_model_folder
 from gatt.modeling import GattForCausalLM
 
 
@@ -47,8 +49,7 @@ def load_model(path: str | Path, *, attention: bool, device: str | None = None) 
     kwargs: dict[str, Any] = {}
     if path.suffix == ".gguf":
         path, kwargs["gguf_file"] = path.parent, path.name
-    if not path.exists():
-        raise FileNotFoundError(f"model not found: {path}")
+    check_model_folder(path / kwargs.get("gguf_file", ""), "model")
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     if not tokenizer.chat_template:
         raise ValueError(f"{path}: the tokenizer has no chat template; the evaluation needs a chat model")
@@ -66,12 +67,6 @@ def say(message: str) -> None:
         print(message, file=sys.stderr)
 
 
-def require_model(option: str, path: str) -> None:
-    """Fail before any work when a model path given on the command line does not exist."""
-    if not Path(path).exists():
-        raise FileNotFoundError(f"{option}: no such model folder or .gguf file")
-
-
 def parse_models(specs: list[str]) -> dict[str, str]:
     models: dict[str, str] = {}
     for spec in specs:
@@ -80,7 +75,7 @@ def parse_models(specs: list[str]) -> dict[str, str]:
             raise ValueError(f"--model expects NAME=DIR, got {spec!r}")
         if name in models or name in ("settings", "followable"):
             raise ValueError(f"--model name {name!r} is used twice or reserved")
-        require_model(f"--model {spec}", path)
+        check_model_folder(path, f"--model {name}=")
         models[name] = path
     return models
 
@@ -218,7 +213,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Parse, evaluate, write the report; bad input exits with one `error: ...` line."""
     args = build_parser().parse_args(argv)
     with exit_on_bad_input():
-        return run(args)
+        report = run(args)
+    end_job()
+    return report
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -243,7 +240,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     relevance_model = next(iter(models.values())) if args.relevance_model is None else args.relevance_model
     relevance_model = None if relevance_model == "none" else relevance_model
     if relevance_model is not None:
-        require_model(f"--relevance-model {relevance_model}", relevance_model)
+        check_model_folder(relevance_model, "--relevance-model")
     transcripts = evaluate(models, dialogues, config, repeat=repeat, split=split, device=args.device)
     if not process_state().is_main_process:
         return {}  # every process rolled out its share and has every transcript; process 0 judges and reports
@@ -266,6 +263,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                f"(>= {gate.relevance_sum} nats and >= {gate.relevance_mean} nats/token)"
                if relevance_model and needs_relevance_model(dialogues) else "not judged"),
         },
+        "versions": package_versions(),
     }
     report = build_report(transcripts, settings)
     write_report(report, transcripts, args.out)

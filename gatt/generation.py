@@ -34,6 +34,7 @@ from transformers.generation import (
     TopPLogitsWarper,
 )
 
+from gatt.cache import cache_kwargs
 from gatt.split_softmax import SplitSoftmax
 
 
@@ -255,7 +256,7 @@ class ChatBatch:
         self.mask = torch.cat([self.mask, segment_mask.to(device)], dim=1)
         output = self.model(
             input_ids=input_ids.to(device), attention_mask=self.mask, position_ids=position_ids.to(device),
-            past_key_values=self.cache, use_cache=True, logits_to_keep=1, **self._split_softmax(),
+            **cache_kwargs(self.cache), use_cache=True, logits_to_keep=1, **self._split_softmax(),
         )
         return output.logits[:, -1]
 
@@ -294,7 +295,7 @@ class ChatBatch:
                 input_ids=torch.tensor([t if f else self.pad for t, f in zip(tokens, feeding)], device=device)[:, None],
                 attention_mask=self.mask,
                 position_ids=torch.tensor([len(r.fed) - 1 for r in self.rows], device=device)[:, None],
-                past_key_values=self.cache, use_cache=True, output_attentions=self.measure_attention, **split_softmax,
+                **cache_kwargs(self.cache), use_cache=True, output_attentions=self.measure_attention, **split_softmax,
             )
             logits = output.logits[:, -1]
             if self.measure_attention:

@@ -8,6 +8,7 @@ import os
 import platform
 import statistics
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,24 @@ def cpu_name() -> str:
     return names[0] if names else platform.processor() or platform.machine()
 
 
+TRACKED_PACKAGES = ("torch", "transformers", "peft", "accelerate", "datasets", "trl")
+
+
+def package_versions() -> dict[str, str | None]:
+    """The installed versions of the packages a result depends on (None: not installed): a result's `versions`."""
+    versions: dict[str, str | None] = {}
+    for name in TRACKED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
 def machine_calibration(threads: int | None = None, size: int = 1024, seconds: float = 1.0) -> dict[str, Any]:
     """This machine's speed now: fp32 matrix products (size^3, median over `seconds`) on `threads` threads
-    (default: every available CPU), in GFLOP/s, with the CPU, the thread count and the torch version."""
+    (default: every available CPU), in GFLOP/s, with the CPU, the thread count, the torch version and the
+    versions of every package a result depends on (`versions`)."""
     threads = threads or available_cpus()
     torch.set_num_threads(threads)
     a, b = torch.randn(size, size), torch.randn(size, size)
@@ -41,7 +57,7 @@ def machine_calibration(threads: int | None = None, size: int = 1024, seconds: f
         a @ b
         times.append(time.perf_counter() - begin)
     return {"fp32_matmul_gflops": round(2 * size**3 / statistics.median(times) / 1e9, 1), "threads": threads,
-            "cpu": cpu_name(), "torch": torch.__version__}
+            "cpu": cpu_name(), "torch": torch.__version__, "versions": package_versions()}
 
 
-__all__ = ["available_cpus", "cpu_name", "machine_calibration"]
+__all__ = ["TRACKED_PACKAGES", "available_cpus", "cpu_name", "machine_calibration", "package_versions"]

@@ -43,6 +43,7 @@ from gatt.attention import (
     segment_ids_from_position_ids,
     segment_spans,
 )
+from gatt.cache import cache_kwargs, either_cache, output_cache
 from gatt.split_softmax import SplitSoftmax
 
 
@@ -159,7 +160,7 @@ class GattPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["GattDecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["cache", "past_key_values"]
     _supports_sdpa = True
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -190,28 +191,34 @@ class GattModel(GattPreTrainedModel):
         input_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: Tensor | None = None,
         use_cache: bool | None = None,
         segment_ids: Tensor | None = None,
         output_attentions: bool = False,
         split_softmax: SplitSoftmax | None = None,
+        past_key_values: Cache | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast:
         """attention_mask: (B, past + T) with 1 on real tokens, or a 4-D bool mask used as is.
 
+        The KV cache comes as `cache` (transformers >= 5.24) or `past_key_values` (before), and goes back
+        under the installed version's name (gatt/cache.py).
         `split_softmax`: every layer boosts its attention on the instruction's key columns (inference-time
         rival to GAtt, gatt/split_softmax.py).
         """
+        cache = either_cache(cache, past_key_values)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # (B, T, C)
         batch, length, _ = inputs_embeds.shape
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and past_key_values is None and not (self.gradient_checkpointing and self.training):
-            past_key_values = DynamicCache(config=self.config)
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            cache = None  # a layer replayed in backward would write its keys twice (transformers drops it too)
+        elif use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        past_length = cache.get_seq_length() if cache is not None else 0
         key_length = past_length + length
 
         if attention_mask is not None and attention_mask.ndim == 2 and attention_mask.shape[-1] != key_length:
@@ -241,7 +248,7 @@ class GattModel(GattPreTrainedModel):
                 position_embeddings,
                 mask=mask,
                 is_causal=is_causal,
-                past_key_values=past_key_values,
+                past_key_values=cache,
                 return_weights=output_attentions,
                 spans=spans,
                 split_softmax=split_softmax,
@@ -250,7 +257,7 @@ class GattModel(GattPreTrainedModel):
                 attentions.append(weights)
         return BaseModelOutputWithPast(
             last_hidden_state=self.norm(hidden_states),
-            past_key_values=past_key_values if use_cache else None,
+            **cache_kwargs(cache if use_cache else None),
             attentions=tuple(attentions) if output_attentions else None,
         )
 
@@ -313,7 +320,7 @@ class GattForCausalLM(GattPreTrainedModel, GenerationMixin):
         input_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: Tensor | None = None,
         labels: Tensor | None = None,
         use_cache: bool | None = None,
@@ -322,6 +329,7 @@ class GattForCausalLM(GattPreTrainedModel, GenerationMixin):
         logits_to_keep: int | Tensor = 0,
         skip_logits: bool = False,
         split_softmax: SplitSoftmax | None = None,
+        past_key_values: Cache | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
         """Logits (B, T, V); with `labels` (-100 = no loss), the mean next-token cross-entropy.
@@ -333,7 +341,7 @@ class GattForCausalLM(GattPreTrainedModel, GenerationMixin):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=either_cache(cache, past_key_values),
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             segment_ids=segment_ids,
@@ -343,7 +351,7 @@ class GattForCausalLM(GattPreTrainedModel, GenerationMixin):
         hidden_states = outputs.last_hidden_state
         if skip_logits and labels is not None:
             loss = supervised_loss(self.lm_head, hidden_states, labels, kwargs.get("num_items_in_batch"))
-            return CausalLMOutputWithPast(loss=loss, past_key_values=outputs.past_key_values, attentions=outputs.attentions)
+            return CausalLMOutputWithPast(loss=loss, **cache_kwargs(output_cache(outputs)), attentions=outputs.attentions)
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden_states = hidden_states[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, Tensor):
@@ -353,7 +361,7 @@ class GattForCausalLM(GattPreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         return CausalLMOutputWithPast(
-            loss=loss, logits=logits, past_key_values=outputs.past_key_values, attentions=outputs.attentions
+            loss=loss, logits=logits, **cache_kwargs(output_cache(outputs)), attentions=outputs.attentions
         )
 
     @classmethod

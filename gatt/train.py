@@ -33,6 +33,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 import gatt  # noqa: F401  (registers the "gatt" model type and attention)
 from gatt.collator import IGNORE_INDEX, GAttCollator
 from gatt.distributed import check_launch, on_cpu
+from gatt.model_folder import check_model_folder
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
 
@@ -152,8 +153,13 @@ DATA_COMMANDS: dict[str, str] = {
 }
 
 
-def check_data_files(config: TrainConfig) -> None:
-    """Every data file the config names exists; a missing one is reported with its key and the command that makes it."""
+def check_input_files(config: TrainConfig) -> None:
+    """Every data file and model folder the config names exists; a missing one is reported with its key (and, for
+    data, the command that makes it)."""
+    if config.model is not None:
+        check_model_folder(Path(config.model) / (config.gguf_file or ""), "model", tokenizer=config.tokenizer is None)
+    if config.tokenizer is not None:
+        check_model_folder(config.tokenizer, "tokenizer")
     for key in ("train_file", "replay_file", "eval_file"):
         path = getattr(config, key)
         if path is None or Path(path).is_file():
@@ -245,7 +251,7 @@ class Trainer:
     """Holds the run's pieces; `train()` runs (or resumes) it to `max_steps`."""
 
     def __init__(self, config: TrainConfig) -> None:
-        check_data_files(config)  # before any set-up: a missing file is named at once
+        check_input_files(config)  # before any set-up: a missing file is named at once
         self.config = config
         self.out = Path(config.output_dir)
         self.accelerator = Accelerator(cpu=on_cpu(), log_with="tensorboard", project_dir=str(self.out))

@@ -28,6 +28,18 @@ BAD_INPUTS = {
     "train_gatt: an unknown key": (
         ["recipes/train_gatt.py", "--config", "recipes/configs/smoke.yaml", "max_stepz=3"], "max_stepz"),
     "demo: a missing config": (["recipes/demo.py", "--config", "{tmp}/nope.yaml"], "nope.yaml"),
+    # A folder that holds no model: every stage that loads one names the folder and what it lacks, the same way.
+    "data_gen gatt: a teacher folder with no model": (
+        ["-m", "data_gen", "gatt", "--teacher", "{tmp}", "--num-dialogues", "2", "--out", "{tmp}/data"],
+        "--teacher {tmp}: not a model folder ('oracle' is the toy world's responder): it has no config.json, "
+        "no model weights (model.safetensors or pytorch_model.bin), no tokenizer files"),
+    "evaluate: a model folder with no model": (
+        ["-m", "gatt.evaluate", "--model", "a={tmp}", "--out", "{tmp}/report"],
+        "--model a={tmp}: not a model folder: it has no config.json, no model weights"),
+    "train_gatt: a model folder with no model": (
+        ["recipes/train_gatt.py", "--config", "recipes/configs/smoke.yaml", "output_dir={tmp}/smoke", "model={tmp}",
+         "model_config=null", "tokenizer_vocab_size=0"],
+        "model {tmp}: not a model folder: it has no config.json, no model weights"),
 }
 
 

@@ -2,6 +2,7 @@
 
 import copy
 import importlib.util
+import warnings
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from gatt import GattConfig, GattForCausalLM
+from gatt.cache import CACHE_KWARG, cache_kwargs, output_cache
 
 VOCAB = 101
 
@@ -66,17 +68,66 @@ def test_greedy_generate_matches_llama_for_32_tokens(llama, model):
         assert torch.equal(ours, reference)
 
 
-def test_kv_cache_decoding_equals_full_forward(model):
+@pytest.mark.parametrize("name", ["cache", "past_key_values"])
+def test_kv_cache_decoding_equals_full_forward_under_either_name(model, name):
+    """transformers >= 5.24 passes the cache as `cache`, older versions as `past_key_values`: both are read."""
     ids = random_ids(2, 24, seed=2)
     with torch.no_grad():
         full = model(ids, use_cache=False).logits
         out = model(ids[:, :10], use_cache=True)
-        logits, cache = [out.logits], out.past_key_values
+        logits, cache = [out.logits], output_cache(out)
         for t in range(10, 24):
-            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            out = model(ids[:, t : t + 1], **{name: cache}, use_cache=True)
+            assert output_cache(out) is cache
             logits.append(out.logits)
     assert cache.get_seq_length() == 24
     torch.testing.assert_close(torch.cat(logits, dim=1), full, atol=1e-5, rtol=0)
+
+
+def test_the_cache_under_both_names_at_once_is_refused(model):
+    ids = random_ids(1, 4)
+    cache = output_cache(model(ids, use_cache=True))
+    with pytest.raises(ValueError, match="`cache` or as `past_key_values`, not both"):
+        model(ids, cache=cache, past_key_values=cache)
+
+
+def test_outputs_carry_the_cache_under_the_installed_versions_name(llama, model):
+    ids = random_ids(1, 5)
+    with torch.no_grad():
+        ours, reference = model(ids, use_cache=True), llama(ids, **cache_kwargs(None), use_cache=True)
+    assert CACHE_KWARG in ours and CACHE_KWARG in reference
+    assert output_cache(ours).get_seq_length() == output_cache(reference).get_seq_length() == 5
+
+
+def cache_name_warnings(run, caplog) -> list[str]:
+    """What transformers says about a deprecated cache keyword while `run()` runs: FutureWarnings from its keyword
+    decorator, and log records from its outputs (logged once per process: that memory is cleared first)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.get_logger("transformers").warning_once.cache_clear()
+    hf_logging.enable_propagation()
+    try:
+        with warnings.catch_warnings(record=True) as caught, caplog.at_level("WARNING"):
+            warnings.simplefilter("always")
+            run()
+    finally:
+        hf_logging.disable_propagation()
+    said = [str(w.message) for w in caught] + [r.getMessage() for r in caplog.records]
+    return [message for message in said if "past_key_values" in message]
+
+
+def test_generate_and_cached_calls_warn_nothing_about_the_cache_name(llama, model, caplog):
+    ids = random_ids(1, 6)
+
+    def run() -> None:
+        model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        for net in (model, llama):
+            out = net(ids, use_cache=True)
+            net(ids[:, :1], **cache_kwargs(output_cache(out)), use_cache=True)
+
+    assert cache_name_warnings(run, caplog) == []
+    if CACHE_KWARG == "cache":  # the check can fail: the old name on Hugging Face's Llama is reported
+        assert cache_name_warnings(lambda: llama(ids, past_key_values=None, use_cache=True), caplog)
 
 
 def test_kv_cache_with_padding_inside_the_history_equals_full_forward(model):
@@ -88,7 +139,7 @@ def test_kv_cache_with_padding_inside_the_history_equals_full_forward(model):
     with torch.no_grad():
         full = model(ids, attention_mask=padding, use_cache=False).logits
         first = model(ids[:, :8], attention_mask=padding[:, :8], use_cache=True)
-        second = model(ids[:, 8:], attention_mask=padding, past_key_values=first.past_key_values, use_cache=True)
+        second = model(ids[:, 8:], attention_mask=padding, **cache_kwargs(output_cache(first)), use_cache=True)
     real = padding.bool()
     torch.testing.assert_close(torch.cat([first.logits, second.logits], 1)[real], full[real], atol=1e-5, rtol=0)
 

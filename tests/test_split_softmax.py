@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from gatt.cache import cache_kwargs, output_cache
 from gatt.split_softmax import SplitSoftmax, split_softmax_attention, split_softmax_weights
 
 
@@ -139,9 +140,9 @@ def test_kv_cache_decoding_with_split_softmax_equals_the_full_forward(llama, mod
     net = llama if which == "llama" else model
     full = net(IDS, split_softmax=SPLIT).logits  # (B, T, V)
     out = net(IDS[:, :10], split_softmax=SPLIT, use_cache=True)
-    cache, steps = out.past_key_values, [out.logits[:, -1]]
+    cache, steps = output_cache(out), [out.logits[:, -1]]
     for t in range(10, 23):
-        out = net(IDS[:, t : t + 1], past_key_values=cache, use_cache=True, split_softmax=SPLIT)
+        out = net(IDS[:, t : t + 1], **cache_kwargs(cache), use_cache=True, split_softmax=SPLIT)
         steps.append(out.logits[:, -1])
     torch.testing.assert_close(torch.stack(steps, 1), full[:, 9:23], rtol=1e-4, atol=1e-4)
 

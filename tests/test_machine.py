@@ -1,0 +1,50 @@
+"""gatt.machine: a result's machine record carries the versions it ran with, and every committed one does."""
+
+import json
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gatt.machine import TRACKED_PACKAGES, machine_calibration, package_versions
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def test_versions_are_the_installed_ones() -> None:
+    versions = package_versions()
+    assert list(versions) == list(TRACKED_PACKAGES) == ["torch", "transformers", "peft", "accelerate", "datasets", "trl"]
+    assert versions["torch"] == metadata.version("torch") and versions["torch"].startswith(torch.__version__.split("+")[0])
+    assert versions["transformers"] == metadata.version("transformers")
+
+
+def test_the_calibration_carries_the_versions() -> None:
+    record = machine_calibration(threads=1, size=64, seconds=0.01)
+    assert record["versions"] == package_versions() and record["fp32_matmul_gflops"] > 0
+
+
+def machine_records(value: Any) -> list[dict[str, Any]]:
+    """Every mapping that holds a machine record (a `machine` key, or a top-level torch + device)."""
+    found = []
+    if isinstance(value, dict):
+        if "machine" in value:
+            found.append(value["machine"] if isinstance(value["machine"], dict) else value)
+        for item in value.values():
+            found += machine_records(item)
+    elif isinstance(value, list):
+        for item in value:
+            found += machine_records(item)
+    return found
+
+
+def test_every_committed_machine_record_names_its_versions() -> None:
+    checked = 0
+    for path in sorted(RESULTS.rglob("*.json")):
+        payload = json.loads(path.read_text())
+        records = machine_records(payload) + ([payload] if {"torch", "device"} <= set(payload) else [])
+        for record in records:
+            assert list(record.get("versions", {})) == list(TRACKED_PACKAGES), path
+            assert record["versions"]["torch"], path
+            checked += 1
+    assert checked >= 10
