@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from huggingface_hub.errors import StrictDataclassClassValidationError
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from gatt import GattConfig, GattForCausalLM
 from gatt.cache import CACHE_KWARG, cache_kwargs, output_cache
@@ -241,6 +241,16 @@ def test_from_llama_converts_the_smollm2_gguf():
     ids = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 2]])
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, llama(ids).logits, atol=1e-4, rtol=0)
+    # generate() through the KV cache, under whichever name the installed transformers passes it
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF)
+    tokenizer.padding_side = "left"
+    chats = [[{"role": "user", "content": "What is the capital of France?"}], [{"role": "user", "content": "Hi!"}]]
+    batch = tokenizer.apply_chat_template(chats, add_generation_prompt=True, padding=True, return_tensors="pt",
+                                          return_dict=True)
+    assert not batch["attention_mask"].all()  # the second row is left-padded
+    kwargs = dict(max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    for inputs in ({"input_ids": batch["input_ids"][:1]}, batch):
+        assert torch.equal(model.generate(**inputs, **kwargs), llama.generate(**inputs, **kwargs))
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(model):
