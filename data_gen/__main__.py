@@ -44,6 +44,7 @@ from gatt.cli import exit_on_bad_input
 from gatt.distributed import end_job, process_state
 from gatt.generation import add_sampler_arguments
 from gatt.model_folder import check_model_folder
+from gatt.numerics import NUMERICS
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -85,6 +86,9 @@ def _teacher(parser: argparse.ArgumentParser) -> None:
                                          "torchrun/accelerate launch, else cuda if available, else cpu)")
     parser.add_argument("--teacher-dtype", choices=sorted(TORCH_DTYPES), default=None,
                         help="load the teacher in this dtype (bf16 halves its memory; default: transformers' default)")
+    parser.add_argument("--teacher-numerics", choices=NUMERICS, default="exact",
+                        help="exact (fp32, default) or int8: the teacher's Linear layers dynamically quantised, CPU only; "
+                             "faster sampling, other candidates (gatt/numerics.py)")
     parser.add_argument("--teacher-device-map", metavar="MAP",
                         help="spread a teacher too large for one device over the visible GPUs (e.g. auto, balanced); "
                              "run one process per machine with it, or give each process its own CUDA_VISIBLE_DEVICES")
@@ -162,7 +166,7 @@ def make_teacher(args: argparse.Namespace, constraints: list[Constraint]) -> Tea
     return ModelTeacher(args.teacher, temperature=args.temperature, top_p=args.top_p,
                         repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, device=args.device,
-                        dtype=args.teacher_dtype, device_map=args.teacher_device_map)
+                        dtype=args.teacher_dtype, device_map=args.teacher_device_map, numerics=args.teacher_numerics)
 
 
 def _constraints(args: argparse.Namespace) -> list[Constraint]:

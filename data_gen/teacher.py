@@ -20,6 +20,7 @@ from gatt.checks import Constraint
 from gatt.distributed import process_state
 from gatt.gate import RelevanceScorer
 from gatt.generation import ChatBatch, Sampler
+from gatt.numerics import for_inference
 
 
 TORCH_DTYPES: dict[str, torch.dtype | str] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "auto": "auto"}
@@ -86,11 +87,13 @@ class ModelTeacher:
         device: str | None = None,
         dtype: str | None = None,
         device_map: str | None = None,
+        numerics: str = "exact",
         seed: int = 0,
     ) -> None:
         """`device`: default this process's device (cuda:LOCAL_RANK under a launcher, else cuda if there is one,
         else cpu). `dtype`: fp32, bf16, fp16 or auto (the checkpoint's); default: transformers' default.
-        `device_map` (e.g. "auto"): spread a teacher too large for one device over the visible ones, instead of `device`."""
+        `device_map` (e.g. "auto"): spread a teacher too large for one device over the visible ones, instead of `device`.
+        `numerics`: exact, or int8 on CPU (gatt/numerics.py: faster sampling; the candidates differ)."""
         self.name = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         if not self.tokenizer.chat_template:
@@ -105,6 +108,7 @@ class ModelTeacher:
         else:
             target = torch.device(device) if device is not None else process_state().device
             self.model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs).to(target).eval()
+        self.model = for_inference(self.model, numerics)
         self.device = self.model.device  # where inputs go (with a device map: the embeddings')
         self.scorer = RelevanceScorer(self.model, self.tokenizer)  # the teacher judges its own candidates' relevance
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size

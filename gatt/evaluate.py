@@ -40,11 +40,14 @@ from gatt.generation import add_sampler_arguments
 from gatt.machine import package_versions
 from gatt.model_folder import check_model_folder
 from gatt.modeling import GattForCausalLM
+from gatt.numerics import NUMERICS, for_inference
 
 
 
-def load_model(path: str | Path, *, attention: bool, device: str | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A chat model directory (or a .gguf file) and its tokenizer; with `attention`, on attention that returns weights."""
+def load_model(path: str | Path, *, attention: bool, device: str | None = None,
+               numerics: str = "exact") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A chat model directory (or a .gguf file) and its tokenizer; with `attention`, on attention that returns weights;
+    in `numerics` (gatt/numerics.py: exact, or int8 on CPU)."""
     path = Path(path)
     kwargs: dict[str, Any] = {}
     if path.suffix == ".gguf":
@@ -58,7 +61,7 @@ def load_model(path: str | Path, *, attention: bool, device: str | None = None) 
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if attention and not isinstance(model, GattForCausalLM):
         model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="gatt", **kwargs)
-    return model.to(device or process_state().device).eval(), tokenizer
+    return for_inference(model.to(device or process_state().device).eval(), numerics), tokenizer
 
 
 def say(message: str) -> None:
@@ -88,6 +91,7 @@ def evaluate(
     repeat: list[str],
     split: dict[str, list[float]] | None = None,
     device: str | None = None,
+    numerics: str = "exact",
 ) -> list[dict[str, Any]]:
     """Every model's transcripts, plus NAME+repeat for the models in `repeat` and NAME+split for those in `split`.
 
@@ -98,7 +102,7 @@ def evaluate(
     transcripts: list[dict[str, Any]] = []
     for name, path in models.items():
         attention = config.measure_attention or name in split
-        model, tokenizer = load_model(path, attention=attention, device=device)
+        model, tokenizer = load_model(path, attention=attention, device=device, numerics=numerics)
         say(f"[eval] {name}: {len(dialogues)} dialogues x {max(len(d.turns) for d in dialogues)} turns")
         own = [{"model": name, **t} for t in distributed_rollout(model, tokenizer, dialogues, config, state)]
         transcripts += own
@@ -159,7 +163,7 @@ def judge(transcripts: list[dict[str, Any]], dialogues: list[EvalDialogue], *, r
     scorer = None
     if relevance_model is not None and needs_relevance_model(dialogues):
         model, tokenizer = load_model(relevance_model, attention=False, device=device)
-        scorer = RelevanceScorer(model, tokenizer)
+        scorer = RelevanceScorer(model, tokenizer, progress=True)
     apply_gate(transcripts, dialogues, AnswerGate(GateConfig(), scorer), seed=seed, others=others)
 
 
@@ -199,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sample", action="store_true", help="sample (seeded) instead of greedy decoding")
     add_sampler_arguments(parser)
     parser.add_argument("--no-attention", action="store_true", help="skip the attention-to-instruction probe")
+    parser.add_argument("--numerics", choices=NUMERICS, default="exact",
+                        help="how the models under test compute their replies: exact (fp32, default) or int8 (dynamic "
+                             "quantisation of the Linear layers, CPU only: faster decoding, some replies differ; "
+                             "gatt/numerics.py). The relevance scorer stays exact")
     parser.add_argument("--relevance-model", metavar="DIR",
                         help="chat model whose likelihoods judge whether a reply answers a user turn that has no "
                              "on-topic checks (default: the first --model; 'none': do not judge those turns' topic)")
@@ -241,7 +249,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     relevance_model = None if relevance_model == "none" else relevance_model
     if relevance_model is not None:
         check_model_folder(relevance_model, "--relevance-model")
-    transcripts = evaluate(models, dialogues, config, repeat=repeat, split=split, device=args.device)
+    transcripts = evaluate(models, dialogues, config, repeat=repeat, split=split, device=args.device,
+                           numerics=args.numerics)
     if not process_state().is_main_process:
         return {}  # every process rolled out its share and has every transcript; process 0 judges and reports
     judge(transcripts, dialogues, relevance_model=relevance_model, others=args.relevance_others, seed=args.seed,
@@ -253,6 +262,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "constraints": str(args.constraints or "built-in"), "user_turns": str(args.user_turns or "built-in held-out pool"),
         "placement": args.placement, "probe_every": args.probe_every, "short_prob": args.short_prob,
         "max_new_tokens": args.max_new_tokens, "decoding": "sample" if args.sample else "greedy",
+        **({"numerics": args.numerics} if args.numerics != "exact" else {}),
         **({"temperature": args.temperature, "top_p": args.top_p} if args.sample else {}),
         **({"repetition_penalty": args.repetition_penalty} if args.repetition_penalty != 1.0 else {}),
         **({"no_repeat_ngram_size": args.no_repeat_ngram_size} if args.no_repeat_ngram_size else {}),

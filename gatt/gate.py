@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gatt.checks import Check, passes_all
@@ -126,11 +127,12 @@ class RelevanceScorer:
     """Log-likelihoods of replies after single-turn questions, from a chat model, batched."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, batch_size: int = 16,
-                 max_reply_tokens: int = GateConfig.relevance_tokens) -> None:
+                 max_reply_tokens: int = GateConfig.relevance_tokens, progress: bool = False) -> None:
+        """`progress`: a progress bar over the batches of a call that has several (a report's whole gate)."""
         if not tokenizer.chat_template:
             raise ValueError("the relevance scorer needs a chat model (a tokenizer with a chat template)")
         self.model, self.tokenizer = model.eval(), tokenizer
-        self.batch_size, self.max_reply_tokens = batch_size, max_reply_tokens
+        self.batch_size, self.max_reply_tokens, self.progress = batch_size, max_reply_tokens, progress
         self._prompts: dict[str, list[int]] = {}
         self._scores: dict[tuple[str, str], tuple[float, int]] = {}  # a reply is often scored again (sweeps, reruns)
 
@@ -158,7 +160,8 @@ class RelevanceScorer:
         order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]) + len(rows[i][1]))  # similar lengths batch together
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         device = self.model.device
-        for start in range(0, len(order), self.batch_size):
+        starts = range(0, len(order), self.batch_size)
+        for start in tqdm(starts, desc="relevance", unit="batch", disable=not self.progress or len(starts) < 2):
             batch = [i for i in order[start : start + self.batch_size] if rows[i][1]]
             if not batch:
                 continue
@@ -169,11 +172,17 @@ class RelevanceScorer:
                 sequence = rows[i][0] + rows[i][1]
                 ids[b, : len(sequence)] = torch.tensor(sequence)
                 mask[b, : len(sequence)] = 1
-            logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()  # (B, T, V)
-            logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None].to(device))[..., 0].cpu()  # (B, T-1)
+            # Logits only where a reply token is predicted: from the shortest prompt's last token on (the LM head
+            # and the softmax over the vocabulary are most of a pass over a short question).
+            first = min(len(rows[i][0]) for i in batch) - 1
+            keep = torch.arange(first, width - 1, device=device)
+            logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device), logits_to_keep=keep).logits
+            targets = ids[:, first + 1 :, None].to(device)  # (B, P, 1): the token each kept position predicts
+            logp = logits.float().log_softmax(-1).gather(-1, targets)[..., 0].cpu()  # (B, P)
             for b, i in enumerate(batch):
                 prompt, target = rows[i]
-                out[i] = (float(logp[b, len(prompt) - 1 : len(prompt) - 1 + len(target)].sum()), len(target))
+                begin = len(prompt) - 1 - first
+                out[i] = (float(logp[b, begin : begin + len(target)].sum()), len(target))
         return out
 
 

@@ -47,6 +47,7 @@ import torch
 from gatt.cli import exit_on_bad_input
 from gatt.eval.report import format_table
 from gatt.machine import available_cpus, machine_calibration
+from gatt.numerics import NUMERICS
 from gatt.train import dataclass_from_dict, read_yaml_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,6 +80,7 @@ class DemoConfig:
     teacher_strict_repeats: bool = False  # GAtt and replay data: no near copy of an earlier reply, topic word changed or not
     repetition_penalty: float = 1.0  # every reply drawn (teacher, replay, report); 1.0: off
     no_repeat_ngram_size: int = 0  # no n-gram twice in one reply, for every reply drawn; 0: off
+    numerics: str = "exact"  # how the teacher, replay and report models generate: exact (fp32) or int8 (CPU; gatt/numerics.py)
     replay_dialogues: int = 0  # smollm2: the model's own instruction-free dialogues replayed in the fine-tune
     replay_max_turns: int = 8
     gatt_config: str = "recipes/configs/gatt_tiny.yaml"
@@ -117,6 +119,8 @@ def stages(config: DemoConfig) -> list[Stage]:
         raise ValueError(f"replay_dialogues must be >= 1 on smollm2 (its replay data), got {config.replay_dialogues}")
     if config.base_run and config.base_model != "embedded":
         raise ValueError(f"base_run reuses an embedded run's base model; base_model is {config.base_model!r}")
+    if config.numerics not in NUMERICS:
+        raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}, got {config.numerics!r}")
     if config.mixed_precision not in ("no", "bf16", "fp16"):
         raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {config.mixed_precision!r}")
     precision = config.mixed_precision
@@ -141,6 +145,7 @@ def stages(config: DemoConfig) -> list[Stage]:
                "--batch-size", str(config.teacher_batch_size), "--shard-size", str(config.teacher_batch_size), *decoding,
                *_flag("--device", config.teacher_device), *_flag("--user-turns", config.user_turns),
                *(["--strict-repeats"] if config.teacher_strict_repeats else []),
+               *(["--teacher-numerics", config.numerics] if config.numerics != "exact" else []),
                "--seed", str(config.seed)]
     gatt_data = Stage("gatt-data", [*python, "-m", "data_gen", "gatt", *teacher, "--num-dialogues", str(config.gatt_dialogues),
                                     "--min-turns", str(config.gatt_min_turns), "--max-turns", str(config.gatt_max_turns),
@@ -167,7 +172,8 @@ def stages(config: DemoConfig) -> list[Stage]:
                                     "--batch-size", str(config.eval_batch_size), "--probe-every", str(config.eval_probe_every),
                                     *_flag("--constraints", config.constraints),
                                     *_flag("--user-turns", eval_turns), *_flag("--device", config.teacher_device),
-                                    *decoding, "--seed", str(config.seed), "--out", str(report),
+                                    *decoding, *(["--numerics", config.numerics] if config.numerics != "exact" else []),
+                                    "--seed", str(config.seed), "--out", str(report),
                                     *(["--repeat-instruction", "base"] if config.eval_baselines else [])],
                          report, False)
     if config.base_model == "smollm2":

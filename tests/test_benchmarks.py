@@ -15,7 +15,8 @@ import bench_attention  # noqa: E402
 import run as runner  # noqa: E402
 
 CONTRACT = ["train_vs_trl", "one_pass_vs_expand", "attention_vs_sdpa", "attention_memory_vs_eager",
-            "linformer_memory_vs_full", "rollout_vs_hf_generate", "teacher_vs_hf_generate"]
+            "linformer_memory_vs_full", "rollout_vs_hf_generate", "teacher_vs_hf_generate", "smollm2_rollout_tokens_per_s",
+            "smollm2_report_scorer_share", "smollm2_rollout_vs_hf_generate", "smollm2_teacher_vs_hf_generate"]
 
 
 def test_runner_names_every_contract_key_once() -> None:

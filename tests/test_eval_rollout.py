@@ -251,3 +251,13 @@ def test_cli_refuses_a_bad_split_softmax_spec(model_dir, eval_inputs, tmp_path, 
     with pytest.raises(SystemExit, match=f"^error: .*{message}"):
         run_cli(model_dir, eval_inputs, tmp_path / "bad", "--split-softmax", spec)
     assert not (tmp_path / "bad").exists()
+
+
+def test_cli_numerics_int8_rolls_out_on_a_quantised_model(model_dir, eval_inputs, tmp_path):
+    report = run_cli(model_dir, eval_inputs, tmp_path / "q", "--numerics", "int8")
+    exact = run_cli(model_dir, eval_inputs, tmp_path / "e")
+    assert report["settings"]["numerics"] == "int8" and "numerics" not in exact["settings"]
+    assert report["settings"]["versions"]["transformers"] and set(report) == set(exact)
+    transcripts = [json.loads(line) for line in (tmp_path / "q" / "transcripts.jsonl").read_text().splitlines()]
+    assert {len(t["turns"]) for t in transcripts} == {len(t["turns"]) for t in
+                                                     map(json.loads, (tmp_path / "e" / "transcripts.jsonl").read_text().splitlines())}

@@ -145,18 +145,22 @@ def test_relevance_fails_filler_refusals_and_off_topic_replies_and_keeps_answers
     assert [v.relevance for v in AnswerGate(scorer=scorer).judge(items)] == [v.relevance for v in verdicts]
 
 
-def test_batched_log_likelihoods_equal_one_pair_at_a_time():
+@pytest.mark.parametrize("architecture", ["gatt", "llama"])
+def test_batched_log_likelihoods_equal_one_pair_at_a_time(architecture):
+    """The scorer computes logits only where a reply token is predicted: the same log-likelihoods, for the library's
+    model and a Hugging Face one."""
     import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     from gatt.modeling import GattConfig, GattForCausalLM
     from gatt.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer([f"{q} The answer is {i}." for i, q in enumerate(OTHERS * 20)], vocab_size=300)
-    config = GattConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=2, num_key_value_heads=1, pad_token_id=tokenizer.pad_token_id,
-                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    config = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, pad_token_id=tokenizer.pad_token_id,
+                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(0)
-    model = GattForCausalLM(config).eval()
+    model = (GattForCausalLM(GattConfig(**config)) if architecture == "gatt" else LlamaForCausalLM(LlamaConfig(**config))).eval()
     pairs = [(q, r) for q in (SKY, BEES, OTHERS[0]) for r in ("Blue light scatters.", "Bees make honey from nectar, a lot.", "Hi")]
     batched = RelevanceScorer(model, tokenizer, batch_size=4, max_reply_tokens=6).log_likelihoods(pairs)
     for (question, reply), (total, count) in zip(pairs, batched):

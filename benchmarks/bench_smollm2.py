@@ -1,0 +1,229 @@
+"""SmolLM2-135M-Instruct on this machine: rollouts, the teacher and a report's relevance scorer, each side by side.
+
+Every row runs on the real model (`gatt.pretrained.load_smollm2`, converted to the library's model), on
+the demo's report inputs: its constraints (recipes/data/smollm2_constraints.yaml) and the built-in
+held-out user turns, N dialogues x T turns, probes every 6th turn.
+
+- `smollm2_rollout_tokens_per_s`: the report's rollouts (greedy, repetition penalty 1.2, the attention
+  probe on: what `make demo-smollm2`'s report stage runs) in the exact fp32 path (`baseline`, today's
+  path) and in the fastest mode (`value`: `--numerics int8`, gatt/numerics.py), the halves of the
+  dialogues interleaved. New tokens/s (each reply re-tokenised), `ratio` value / baseline (goal >= 2),
+  `ceiling_share`: the value over this machine's fp32 GEMM ceiling for this model (fp32 GFLOP/s measured
+  now / 2 x the Linear weights per token), `agreement`: the share of the fast mode's greedy replies
+  identical to the exact path's, and `adherence_max_diff_points`: the largest per-turn difference in gated
+  adherence between the two (checks and answer gate, trained and held-out values; goal within 2 points).
+- `smollm2_report_scorer_share`: the relevance scorer's share of a report's wall time (the exact rollouts
+  above plus the answer gate over their transcripts, judged as replies to a user's own messages: no
+  topic-word checks, so every chat reply's relevance is the likelihood contrast), goal <= 15%.
+- `smollm2_rollout_vs_hf_generate`: ours (exact, batched, KV reuse; greedy without penalty or probe, so
+  that `generate()` writes the same replies) over `generate()` per turn on the re-encoded history
+  (`gatt.eval.rollout.reference_rollout`) on the first R of the same dialogues (theirs takes about a
+  minute a dialogue); turns/s, goal >= 3, the replies of those R dialogues identical on both sides.
+- `smollm2_teacher_vs_hf_generate`: our batched teacher (`ModelTeacher`, k = 4 candidates per turn,
+  dialogues in batches of B) vs a `generate(num_return_sequences=4)` call per dialogue and turn on the
+  first R' dialogues; every candidate exactly M tokens on both sides (as in bench_teacher.py); turns/s,
+  goal >= 4.
+
+Full size: N = 64 dialogues x T = 20 turns (estimated from the demo's measured rates at about an hour on 2
+CPU cores, most of it the teacher row); `--quick`: N = 8 x T = 4, a few minutes.
+
+  python benchmarks/bench_smollm2.py [--quick]
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from bench_common import comparison, main
+from bench_eval import check_identical, identical_share
+from bench_teacher import SAMPLING, draw, generate_turn, no_end_of_turn
+from data_gen.synthesis import SynthesisConfig, _Dialogue
+from data_gen.teacher import ModelTeacher
+from gatt.eval.inputs import load_eval_constraints, load_eval_turns
+from gatt.eval.judge import apply_gate
+from gatt.eval.plan import EvalDialogue, plan_dialogues
+from gatt.eval.rollout import RolloutConfig, reference_rollout, rollout
+from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
+from gatt.machine import machine_calibration
+from gatt.numerics import for_inference
+
+ROOT = Path(__file__).resolve().parents[1]
+CONSTRAINTS = ROOT / "recipes" / "data" / "smollm2_constraints.yaml"
+FULL = {"dialogues": 64, "turns": 20, "max_new_tokens": 64, "reference_dialogues": 2,
+        "teacher_batch": 16, "teacher_reference_dialogues": 1, "k": 4}
+QUICK = {"dialogues": 8, "turns": 4, "max_new_tokens": 32, "reference_dialogues": 1,
+         "teacher_batch": 8, "teacher_reference_dialogues": 1, "k": 4}
+REPORT = {"repetition_penalty": 1.2, "measure_attention": True}  # the demo's report decoding, the probe on
+Loader = Callable[[], tuple[PreTrainedModel, PreTrainedTokenizerBase]]
+
+
+def load_model() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    from gatt.pretrained import load_smollm2
+
+    return load_smollm2()
+
+
+def reply_tokens(tokenizer: PreTrainedTokenizerBase, transcripts: Sequence[dict]) -> int:
+    """New tokens written, counted by re-tokenising each reply (the same count for both sides)."""
+    replies = [turn["reply"] for t in transcripts for turn in t["turns"]]
+    return sum(len(ids) for ids in tokenizer(replies, add_special_tokens=False)["input_ids"]) if replies else 0
+
+
+def gemm_ceiling(model: PreTrainedModel) -> tuple[float, float]:
+    """(fp32 GFLOP/s measured now, the tokens/s that bounds for this model: 2 x its Linear weights per token)."""
+    gflops = machine_calibration()["fp32_matmul_gflops"]
+    flops_per_token = 2 * sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return gflops, gflops * 1e9 / flops_per_token
+
+
+def timed(run: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    out = run()
+    return out, time.perf_counter() - start
+
+
+def adherence_per_turn(transcripts: Sequence[dict]) -> dict[int, float]:
+    """Gated adherence (checks and gate) per turn, over the replies that have checks (`passed` not None)."""
+    by_turn: dict[int, list[bool]] = {}
+    for t in transcripts:
+        for turn in t["turns"]:
+            if turn.get("passed") is not None:
+                by_turn.setdefault(turn["turn"], []).append(bool(turn["passed"]))
+    return {n: sum(v) / len(v) for n, v in sorted(by_turn.items())}
+
+
+def rollout_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: list[EvalDialogue],
+                 size: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """The exact and int8 report rollouts (halves interleaved), the gate over both, the scorer's share."""
+    half = -(-len(plan) // 2)
+    halves = [plan[:half], plan[half:]]
+    config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=half, **REPORT)
+    fast = for_inference(copy.deepcopy(model), "int8")
+    rollout(model, tokenizer, plan[:1], config, progress=False)  # warm-up: kernels, lingua's models
+    rollout(fast, tokenizer, plan[:1], config, progress=False)
+    transcripts: dict[str, list[dict]] = {"exact": [], "int8": []}
+    seconds = {"exact": 0.0, "int8": 0.0}
+    for h, dialogues in enumerate(halves):
+        for name in (("exact", "int8") if h % 2 == 0 else ("int8", "exact")):
+            out, took = timed(lambda: rollout(fast if name == "int8" else model, tokenizer, dialogues, config, progress=False))
+            transcripts[name] += out
+            seconds[name] += took
+    del fast
+    tokens = {name: reply_tokens(tokenizer, transcripts[name]) for name in transcripts}
+    rate = {name: tokens[name] / seconds[name] for name in transcripts}
+
+    gate = AnswerGate(GateConfig(), RelevanceScorer(model, tokenizer))
+    apply_gate(transcripts["exact"], plan, gate)
+    apply_gate(transcripts["int8"], plan, gate)
+    # The scorer's share: the same replies judged as replies to a user's own messages, which carry no topic-word
+    # check, so the gate judges relevance by the likelihood contrast (the built-in turns never need it).
+    own_messages = [replace(d, turns=tuple(replace(t, on_topic=()) for t in d.turns)) for d in plan]
+    fresh = AnswerGate(GateConfig(), RelevanceScorer(model, tokenizer))  # nothing cached from above
+    _, judge_seconds = timed(lambda: apply_gate(copy.deepcopy(transcripts["exact"]), own_messages, fresh))
+    exact, int8 = adherence_per_turn(transcripts["exact"]), adherence_per_turn(transcripts["int8"])
+    gflops, ceiling = gemm_ceiling(model)
+    settings = {"dialogues": len(plan), "turns": size["turns"], "max_new_tokens": size["max_new_tokens"],
+                "dialogues_per_batch": half, **REPORT, "greedy": True, "constraints": CONSTRAINTS.name,
+                "user_turns": "built-in held-out pool", "order": "exact, int8 on the first half; int8, exact on the second",
+                "threads": torch.get_num_threads()}
+    rollout_row = comparison(
+        rate["int8"], rate["exact"], unit="tokens/s", goal=2.0, settings=settings,
+        value=round(rate["int8"], 2), baseline=round(rate["exact"], 2), mode="int8",
+        ceiling_share=round(rate["int8"] / ceiling, 3), ceiling_tokens_per_s=round(ceiling, 1),
+        baseline_ceiling_share=round(rate["exact"] / ceiling, 3), fp32_matmul_gflops=gflops,
+        agreement=round(identical_share(transcripts["int8"], transcripts["exact"]), 4),
+        adherence_per_turn={"exact": exact, "int8": int8},
+        adherence_max_diff_points=round(100 * max((abs(exact[n] - int8.get(n, 0.0)) for n in exact), default=0.0), 1),
+        tokens=tokens, seconds={name: round(s, 1) for name, s in seconds.items()},
+    )
+    report_seconds = seconds["exact"] + judge_seconds
+    share = judge_seconds / report_seconds
+    scorer_row = {"value": round(share, 4), "unit": "share of wall time", "higher_is_better": False, "goal": 0.15,
+                  "met": share <= 0.15, "settings": settings,
+                  "seconds": {"rollouts": round(seconds["exact"], 3), "answer_gate": round(judge_seconds, 3)}}
+    return {"smollm2_rollout_tokens_per_s": rollout_row, "smollm2_report_scorer_share": scorer_row}
+
+
+def generate_row(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: list[EvalDialogue],
+                 size: dict[str, int]) -> dict[str, Any]:
+    """Ours over all dialogues (one batch) vs generate() per turn on the first R, greedy, identical replies."""
+    config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=len(plan))
+    subset = plan[: size["reference_dialogues"]]
+    ours, ours_seconds = timed(lambda: rollout(model, tokenizer, plan, config, progress=False))
+    theirs, theirs_seconds = timed(lambda: reference_rollout(model, tokenizer, subset, config, progress=False))
+    check_identical(ours[: len(subset)], theirs)
+    rate = {"ours": sum(len(t["turns"]) for t in ours) / ours_seconds,
+            "theirs": sum(len(t["turns"]) for t in theirs) / theirs_seconds}
+    return comparison(rate["ours"], rate["theirs"], unit="turns/s", goal=3.0, settings={
+        "dialogues": {"ours": len(plan), "theirs": len(subset)}, "turns": size["turns"],
+        "max_new_tokens": size["max_new_tokens"], "greedy": True, "repetition_penalty": 1.0, "measure_attention": False,
+        "theirs": "reference_rollout: generate() per turn on the re-encoded history, one dialogue at a time"},
+        identical_replies=identical_share(ours[: len(subset)], theirs),
+        seconds={"ours": round(ours_seconds, 1), "theirs": round(theirs_seconds, 1)})
+
+
+def teacher_row(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, size: dict[str, int]) -> dict[str, Any]:
+    """Our batched teacher over N dialogues vs generate(num_return_sequences=k) per turn on the first R'."""
+    config = SynthesisConfig(num_dialogues=size["dialogues"], min_turns=size["turns"], max_turns=size["turns"],
+                             samples_per_turn=size["k"], seed=0)
+    with tempfile.TemporaryDirectory() as tmp, no_end_of_turn():
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        teacher = ModelTeacher(tmp, max_new_tokens=size["max_new_tokens"], device="cpu",
+                               batch_size=size["teacher_batch"], **SAMPLING)
+
+    def synthesise(turn: Callable[[ModelTeacher, list[_Dialogue], int], None], dialogues: list[_Dialogue]) -> float:
+        teacher.seed(config.seed)
+        torch.manual_seed(config.seed)
+        start = time.perf_counter()
+        for _ in range(config.max_turns):
+            turn(teacher, dialogues, config.samples_per_turn)
+        return time.perf_counter() - start
+
+    def ours_turn(teacher: ModelTeacher, dialogues: list[_Dialogue], k: int) -> None:
+        for dialogue, candidates in zip(dialogues, teacher.sample([d.request() for d in dialogues], k)):
+            dialogue.replies.append(candidates[0])  # the first candidate, unchecked (as bench_teacher.py)
+
+    with no_end_of_turn():
+        ours_seconds = synthesise(ours_turn, draw(config))
+        subset = draw(config)[: size["teacher_reference_dialogues"]]
+        theirs_seconds = synthesise(generate_turn, subset)
+    rate = {"ours": config.num_dialogues * config.max_turns / ours_seconds,
+            "theirs": len(subset) * config.max_turns / theirs_seconds}
+    return comparison(rate["ours"], rate["theirs"], unit="turns/s", goal=4.0, settings={
+        "dialogues": {"ours": config.num_dialogues, "theirs": len(subset)}, "turns": config.max_turns, "k": config.samples_per_turn,
+        "max_new_tokens": size["max_new_tokens"], "every_candidate": "exactly max_new_tokens tokens", **SAMPLING,
+        "dialogues_per_batch": size["teacher_batch"],
+        "theirs": "model.generate(num_return_sequences=k, do_sample=True, top_k=0, min_new_tokens=max_new_tokens) "
+                  "per dialogue and turn"},
+        seconds={"ours": round(ours_seconds, 1), "theirs": round(theirs_seconds, 1)})
+
+
+def run(quick: bool, device: str, load: Loader = load_model) -> dict[str, dict[str, Any]]:
+    if device != "cpu":
+        raise ValueError("bench_smollm2 measures the CPU paths (int8 is CPU only); run it with --device cpu")
+    size = QUICK if quick else FULL
+    model, tokenizer = load()
+    model.eval()
+    plan = plan_dialogues(load_eval_constraints(CONSTRAINTS), load_eval_turns(), dialogues=size["dialogues"],
+                          turns=size["turns"], seed=0, probe_every=6)
+    results = rollout_rows(model, tokenizer, plan, size)
+    results["smollm2_rollout_vs_hf_generate"] = generate_row(model, tokenizer, plan, size)
+    results["smollm2_teacher_vs_hf_generate"] = teacher_row(model, tokenizer, size)
+    name = "SmolLM2-135M-Instruct as GattForCausalLM, fp32" if load is load_model else type(model).__name__
+    for result in results.values():
+        result["settings"]["model"] = name
+    return results
+
+
+if __name__ == "__main__":
+    main(run, __doc__)

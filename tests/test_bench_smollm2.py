@@ -1,0 +1,55 @@
+"""benchmarks/bench_smollm2.py's wiring at --quick sizes, on a tiny model in place of SmolLM2 (the rows' shapes,
+the identities each side asserts, the ratios computed from the figures beside them)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+
+import bench_smollm2  # noqa: E402
+from test_generation import model, tokenizer  # noqa: E402,F401  (the tiny model and tokenizer fixtures)
+
+
+@pytest.fixture(scope="module")
+def results(model, tokenizer):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return bench_smollm2.run(quick=True, device="cpu", load=lambda: (model, tokenizer))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_rollout_row_compares_int8_with_the_exact_path(results):
+    row = results["smollm2_rollout_tokens_per_s"]
+    assert row["mode"] == "int8" and row["unit"] == "tokens/s" and row["goal"] == 2.0
+    assert row["ratio"] == pytest.approx(row["value"] / row["baseline"], rel=1e-3)
+    assert row["value"] == pytest.approx(row["tokens"]["int8"] / row["seconds"]["int8"], rel=0.01)
+    assert 0 <= row["agreement"] <= 1 and row["ceiling_tokens_per_s"] > 0
+    assert row["ceiling_share"] == pytest.approx(row["value"] / row["ceiling_tokens_per_s"], abs=1e-3)
+    assert set(row["adherence_per_turn"]["exact"]) <= set(range(1, 5))
+    assert row["settings"]["repetition_penalty"] == 1.2 and row["settings"]["measure_attention"] is True
+
+
+def test_scorer_share_is_the_gates_part_of_the_report(results):
+    row = results["smollm2_report_scorer_share"]
+    seconds = row["seconds"]
+    assert row["value"] == pytest.approx(seconds["answer_gate"] / (seconds["answer_gate"] + seconds["rollouts"]), abs=2e-3)
+    assert row["met"] == (row["value"] <= 0.15) and row["higher_is_better"] is False
+
+
+def test_generate_and_teacher_rows_time_the_same_work_on_both_sides(results):
+    generate = results["smollm2_rollout_vs_hf_generate"]
+    assert generate["identical_replies"] == 1.0 and generate["settings"]["dialogues"] == {"ours": 8, "theirs": 1}
+    teacher = results["smollm2_teacher_vs_hf_generate"]
+    assert teacher["settings"]["k"] == 4 and teacher["settings"]["dialogues"] == {"ours": 8, "theirs": 1}
+    for row in (generate, teacher):
+        assert row["ratio"] == pytest.approx(row["ours"] / row["theirs"], rel=1e-3)
+
+
+def test_only_the_cpu_is_measured():
+    with pytest.raises(ValueError, match="--device cpu"):
+        bench_smollm2.run(quick=True, device="cuda")

@@ -1,0 +1,65 @@
+"""gatt.numerics: int8 dynamic quantisation for generation on CPU, beside the exact path."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from gatt.numerics import for_inference
+from tests.test_modeling import random_ids, tiny_llama
+
+
+def test_exact_is_the_model_itself() -> None:
+    model = tiny_llama()
+    assert for_inference(model, "exact") is model
+
+
+@pytest.mark.parametrize("library_model", [False, True])
+def test_int8_quantises_every_linear_layer_and_stays_close(library_model: bool) -> None:
+    from gatt import GattForCausalLM
+
+    llama = tiny_llama()
+    model = GattForCausalLM.from_llama(llama) if library_model else llama
+    exact = copy.deepcopy(model)
+    quantised = for_inference(model, "int8")
+    assert not any(type(m) is nn.Linear for m in quantised.modules())  # projections, MLP and the LM head
+    assert sum(type(m).__name__ == "Linear" and "quantized" in type(m).__module__ for m in quantised.modules()) == 3 * 7 + 1
+    ids = random_ids(2, 12)
+    with torch.no_grad():
+        expected, got = exact(ids).logits, quantised(ids).logits
+    assert (got - expected).abs().max() < 0.05 * expected.abs().max()  # int8 error, not another model
+    assert not torch.equal(got, expected)
+    out = quantised.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert out.shape == (2, 17)
+
+
+def test_unknown_modes_and_gpus_are_refused() -> None:
+    with pytest.raises(ValueError, match="numerics 'fp8' is not one of exact, int8"):
+        for_inference(tiny_llama(), "fp8")
+    model = tiny_llama()
+    model.to("meta")
+    with pytest.raises(ValueError, match="int8 runs on CPU only"):
+        for_inference(model, "int8")
+
+
+def test_the_teacher_samples_in_int8(tmp_path) -> None:
+    from data_gen.__main__ import build_parser
+    from data_gen.teacher import ModelTeacher, TurnRequest
+    from data_gen.user_turns import UserTurn
+    from gatt import GattConfig, GattForCausalLM
+    from gatt.tokenizer import train_tokenizer
+    from tests.test_generation import TEXTS
+
+    tokenizer = train_tokenizer(TEXTS, vocab_size=300)
+    torch.manual_seed(0)
+    GattForCausalLM(GattConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=2, num_key_value_heads=1, pad_token_id=tokenizer.pad_token_id,
+                               eos_token_id=tokenizer.eos_token_id)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    teacher = ModelTeacher(tmp_path, max_new_tokens=4, device="cpu", numerics="int8")
+    assert not any(type(m) is nn.Linear for m in teacher.model.modules())
+    [candidates] = teacher.sample([TurnRequest([{"role": "user", "content": TEXTS[0]}], UserTurn(TEXTS[0], None), ())], k=2)
+    assert len(candidates) == 2
+    args = build_parser().parse_args(["gatt", "--teacher", str(tmp_path), "--teacher-numerics", "int8", "--num-dialogues", "1", "--out", "x"])
+    assert args.teacher_numerics == "int8"
