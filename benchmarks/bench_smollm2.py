@@ -143,7 +143,7 @@ def rollout_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pla
         agreement=round(identical_share(transcripts["int8"], transcripts["exact"]), 4),
         adherence_per_turn={"exact": exact, "int8": int8},
         adherence_max_diff_points=round(100 * max((abs(exact[n] - int8.get(n, 0.0)) for n in exact), default=0.0), 1),
-        tokens=tokens, seconds={name: round(s, 1) for name, s in seconds.items()},
+        tokens=tokens, seconds={name: round(s, 3) for name, s in seconds.items()},
     )
     report_seconds = seconds["exact"] + judge_seconds
     share = judge_seconds / report_seconds
