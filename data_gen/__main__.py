@@ -88,7 +88,7 @@ def _teacher(parser: argparse.ArgumentParser) -> None:
                         help="load the teacher in this dtype (bf16 halves its memory; default: transformers' default)")
     parser.add_argument("--teacher-numerics", choices=NUMERICS, default="exact",
                         help="exact (fp32, default) or int8: the teacher's Linear layers dynamically quantised, CPU only; "
-                             "faster sampling, other candidates (gatt/numerics.py)")
+                             "faster forward passes, other candidates (gatt/numerics.py; on SmolLM2-135M it does not pay)")
     parser.add_argument("--teacher-device-map", metavar="MAP",
                         help="spread a teacher too large for one device over the visible GPUs (e.g. auto, balanced); "
                              "run one process per machine with it, or give each process its own CUDA_VISIBLE_DEVICES")

@@ -205,8 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-attention", action="store_true", help="skip the attention-to-instruction probe")
     parser.add_argument("--numerics", choices=NUMERICS, default="exact",
                         help="how the models under test compute their replies: exact (fp32, default) or int8 (dynamic "
-                             "quantisation of the Linear layers, CPU only: faster decoding, some replies differ; "
-                             "gatt/numerics.py). The relevance scorer stays exact")
+                             "quantisation of the Linear layers, CPU only: faster decoding, other replies; "
+                             "gatt/numerics.py, README: measured). The relevance scorer stays exact")
     parser.add_argument("--relevance-model", metavar="DIR",
                         help="chat model whose likelihoods judge whether a reply answers a user turn that has no "
                              "on-topic checks (default: the first --model; 'none': do not judge those turns' topic)")
