@@ -85,9 +85,10 @@ def gemm_ceiling(model: PreTrainedModel) -> tuple[float, float]:
     return gflops, gflops * 1e9 / flops_per_token
 
 
-def timed(run: Callable[[], Any]) -> tuple[Any, float]:
+def timed(run: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    """`run(*args, **kwargs)` and its wall seconds."""
     start = time.perf_counter()
-    out = run()
+    out = run(*args, **kwargs)
     return out, time.perf_counter() - start
 
 
@@ -107,17 +108,17 @@ def rollout_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pla
     half = -(-len(plan) // 2)
     halves = [plan[:half], plan[half:]]
     config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=half, **REPORT)
-    fast = for_inference(copy.deepcopy(model), "int8")
-    rollout(model, tokenizer, plan[:1], config, progress=False)  # warm-up: kernels, lingua's models
-    rollout(fast, tokenizer, plan[:1], config, progress=False)
-    transcripts: dict[str, list[dict]] = {"exact": [], "int8": []}
-    seconds = {"exact": 0.0, "int8": 0.0}
+    models = {"exact": model, "int8": for_inference(copy.deepcopy(model), "int8")}
+    for side in models.values():
+        rollout(side, tokenizer, plan[:1], config, progress=False)  # warm-up: kernels, lingua's models
+    transcripts: dict[str, list[dict]] = {name: [] for name in models}
+    seconds = dict.fromkeys(models, 0.0)
     for h, dialogues in enumerate(halves):
         for name in (("exact", "int8") if h % 2 == 0 else ("int8", "exact")):
-            out, took = timed(lambda: rollout(fast if name == "int8" else model, tokenizer, dialogues, config, progress=False))
+            out, took = timed(rollout, models[name], tokenizer, dialogues, config, progress=False)
             transcripts[name] += out
             seconds[name] += took
-    del fast
+    del models["int8"]
     tokens = {name: reply_tokens(tokenizer, transcripts[name]) for name in transcripts}
     rate = {name: tokens[name] / seconds[name] for name in transcripts}
 
@@ -128,7 +129,7 @@ def rollout_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pla
     # check, so the gate judges relevance by the likelihood contrast (the built-in turns never need it).
     own_messages = [replace(d, turns=tuple(replace(t, on_topic=()) for t in d.turns)) for d in plan]
     fresh = AnswerGate(GateConfig(), RelevanceScorer(model, tokenizer))  # nothing cached from above
-    _, judge_seconds = timed(lambda: apply_gate(copy.deepcopy(transcripts["exact"]), own_messages, fresh))
+    _, judge_seconds = timed(apply_gate, copy.deepcopy(transcripts["exact"]), own_messages, fresh)
     exact, int8 = adherence_per_turn(transcripts["exact"]), adherence_per_turn(transcripts["int8"])
     gflops, ceiling = gemm_ceiling(model)
     settings = {"dialogues": len(plan), "turns": size["turns"], "max_new_tokens": size["max_new_tokens"],
@@ -158,8 +159,8 @@ def generate_row(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pla
     """Ours over all dialogues (one batch) vs generate() per turn on the first R, greedy, identical replies."""
     config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=len(plan))
     subset = plan[: size["reference_dialogues"]]
-    ours, ours_seconds = timed(lambda: rollout(model, tokenizer, plan, config, progress=False))
-    theirs, theirs_seconds = timed(lambda: reference_rollout(model, tokenizer, subset, config, progress=False))
+    ours, ours_seconds = timed(rollout, model, tokenizer, plan, config, progress=False)
+    theirs, theirs_seconds = timed(reference_rollout, model, tokenizer, subset, config, progress=False)
     check_identical(ours[: len(subset)], theirs)
     rate = {"ours": sum(len(t["turns"]) for t in ours) / ours_seconds,
             "theirs": sum(len(t["turns"]) for t in theirs) / theirs_seconds}

@@ -22,6 +22,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's gatt
 
 from gatt.cli import exit_on_bad_input  # noqa: E402
+from run import write_json  # noqa: E402  (benchmarks/run.py: whole under a temporary name, then renamed)
 
 # The stage a process runs, by its command line (recipes/demo.py's stage commands), first match.
 STAGES: list[tuple[str, str]] = [
@@ -117,9 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     with exit_on_bad_input():
         result = profile(args.raw.read_text(errors="replace"), args.rate)
         if args.json:
-            tmp = args.json.with_name(f".{args.json.name}.tmp")
-            tmp.write_text(json.dumps(result, indent=2) + "\n")
-            tmp.replace(args.json)
+            write_json(args.json, result)
         if args.markdown:
             unknown = [s for s in args.markdown if s not in result["stages"]]
             if unknown:
