@@ -5,13 +5,16 @@ the demo's report inputs: its constraints (recipes/data/smollm2_constraints.yaml
 held-out user turns, N dialogues x T turns, probes every 6th turn.
 
 - `smollm2_rollout_tokens_per_s`: the report's rollouts (greedy, repetition penalty 1.2, the attention
-  probe on: what `make demo-smollm2`'s report stage runs) in the exact fp32 path (`baseline`, today's
-  path) and in the fastest mode (`value`: `--numerics int8`, gatt/numerics.py), the halves of the
-  dialogues interleaved. New tokens/s (each reply re-tokenised), `ratio` value / baseline (goal >= 2),
-  `ceiling_share`: the value over this machine's fp32 GEMM ceiling for this model (fp32 GFLOP/s measured
-  now / 2 x the Linear weights per token), `agreement`: the share of the fast mode's greedy replies
-  identical to the exact path's, and `adherence_max_diff_points`: the largest per-turn difference in gated
-  adherence between the two (checks and answer gate, trained and held-out values; goal within 2 points).
+  probe on: what `make demo-smollm2`'s report stage runs), all N dialogues in one batch, in three modes
+  one after another: `before`, the path before stopped rows left the decoding batch (`shrink=False`:
+  every row decodes until the longest reply ends; `baseline`), `exact` (today's fp32 path: `shrink`), and
+  the fastest mode (`value`: `--numerics bf16`, gatt/numerics.py). New tokens/s (each reply re-tokenised),
+  `ratio` value / baseline (goal >= 2), `ceiling_share`: the value over this machine's GEMM ceiling for
+  this model in the mode's dtype (GFLOP/s measured now / 2 x the Linear weights per token), `exact`: its
+  rate, ratio and the share of its greedy replies identical to `before`'s (goal 1.0), `agreement`: the
+  share of bf16's greedy replies identical to the exact path's, and `adherence_max_diff_points`: the
+  largest per-turn difference in gated adherence between the two (checks and answer gate, trained and
+  held-out values; goal within 2 points).
 - `smollm2_report_scorer_share`: the relevance scorer's share of a report's wall time (the exact rollouts
   above plus the answer gate over their transcripts, judged as replies to a user's own messages: no
   topic-word checks, so every chat reply's relevance is the likelihood contrast), goal <= 15%.
@@ -53,8 +56,8 @@ from gatt.eval.judge import apply_gate
 from gatt.eval.plan import EvalDialogue, plan_dialogues
 from gatt.eval.rollout import RolloutConfig, reference_rollout, rollout
 from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
-from gatt.machine import machine_calibration
-from gatt.numerics import for_inference
+from gatt.machine import matmul_gflops
+from gatt.numerics import bf16_is_native, for_inference
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "recipes" / "data" / "smollm2_constraints.yaml"
@@ -78,9 +81,9 @@ def reply_tokens(tokenizer: PreTrainedTokenizerBase, transcripts: Sequence[dict]
     return sum(len(ids) for ids in tokenizer(replies, add_special_tokens=False)["input_ids"]) if replies else 0
 
 
-def gemm_ceiling(model: PreTrainedModel) -> tuple[float, float]:
-    """(fp32 GFLOP/s measured now, the tokens/s that bounds for this model: 2 x its Linear weights per token)."""
-    gflops = machine_calibration()["fp32_matmul_gflops"]
+def gemm_ceiling(model: PreTrainedModel, dtype: torch.dtype) -> tuple[float, float]:
+    """(GFLOP/s of `dtype` GEMM measured now, the tokens/s that bounds for this model: 2 x its Linear weights per token)."""
+    gflops = matmul_gflops(dtype)
     flops_per_token = 2 * sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     return gflops, gflops * 1e9 / flops_per_token
 
@@ -104,46 +107,48 @@ def adherence_per_turn(transcripts: Sequence[dict]) -> dict[int, float]:
 
 def rollout_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: list[EvalDialogue],
                  size: dict[str, int]) -> dict[str, dict[str, Any]]:
-    """The exact and int8 report rollouts (halves interleaved), the gate over both, the scorer's share."""
-    half = -(-len(plan) // 2)
-    halves = [plan[:half], plan[half:]]
-    config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=half, **REPORT)
-    models = {"exact": model, "int8": for_inference(copy.deepcopy(model), "int8")}
-    for side in models.values():
-        rollout(side, tokenizer, plan[:1], config, progress=False)  # warm-up: kernels, lingua's models
-    transcripts: dict[str, list[dict]] = {name: [] for name in models}
-    seconds = dict.fromkeys(models, 0.0)
-    for h, dialogues in enumerate(halves):
-        for name in (("exact", "int8") if h % 2 == 0 else ("int8", "exact")):
-            out, took = timed(rollout, models[name], tokenizer, dialogues, config, progress=False)
-            transcripts[name] += out
-            seconds[name] += took
-    del models["int8"]
+    """The report rollouts in three modes (all dialogues in one batch each), the gate over them, the scorer's share."""
+    config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=len(plan), **REPORT)
+    modes = {"before": (model, replace(config, shrink=False)), "exact": (model, config),
+             "bf16": (for_inference(copy.deepcopy(model), "bf16"), config)}
+    for side, side_config in modes.values():
+        rollout(side, tokenizer, plan[:1], side_config, progress=False)  # warm-up: kernels, lingua's models
+    transcripts, seconds = {}, {}
+    for name, (side, side_config) in modes.items():
+        transcripts[name], seconds[name] = timed(rollout, side, tokenizer, plan, side_config, progress=False)
+    del modes
     tokens = {name: reply_tokens(tokenizer, transcripts[name]) for name in transcripts}
     rate = {name: tokens[name] / seconds[name] for name in transcripts}
 
     gate = AnswerGate(GateConfig(), RelevanceScorer(model, tokenizer))
-    apply_gate(transcripts["exact"], plan, gate)
-    apply_gate(transcripts["int8"], plan, gate)
+    for name in transcripts:
+        apply_gate(transcripts[name], plan, gate)
     # The scorer's share: the same replies judged as replies to a user's own messages, which carry no topic-word
     # check, so the gate judges relevance by the likelihood contrast (the built-in turns never need it).
     own_messages = [replace(d, turns=tuple(replace(t, on_topic=()) for t in d.turns)) for d in plan]
     fresh = AnswerGate(GateConfig(), RelevanceScorer(model, tokenizer))  # nothing cached from above
     _, judge_seconds = timed(apply_gate, copy.deepcopy(transcripts["exact"]), own_messages, fresh)
-    exact, int8 = adherence_per_turn(transcripts["exact"]), adherence_per_turn(transcripts["int8"])
-    gflops, ceiling = gemm_ceiling(model)
+    adherence = {name: adherence_per_turn(transcripts[name]) for name in ("exact", "bf16")}
+    fp32_gflops, fp32_ceiling = gemm_ceiling(model, torch.float32)
+    bf16_gflops, bf16_ceiling = gemm_ceiling(model, torch.bfloat16)
     settings = {"dialogues": len(plan), "turns": size["turns"], "max_new_tokens": size["max_new_tokens"],
-                "dialogues_per_batch": half, **REPORT, "greedy": True, "constraints": CONSTRAINTS.name,
-                "user_turns": "built-in held-out pool", "order": "exact, int8 on the first half; int8, exact on the second",
-                "threads": torch.get_num_threads()}
+                "dialogues_per_batch": len(plan), **REPORT, "greedy": True, "constraints": CONSTRAINTS.name,
+                "user_turns": "built-in held-out pool", "order": "before, exact, bf16, one after another",
+                "bf16_is_native": bf16_is_native(), "threads": torch.get_num_threads()}
     rollout_row = comparison(
-        rate["int8"], rate["exact"], unit="tokens/s", goal=2.0, settings=settings,
-        value=round(rate["int8"], 2), baseline=round(rate["exact"], 2), mode="int8",
-        ceiling_share=round(rate["int8"] / ceiling, 3), ceiling_tokens_per_s=round(ceiling, 1),
-        baseline_ceiling_share=round(rate["exact"] / ceiling, 3), fp32_matmul_gflops=gflops,
-        agreement=round(identical_share(transcripts["int8"], transcripts["exact"]), 4),
-        adherence_per_turn={"exact": exact, "int8": int8},
-        adherence_max_diff_points=round(100 * max((abs(exact[n] - int8.get(n, 0.0)) for n in exact), default=0.0), 1),
+        rate["bf16"], rate["before"], unit="tokens/s", goal=2.0, settings=settings,
+        value=round(rate["bf16"], 2), baseline=round(rate["before"], 2), mode="bf16",
+        ceiling_share=round(rate["bf16"] / bf16_ceiling, 3), ceiling_tokens_per_s=round(bf16_ceiling, 1),
+        bf16_matmul_gflops=bf16_gflops, fp32_matmul_gflops=fp32_gflops,
+        baseline_ceiling_share=round(rate["before"] / fp32_ceiling, 3), fp32_ceiling_tokens_per_s=round(fp32_ceiling, 1),
+        exact={"tokens_per_s": round(rate["exact"], 2), "ratio": round(rate["exact"] / rate["before"], 3),
+               "ceiling_share": round(rate["exact"] / fp32_ceiling, 3),
+               "identical_to_before": round(identical_share(transcripts["exact"], transcripts["before"]), 4)},
+        agreement=round(identical_share(transcripts["bf16"], transcripts["exact"]), 4),
+        adherence_per_turn=adherence,
+        adherence_max_diff_points=round(100 * max((abs(adherence["exact"][n] - adherence["bf16"].get(n, 0.0))
+                                                   for n in adherence["exact"]), default=0.0), 1),
+        adherence_mean={name: round(sum(v.values()) / len(v), 4) if v else None for name, v in adherence.items()},
         tokens=tokens, seconds={name: round(s, 3) for name, s in seconds.items()},
     )
     report_seconds = seconds["exact"] + judge_seconds
@@ -211,7 +216,7 @@ def teacher_row(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, size
 
 def run(quick: bool, device: str, load: Loader = load_model) -> dict[str, dict[str, Any]]:
     if device != "cpu":
-        raise ValueError("bench_smollm2 measures the CPU paths (int8 is CPU only); run it with --device cpu")
+        raise ValueError("bench_smollm2 measures the CPU paths; run it with --device cpu")
     size = QUICK if quick else FULL
     model, tokenizer = load()
     model.eval()

@@ -16,8 +16,9 @@ better; for memory, their peak over ours) and `goal` the ratio to reach:
   rollout_vs_hf_generate     batched KV-reuse rollouts vs generate() per turn             goal >= 3
   teacher_vs_hf_generate     our batched teacher vs a generate(num_return_sequences=k) loop goal >= 4
   (cuda) teacher_batched_vs_single  the teacher batched across dialogues vs one at a time  goal >= 4
-  smollm2_rollout_tokens_per_s    SmolLM2 report rollouts, the fastest mode (int8) vs the exact path,
-                                  new tokens/s, with its GEMM-ceiling share and agreement   goal >= 2
+  smollm2_rollout_tokens_per_s    SmolLM2 report rollouts, the fastest mode (bf16) vs the path before,
+                                  new tokens/s, with the exact path's, GEMM-ceiling shares
+                                  and bf16's agreement with exact                          goal >= 2
   smollm2_report_scorer_share     the relevance scorer's share of a report's wall time      goal <= 15%
   smollm2_rollout_vs_hf_generate  SmolLM2 rollouts vs generate() per turn                   goal >= 3
   smollm2_teacher_vs_hf_generate  SmolLM2 teacher, k = 4, vs a generate() loop              goal >= 4
@@ -63,7 +64,7 @@ BENCHMARKS: dict[str, str] = {
     "smollm2_teacher_vs_hf_generate": "bench_smollm2",
 }
 GPU_ONLY = {"teacher_batched_vs_single": "bench_teacher"}
-CPU_ONLY = {key for key, module in BENCHMARKS.items() if module == "bench_smollm2"}  # int8 and the 2-CPU budget
+CPU_ONLY = {key for key, module in BENCHMARKS.items() if module == "bench_smollm2"}  # CPU paths, sized for 2 CPU cores
 LABELS = {
     "train_vs_trl": "training loop vs TRL SFTTrainer",
     "one_pass_vs_expand": 'mode="all" + packing vs one example per reply',
@@ -73,7 +74,7 @@ LABELS = {
     "rollout_vs_hf_generate": "eval rollouts vs generate() per turn",
     "teacher_vs_hf_generate": "batched teacher vs generate() loop",
     "teacher_batched_vs_single": "teacher batched vs one dialogue at a time",
-    "smollm2_rollout_tokens_per_s": "SmolLM2 report rollouts: int8 vs the exact path",
+    "smollm2_rollout_tokens_per_s": "SmolLM2 report rollouts: bf16 vs the path before",
     "smollm2_report_scorer_share": "SmolLM2 report: the relevance scorer's share",
     "smollm2_rollout_vs_hf_generate": "SmolLM2 rollouts vs generate() per turn",
     "smollm2_teacher_vs_hf_generate": "SmolLM2 teacher (k=4) vs generate() loop",

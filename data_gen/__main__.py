@@ -87,8 +87,9 @@ def _teacher(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--teacher-dtype", choices=sorted(TORCH_DTYPES), default=None,
                         help="load the teacher in this dtype (bf16 halves its memory; default: transformers' default)")
     parser.add_argument("--teacher-numerics", choices=NUMERICS, default="exact",
-                        help="exact (fp32, default) or int8: the teacher's Linear layers dynamically quantised, CPU only; "
-                             "faster forward passes, other candidates (gatt/numerics.py; on SmolLM2-135M it does not pay)")
+                        help="exact (fp32, default); bf16 (faster on a CPU with bf16 instructions); or int8: the teacher's "
+                             "Linear layers dynamically quantised, CPU only. The fast modes draw other candidates "
+                             "(gatt/numerics.py; int8 does not pay on SmolLM2-135M)")
     parser.add_argument("--teacher-device-map", metavar="MAP",
                         help="spread a teacher too large for one device over the visible GPUs (e.g. auto, balanced); "
                              "run one process per machine with it, or give each process its own CUDA_VISIBLE_DEVICES")

@@ -93,7 +93,7 @@ class ModelTeacher:
         """`device`: default this process's device (cuda:LOCAL_RANK under a launcher, else cuda if there is one,
         else cpu). `dtype`: fp32, bf16, fp16 or auto (the checkpoint's); default: transformers' default.
         `device_map` (e.g. "auto"): spread a teacher too large for one device over the visible ones, instead of `device`.
-        `numerics`: exact, or int8 on CPU (gatt/numerics.py: faster sampling; the candidates differ)."""
+        `numerics`: exact, bf16, or int8 on CPU (gatt/numerics.py: faster sampling; the candidates differ)."""
         self.name = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         if not self.tokenizer.chat_template:

@@ -69,6 +69,29 @@ class GrowingLayer(DynamicLayer):
         self._filled = self.keys
         return self.keys, self.values
 
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Keep these batch rows (ascending), moved to the front of the buffers in place: nothing allocated."""
+        if self._buffers is None or self.keys is not self._filled:
+            self.batch_select_indices(torch.tensor(list(rows), dtype=torch.long, device=self.keys.device))
+            return
+        length = self.get_seq_length()
+        for new, old in enumerate(rows):  # new <= old: a row is read before anything overwrites it
+            if new != old:
+                for buffer in self._buffers:
+                    buffer[new, :, :length].copy_(buffer[old, :, :length])
+        self._buffers = tuple(buffer[: len(rows)] for buffer in self._buffers)
+        self.keys, self.values = self._buffers[0][..., :length, :], self._buffers[1][..., :length, :]
+        self._filled = self.keys
+
+    def assign(self, keys: Tensor, values: Tensor, spare: int) -> None:
+        """Hold `keys` / `values` (B, H_kv, T, D) from now on, in buffers with room for `spare` more columns."""
+        buffers = tuple(t.new_empty(*t.shape[:2], t.shape[-2] + spare, t.shape[-1]) for t in (keys, values))
+        buffers[0][..., : keys.shape[-2], :] = keys
+        buffers[1][..., : values.shape[-2], :] = values
+        self._buffers = buffers
+        self.keys, self.values = buffers[0][..., : keys.shape[-2], :], buffers[1][..., : values.shape[-2], :]
+        self._filled = self.keys
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -153,8 +176,10 @@ class ChatBatch:
         max_new_tokens: int,
         measure_attention: bool = False,
         split_softmax: float | None = None,
+        shrink: bool = True,
     ) -> None:
         self.model, self.sampler, self.max_new_tokens = model, sampler, max_new_tokens
+        self.shrink = shrink  # drop stopped rows from decoding, compact the cache each turn (False: the older path)
         self.measure_attention = measure_attention
         if split_softmax is not None and not uses_library_attention(model):
             raise ValueError("split-softmax runs in the library's attention: use a GattForCausalLM, or load the "
@@ -260,19 +285,30 @@ class ChatBatch:
         )
         return output.logits[:, -1]
 
-    def _split_softmax(self) -> dict[str, SplitSoftmax]:
-        """The `split_softmax` keyword of a forward call: every row's marked columns (none: nothing to boost)."""
+    def _split_softmax(self, rows: Sequence[int] | None = None) -> dict[str, SplitSoftmax]:
+        """The `split_softmax` keyword of a forward call on `rows` (default: all): their marked columns."""
         if self.split_softmax is None:
             return {}
-        return {"split_softmax": SplitSoftmax.from_columns(self.split_softmax, [r.marked for r in self.rows], self.model.device)}
+        chosen = self.rows if rows is None else [self.rows[i] for i in rows]
+        return {"split_softmax": SplitSoftmax.from_columns(self.split_softmax, [r.marked for r in chosen], self.model.device)}
 
     def _decode(self, logits: Tensor) -> tuple[list[list[int]], list[list[Tensor]]]:
-        """One token per row and step until every row has stopped; finished rows feed holes."""
+        """One token per row and step until every row has stopped.
+
+        With `shrink`, rows that have stopped leave the decoding batch (their cache rows set aside) once
+        they are an eighth of it, so later steps compute only the rows still writing; when the reply
+        ends, `_compact` puts every row back with its real columns packed to the left (also when holes
+        are a quarter of the cache, so that later turns do not attend over them). Without it,
+        stopped rows feed holes until the longest reply ends. Every row is drawn at every step either
+        way (a stopped row from its last logits), so a seeded sampler draws the same tokens."""
         device = self.model.device
         replies: list[list[int]] = [[] for _ in self.rows]
         attention: list[list[Tensor]] = [[] for _ in self.rows]  # per row: one (layers, heads) share per reply token read
-        split_softmax = self._split_softmax()  # the rows and their marked columns stay as they are until the reply ends
         finished = [False] * len(self.rows)
+        decoding = list(range(len(self.rows)))  # the rows in the cache now, in cache order
+        parked: list[tuple[list[int], list[tuple[Tensor, Tensor]]]] = []  # rows set aside: their indices, each layer's (K, V)
+        mask = self.mask  # (len(decoding), columns)
+        split_softmax = self._split_softmax()  # the rows and their marked columns stay as they are until the reply ends
         reply = torch.zeros(len(self.rows), 0, dtype=torch.long, device=device)  # (B, step): every row's draws
         for step in range(self.max_new_tokens):
             drawn = self.sampler(logits, reply)  # (B,)
@@ -284,26 +320,78 @@ class ChatBatch:
                     finished[i] = token in self.stops
             if all(finished) or step == self.max_new_tokens - 1:
                 break
-            feeding = [not f for f in finished]
-            column = self.mask.shape[1]
-            for i, row in enumerate(self.rows):
-                if feeding[i]:
-                    row.fed.append(tokens[i])
-                    row.columns.append(column)
-            self.mask = torch.cat([self.mask, torch.tensor(feeding, dtype=torch.long, device=device)[:, None]], dim=1)
+            stopped = [j for j, i in enumerate(decoding) if finished[i]]
+            if self.shrink and stopped and 8 * len(stopped) >= len(decoding):
+                parked.append(([decoding[j] for j in stopped], self._cache_rows(stopped)))
+                kept = [j for j, i in enumerate(decoding) if not finished[i]]
+                for layer in self.cache.layers:
+                    layer.keep_rows(kept)
+                mask = mask[kept]
+                decoding = [decoding[j] for j in kept]
+                split_softmax = self._split_softmax(decoding)
+            feeding = [not finished[i] for i in decoding]
+            column = mask.shape[1]
+            for i, feeds in zip(decoding, feeding):
+                if feeds:
+                    self.rows[i].fed.append(tokens[i])
+                    self.rows[i].columns.append(column)
+            mask = torch.cat([mask, torch.tensor(feeding, dtype=torch.long, device=device)[:, None]], dim=1)
             output = self.model(
-                input_ids=torch.tensor([t if f else self.pad for t, f in zip(tokens, feeding)], device=device)[:, None],
-                attention_mask=self.mask,
-                position_ids=torch.tensor([len(r.fed) - 1 for r in self.rows], device=device)[:, None],
+                input_ids=torch.tensor([tokens[i] if f else self.pad for i, f in zip(decoding, feeding)], device=device)[:, None],
+                attention_mask=mask,
+                position_ids=torch.tensor([len(self.rows[i].fed) - 1 for i in decoding], device=device)[:, None],
                 **cache_kwargs(self.cache), use_cache=True, output_attentions=self.measure_attention, **split_softmax,
             )
-            logits = output.logits[:, -1]
+            if len(decoding) == len(self.rows):
+                logits = output.logits[:, -1]  # (B, V)
+            else:
+                logits[decoding] = output.logits[:, -1]  # stopped rows keep their last logits
             if self.measure_attention:
-                shares = marked_shares(output.attentions, [r.marked for r in self.rows])  # (B, layers, heads)
-                for i in range(len(self.rows)):
-                    if feeding[i]:
-                        attention[i].append(shares[i])
+                shares = marked_shares(output.attentions, [self.rows[i].marked for i in decoding])  # (rows, layers, heads)
+                for i, feeds, share in zip(decoding, feeding, shares):
+                    if feeds:
+                        attention[i].append(share)
+        holes = mask.numel() - int(mask.sum())
+        if parked or (self.shrink and 4 * holes >= mask.numel()):  # rows to put back, or a quarter of the cache holes
+            self._compact([(decoding, self._cache_rows(None)), *parked])
+        else:
+            self.mask = mask
         return replies, attention
+
+    def _cache_rows(self, rows: list[int] | None) -> list[tuple[Tensor, Tensor]]:
+        """Each layer's (K, V) of these cache rows (None: all of them), (rows, H_kv, columns, D) each."""
+        if rows is None:
+            return [(layer.keys, layer.values) for layer in self.cache.layers]
+        index = torch.tensor(rows, device=self.model.device)
+        return [(layer.keys[index], layer.values[index]) for layer in self.cache.layers]
+
+    def _compact(self, groups: list[tuple[list[int], list[tuple[Tensor, Tensor]]]]) -> None:
+        """Rebuild the cache from `groups` (row indices and each layer's (K, V) of those rows) in row order,
+        each row's real columns packed to the left: the holes of earlier turns are dropped."""
+        device = self.model.device
+        width = max(len(row.columns) for row in self.rows)
+        spare = self.max_new_tokens + 128  # the next turn's prompt and reply fit without growing
+        sources = []
+        for indices, layers in groups:
+            columns = torch.zeros(len(indices), width, dtype=torch.long)  # holes read column 0: masked, never seen
+            for j, i in enumerate(indices):
+                columns[j, : len(self.rows[i].columns)] = torch.tensor(self.rows[i].columns, dtype=torch.long)
+            sources.append((torch.tensor(indices, device=device), columns.to(device), layers))
+        for number, layer in enumerate(self.cache.layers):
+            keys, values = sources[0][2][number]
+            batch, heads, _, head_dim = keys.shape
+            packed = [keys.new_empty(len(self.rows), heads, width, head_dim) for _ in range(2)]  # (B, H_kv, width, D)
+            for indices, columns, layers in sources:
+                index = columns[:, None, :, None].expand(-1, heads, -1, head_dim)  # (rows, H_kv, width, D)
+                for out, tensor in zip(packed, layers[number]):
+                    out[indices] = tensor.gather(2, index)
+            layer.assign(*packed, spare)
+        self.mask = torch.zeros(len(self.rows), width, dtype=torch.long, device=device)
+        for i, row in enumerate(self.rows):
+            self.mask[i, : len(row.columns)] = 1
+            new_column = {old: new for new, old in enumerate(row.columns)}
+            row.marked = [new_column[c] for c in row.marked if c in new_column]
+            row.columns = list(range(len(row.columns)))
 
 
 def marked_shares(attentions: Sequence[Tensor], columns: Sequence[Sequence[int]]) -> Tensor:

@@ -42,13 +42,9 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def machine_calibration(threads: int | None = None, size: int = 1024, seconds: float = 1.0) -> dict[str, Any]:
-    """This machine's speed now: fp32 matrix products (size^3, median over `seconds`) on `threads` threads
-    (default: every available CPU), in GFLOP/s, with the CPU, the thread count, the torch version and the
-    versions of every package a result depends on (`versions`)."""
-    threads = threads or available_cpus()
-    torch.set_num_threads(threads)
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def matmul_gflops(dtype: torch.dtype = torch.float32, size: int = 1024, seconds: float = 1.0) -> float:
+    """GFLOP/s of size^3 matrix products in `dtype` on torch's threads now (median over `seconds`)."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     for _ in range(3):
         a @ b  # warm-up
     times: list[float] = []
@@ -56,8 +52,17 @@ def machine_calibration(threads: int | None = None, size: int = 1024, seconds: f
         begin = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - begin)
-    return {"fp32_matmul_gflops": round(2 * size**3 / statistics.median(times) / 1e9, 1), "threads": threads,
+    return round(2 * size**3 / statistics.median(times) / 1e9, 1)
+
+
+def machine_calibration(threads: int | None = None, size: int = 1024, seconds: float = 1.0) -> dict[str, Any]:
+    """This machine's speed now: fp32 matrix products (`matmul_gflops`) on `threads` threads (default: every
+    available CPU), with the CPU, the thread count, the torch version and the versions of every package a
+    result depends on (`versions`)."""
+    threads = threads or available_cpus()
+    torch.set_num_threads(threads)
+    return {"fp32_matmul_gflops": matmul_gflops(torch.float32, size, seconds), "threads": threads,
             "cpu": cpu_name(), "torch": torch.__version__, "versions": package_versions()}
 
 
-__all__ = ["TRACKED_PACKAGES", "available_cpus", "cpu_name", "machine_calibration", "package_versions"]
+__all__ = ["TRACKED_PACKAGES", "available_cpus", "cpu_name", "machine_calibration", "matmul_gflops", "package_versions"]

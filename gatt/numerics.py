@@ -1,13 +1,19 @@
-"""The numeric mode a model generates in: the exact fp32 path, or int8 on CPU for speed.
+"""The numeric mode a model generates in: the exact fp32 path, bf16, or int8 on CPU.
 
-`int8` is PyTorch's dynamic quantisation of every `nn.Linear` (the projections, the MLP and the LM
-head): weights stored in int8 per output channel, activations quantised per call, products in int8 on
-fbgemm's x86 kernels. On 2 CPU cores a decode step of SmolLM2-135M at batch 64 is GEMM-bound, and
-this mode runs it about 1.8x faster. It is inference only (no gradients) and changes greedy replies:
-use it for rollouts and the teacher only where that trade is measured and acceptable
-(`benchmarks/run.py`: `smollm2_rollout_tokens_per_s` gives its agreement with the exact path). On
-SmolLM2-135M-Instruct it is not: a report stage ran 1.96x faster, but no reply matched the exact path's
-and on-topic answers halved (README, Evaluation: Numerics).
+- `exact`: the model as it is (fp32 weights and activations).
+- `bf16`: weights, activations and the KV cache in bfloat16 (softmax and norms still accumulate in
+  fp32). On a CPU with bf16 instructions (AVX512-BF16 or AMX; `bf16_is_native()`) a GEMM runs 3-4x
+  faster than in fp32 and the KV cache reads half the bytes; on one without them bf16 is emulated and
+  several times *slower*. Greedy replies differ from the exact path's after the first near-tie.
+- `int8`: PyTorch's dynamic quantisation of every `nn.Linear` (the projections, the MLP and the LM
+  head): weights stored in int8 per output channel, activations quantised per call, products in int8
+  on fbgemm's x86 kernels; about 1.8x faster at batch 64 on 2 cores.
+
+Both fast modes are inference only and change the replies: use one for rollouts and the teacher only
+where the trade is measured (`benchmarks/run.py`: `smollm2_rollout_tokens_per_s` gives each mode's
+speed beside its agreement with the exact path). On SmolLM2-135M-Instruct int8 does not pay: a report
+stage ran 1.96x faster, but no reply matched the exact path's and on-topic answers halved (README,
+Evaluation: Numerics).
 """
 
 from __future__ import annotations
@@ -19,14 +25,21 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-Numerics = Literal["exact", "int8"]
-NUMERICS: tuple[str, ...] = ("exact", "int8")
+Numerics = Literal["exact", "bf16", "int8"]
+NUMERICS: tuple[str, ...] = ("exact", "bf16", "int8")
+
+
+def bf16_is_native() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (oneDNN's AVX512-BF16 or AMX kernels)."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def for_inference(model: PreTrainedModel, numerics: Numerics | str = "exact") -> PreTrainedModel:
-    """`model` ready to generate in `numerics` ("exact": unchanged; "int8": its Linear layers quantised, in place)."""
+    """`model` ready to generate in `numerics` (exact: unchanged; bf16: cast; int8: Linear layers quantised), in place."""
     if numerics == "exact":
         return model
+    if numerics == "bf16":
+        return model.to(torch.bfloat16).eval()
     if numerics != "int8":
         raise ValueError(f"numerics {numerics!r} is not one of {', '.join(NUMERICS)}")
     if model.device.type != "cpu":
@@ -38,4 +51,4 @@ def for_inference(model: PreTrainedModel, numerics: Numerics | str = "exact") ->
         return quantize_dynamic(model.eval(), {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
 
 
-__all__ = ["NUMERICS", "Numerics", "for_inference"]
+__all__ = ["NUMERICS", "Numerics", "bf16_is_native", "for_inference"]

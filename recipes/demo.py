@@ -80,7 +80,7 @@ class DemoConfig:
     teacher_strict_repeats: bool = False  # GAtt and replay data: no near copy of an earlier reply, topic word changed or not
     repetition_penalty: float = 1.0  # every reply drawn (teacher, replay, report); 1.0: off
     no_repeat_ngram_size: int = 0  # no n-gram twice in one reply, for every reply drawn; 0: off
-    numerics: str = "exact"  # how the teacher, replay and report models generate: exact (fp32) or int8 (CPU; gatt/numerics.py)
+    numerics: str = "exact"  # how the teacher, replay and report models generate: exact (fp32), bf16 or int8 (CPU; gatt/numerics.py)
     replay_dialogues: int = 0  # smollm2: the model's own instruction-free dialogues replayed in the fine-tune
     replay_max_turns: int = 8
     gatt_config: str = "recipes/configs/gatt_tiny.yaml"

@@ -23,11 +23,14 @@ def results(model, tokenizer):
         torch.set_num_threads(threads)
 
 
-def test_rollout_row_compares_int8_with_the_exact_path(results):
+def test_rollout_row_compares_bf16_and_the_exact_path_with_the_path_before(results):
     row = results["smollm2_rollout_tokens_per_s"]
-    assert row["mode"] == "int8" and row["unit"] == "tokens/s" and row["goal"] == 2.0
+    assert row["mode"] == "bf16" and row["unit"] == "tokens/s" and row["goal"] == 2.0
     assert row["ratio"] == pytest.approx(row["value"] / row["baseline"], rel=1e-3)
-    assert row["value"] == pytest.approx(row["tokens"]["int8"] / row["seconds"]["int8"], rel=0.01)
+    assert row["value"] == pytest.approx(row["tokens"]["bf16"] / row["seconds"]["bf16"], rel=0.01)
+    assert row["baseline"] == pytest.approx(row["tokens"]["before"] / row["seconds"]["before"], rel=0.01)
+    assert row["exact"]["ratio"] == pytest.approx(row["exact"]["tokens_per_s"] / row["baseline"], rel=1e-2)
+    assert row["exact"]["identical_to_before"] == 1.0  # stopped rows leaving the batch change no reply
     assert 0 <= row["agreement"] <= 1 and row["ceiling_tokens_per_s"] > 0
     assert row["ceiling_share"] == pytest.approx(row["value"] / row["ceiling_tokens_per_s"], abs=1e-3)
     assert set(row["adherence_per_turn"]["exact"]) <= set(range(1, 5))

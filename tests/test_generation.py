@@ -94,9 +94,13 @@ def test_a_choice_is_required_before_the_next_turn(model, tokenizer):
 def test_growing_cache_layer_holds_what_concatenation_holds():
     torch.manual_seed(0)
     grown, reference = GrowingLayer(), DynamicLayer()
-    steps = [(3, 5), (3, 1), (3, 70), (3, 1), ("select", [2, 0]), (2, 1), ("repeat", 2), (4, 3), (4, 1)]
+    steps = [(3, 5), (3, 1), (3, 70), (3, 1), ("select", [2, 0]), (2, 1), ("repeat", 2), (4, 3), (4, 1),
+             ("keep", [1, 3]), (2, 1), (2, 60), ("keep", [1]), (1, 2)]
     for step, arg in steps:
-        if step == "select":
+        if step == "keep":  # in place, in the buffers
+            grown.keep_rows(arg)
+            reference.batch_select_indices(torch.tensor(arg))
+        elif step == "select":
             for layer in (grown, reference):
                 layer.batch_select_indices(torch.tensor(arg))
         elif step == "repeat":
@@ -108,3 +112,36 @@ def test_growing_cache_layer_holds_what_concatenation_holds():
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
             assert grown.get_seq_length() == reference.get_seq_length()
     assert grown._buffers[0].shape[-2] > grown.get_seq_length()  # room left: the next token copies nothing
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_dropping_stopped_rows_writes_what_decoding_every_row_writes(model, tokenizer, sampled):
+    """shrink=True (stopped rows leave the decoding batch, holes compacted each turn) vs the path that decodes
+    every row to the end: the same tokens, greedy or seeded sampling, and the same attention shares."""
+
+    def run(shrink: bool) -> tuple[list[dict], ChatBatch]:
+        sampler = Sampler(do_sample=sampled, temperature=1.0, top_p=0.9, seed=3, repetition_penalty=1.3)
+        chat = ChatBatch(model, tokenizer, sampler, max_new_tokens=12, measure_attention=True, shrink=shrink)
+        chat.stops = {t for t in range(len(tokenizer)) if t % 5 == 0}  # this random model's rows stop at different steps
+        histories = {key: [{"role": "user", "content": TEXTS[key]}] for key in range(6)}
+        turns = []
+        for turn in range(3):
+            out = chat.generate({key: prompt(tokenizer, h) for key, h in histories.items()}, marked={key: [1, 2, 3] for key in histories})
+            turns.append(out)
+            for key, history in histories.items():
+                history += [{"role": "assistant", "content": out[key][0].text}, {"role": "user", "content": TEXTS[key + turn + 30]}]
+        return turns, chat
+
+    (shrunk, chat), (plain, plain_chat) = run(True), run(False)
+    assert [{k: c[0].tokens for k, c in t.items()} for t in shrunk] == [{k: c[0].tokens for k, c in t.items()} for t in plain]
+    assert all(len({len(c[0].tokens) for c in t.values()}) > 1 for t in plain)  # replies of different lengths
+    for ours, theirs in zip(shrunk, plain):
+        for key in ours:  # a reply that stopped at its first token reads nothing: no share (None) on either side
+            assert (ours[key][0].attention is None) == (theirs[key][0].attention is None)
+            if ours[key][0].attention is not None:
+                torch.testing.assert_close(torch.tensor(ours[key][0].attention), torch.tensor(theirs[key][0].attention))
+    # every row's real columns are packed to the left: no holes but at a row's end, a narrower cache
+    lengths = chat.mask.sum(1)
+    assert torch.equal(chat.mask, (torch.arange(chat.mask.shape[1]) < lengths[:, None]).long())
+    assert chat.mask.shape[1] == lengths.max() < plain_chat.mask.shape[1]
+    assert torch.equal(lengths, plain_chat.mask.sum(1))

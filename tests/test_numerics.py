@@ -1,4 +1,4 @@
-"""gatt.numerics: int8 dynamic quantisation for generation on CPU, beside the exact path."""
+"""gatt.numerics: bf16 and int8 dynamic quantisation for generation, beside the exact path."""
 
 import copy
 
@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from gatt.cache import output_cache
 from gatt.numerics import for_inference
 from tests.test_modeling import random_ids, tiny_llama
 
@@ -34,8 +35,27 @@ def test_int8_quantises_every_linear_layer_and_stays_close(library_model: bool) 
     assert out.shape == (2, 17)
 
 
+@pytest.mark.parametrize("library_model", [False, True])
+def test_bf16_casts_weights_and_the_kv_cache_and_stays_close(library_model: bool) -> None:
+    from gatt import GattForCausalLM
+
+    llama = tiny_llama()
+    model = GattForCausalLM.from_llama(llama) if library_model else llama
+    exact = copy.deepcopy(model)
+    fast = for_inference(model, "bf16")
+    assert {p.dtype for p in fast.parameters()} == {torch.bfloat16}
+    ids = random_ids(2, 12)
+    with torch.no_grad():
+        expected, output = exact(ids).logits, fast(ids, use_cache=True)
+    assert output.logits.dtype == torch.bfloat16
+    assert (output.logits.float() - expected).abs().max() < 0.05 * expected.abs().max()  # rounding, not another model
+    assert output_cache(output).layers[0].keys.dtype == torch.bfloat16
+    out = fast.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert out.shape == (2, 17)
+
+
 def test_unknown_modes_and_gpus_are_refused() -> None:
-    with pytest.raises(ValueError, match="numerics 'fp8' is not one of exact, int8"):
+    with pytest.raises(ValueError, match="numerics 'fp8' is not one of exact, bf16, int8"):
         for_inference(tiny_llama(), "fp8")
     model = tiny_llama()
     model.to("meta")

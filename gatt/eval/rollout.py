@@ -41,6 +41,7 @@ class RolloutConfig:
     repeat_instruction: bool = False  # the upper bound: the instruction appended to every user turn instead
     measure_attention: bool = False
     split_softmax: float | None = None  # strength: boost every head's attention on the instruction (gatt/split_softmax.py)
+    shrink: bool = True  # stopped rows leave the decoding batch, holes compacted each turn (False: the older path)
 
 
 @dataclass
@@ -148,7 +149,8 @@ def rollout(
             sampler.generator.manual_seed(config.seed * 100_003 + start // config.batch_size)
             rows = [_Rollout(d) for d in dialogues[start : start + config.batch_size]]
             chat = ChatBatch(model, tokenizer, sampler, max_new_tokens=config.max_new_tokens,
-                             measure_attention=config.measure_attention, split_softmax=config.split_softmax)
+                             measure_attention=config.measure_attention, split_softmax=config.split_softmax,
+                             shrink=config.shrink)
             for t in range(max(len(r.dialogue.turns) for r in rows)):
                 prompts, marked, users = {}, {}, {}
                 for i, row in enumerate(rows):
