@@ -214,7 +214,12 @@ def teacher_row(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, size
         seconds={"ours": round(ours_seconds, 1), "theirs": round(theirs_seconds, 1)})
 
 
-def run(quick: bool, device: str, load: Loader = load_model) -> dict[str, dict[str, Any]]:
+ROWS = ("smollm2_rollout_tokens_per_s", "smollm2_report_scorer_share", "smollm2_rollout_vs_hf_generate",
+        "smollm2_teacher_vs_hf_generate")
+
+
+def run(quick: bool, device: str, load: Loader = load_model, only: Sequence[str] = ROWS) -> dict[str, dict[str, Any]]:
+    """The rows in `only` (default all; the rollout and scorer rows come from one measurement)."""
     if device != "cpu":
         raise ValueError("bench_smollm2 measures the CPU paths; run it with --device cpu")
     size = QUICK if quick else FULL
@@ -222,9 +227,13 @@ def run(quick: bool, device: str, load: Loader = load_model) -> dict[str, dict[s
     model.eval()
     plan = plan_dialogues(load_eval_constraints(CONSTRAINTS), load_eval_turns(), dialogues=size["dialogues"],
                           turns=size["turns"], seed=0, probe_every=6)
-    results = rollout_rows(model, tokenizer, plan, size)
-    results["smollm2_rollout_vs_hf_generate"] = generate_row(model, tokenizer, plan, size)
-    results["smollm2_teacher_vs_hf_generate"] = teacher_row(model, tokenizer, size)
+    results: dict[str, dict[str, Any]] = {}
+    if {"smollm2_rollout_tokens_per_s", "smollm2_report_scorer_share"} & set(only):
+        results.update(rollout_rows(model, tokenizer, plan, size))
+    if "smollm2_rollout_vs_hf_generate" in only:
+        results["smollm2_rollout_vs_hf_generate"] = generate_row(model, tokenizer, plan, size)
+    if "smollm2_teacher_vs_hf_generate" in only:
+        results["smollm2_teacher_vs_hf_generate"] = teacher_row(model, tokenizer, size)
     name = "SmolLM2-135M-Instruct as GattForCausalLM, fp32" if load is load_model else type(model).__name__
     for result in results.values():
         result["settings"]["model"] = name

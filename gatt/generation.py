@@ -8,6 +8,11 @@ the chat template renders the history differently from the tokens the model prod
 re-tokenised differently, a template that rewrites text), the diverging cached tokens become holes too
 and the rendered ones are fed instead, so every turn sees exactly the re-encoded history.
 
+A row that has stopped (its end-of-turn token drawn) leaves the decoding batch, its cache row set
+aside, so the steps until the longest reply ends compute only the rows still writing; at the turn's end
+every row goes back into one cache with its real columns packed to the left (`shrink`, the default;
+the same tokens as decoding every row to the end, tested).
+
 With `k > 1` the prompt is encoded once and the cache repeated for k sampled candidates; `keep` then
 keeps one candidate per dialogue (rejection sampling) and drops the others' cache rows.
 With `split_softmax=STRENGTH`, every forward call boosts each row's attention on its marked tokens (the
