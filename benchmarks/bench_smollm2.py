@@ -23,7 +23,8 @@ held-out user turns, N dialogues x T turns, probes every 6th turn.
   (`gatt.eval.rollout.reference_rollout`) on the first R of the same dialogues (theirs takes about a
   minute a dialogue); turns/s, goal >= 3, the replies of those R dialogues identical on both sides.
 - `smollm2_teacher_vs_hf_generate`: our batched teacher (`ModelTeacher`, k = 4 candidates per turn,
-  dialogues in batches of B) vs a `generate(num_return_sequences=4)` call per dialogue and turn on the
+  dialogues in batches of B, one batch's 20 turns after another) vs a `generate(num_return_sequences=4)`
+  call per dialogue and turn on the
   first R' dialogues; every candidate exactly M tokens on both sides (as in bench_teacher.py); turns/s,
   goal >= 4.
 
@@ -188,11 +189,14 @@ def teacher_row(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, size
                                batch_size=size["teacher_batch"], **SAMPLING)
 
     def synthesise(turn: Callable[[ModelTeacher, list[_Dialogue], int], None], dialogues: list[_Dialogue]) -> float:
+        """Every turn of each batch of dialogues, one batch after another: the caches of all 64 dialogues x 4
+        candidates at 20 turns at once ran a 24 GB machine out of memory."""
         teacher.seed(config.seed)
         torch.manual_seed(config.seed)
         start = time.perf_counter()
-        for _ in range(config.max_turns):
-            turn(teacher, dialogues, config.samples_per_turn)
+        for first in range(0, len(dialogues), size["teacher_batch"]):
+            for _ in range(config.max_turns):
+                turn(teacher, dialogues[first : first + size["teacher_batch"]], config.samples_per_turn)
         return time.perf_counter() - start
 
     def ours_turn(teacher: ModelTeacher, dialogues: list[_Dialogue], k: int) -> None:
