@@ -24,12 +24,12 @@ held-out user turns, N dialogues x T turns, probes every 6th turn.
   minute a dialogue); turns/s, goal >= 3, the replies of those R dialogues identical on both sides.
 - `smollm2_teacher_vs_hf_generate`: our batched teacher (`ModelTeacher`, k = 4 candidates per turn,
   dialogues in batches of B, one batch's 20 turns after another) vs a `generate(num_return_sequences=4)`
-  call per dialogue and turn on the
-  first R' dialogues; every candidate exactly M tokens on both sides (as in bench_teacher.py); turns/s,
-  goal >= 4.
+  call per dialogue and turn on the first R' dialogues; every candidate exactly M tokens on both sides (as
+  in bench_teacher.py); turns/s, goal >= 4.
 
-Full size: N = 64 dialogues x T = 20 turns (estimated from the demo's measured rates at about an hour on 2
-CPU cores, most of it the teacher row); `--quick`: N = 8 x T = 4, a few minutes.
+Full size: N = 64 dialogues x T = 20 turns. On 2 CPU cores the rollout and scorer rows took 35 minutes;
+the generate row about 8 and the teacher row more than 12 (its first full run was killed for memory);
+`--quick`: N = 8 x T = 4, a few minutes.
 
   python benchmarks/bench_smollm2.py [--quick]
 """

@@ -384,7 +384,7 @@ class ChatBatch:
             sources.append((torch.tensor(indices, device=device), columns.to(device), layers))
         for number, layer in enumerate(self.cache.layers):
             keys, values = sources[0][2][number]
-            batch, heads, _, head_dim = keys.shape
+            _, heads, _, head_dim = keys.shape
             packed = [keys.new_empty(len(self.rows), heads, width, head_dim) for _ in range(2)]  # (B, H_kv, width, D)
             for indices, columns, layers in sources:
                 index = columns[:, None, :, None].expand(-1, heads, -1, head_dim)  # (rows, H_kv, width, D)

@@ -16,14 +16,19 @@ def test_exact_is_the_model_itself() -> None:
     assert for_inference(model, "exact") is model
 
 
-@pytest.mark.parametrize("library_model", [False, True])
-def test_int8_quantises_every_linear_layer_and_stays_close(library_model: bool) -> None:
+def exact_and(library_model: bool, numerics: str) -> tuple[nn.Module, nn.Module]:
+    """A tiny Llama (or the library's model converted from it) and a copy made ready in `numerics`."""
     from gatt import GattForCausalLM
 
     llama = tiny_llama()
     model = GattForCausalLM.from_llama(llama) if library_model else llama
     exact = copy.deepcopy(model)
-    quantised = for_inference(model, "int8")
+    return exact, for_inference(model, numerics)
+
+
+@pytest.mark.parametrize("library_model", [False, True])
+def test_int8_quantises_every_linear_layer_and_stays_close(library_model: bool) -> None:
+    exact, quantised = exact_and(library_model, "int8")
     assert not any(type(m) is nn.Linear for m in quantised.modules())  # projections, MLP and the LM head
     assert sum(type(m).__name__ == "Linear" and "quantized" in type(m).__module__ for m in quantised.modules()) == 3 * 7 + 1
     ids = random_ids(2, 12)
@@ -37,12 +42,7 @@ def test_int8_quantises_every_linear_layer_and_stays_close(library_model: bool) 
 
 @pytest.mark.parametrize("library_model", [False, True])
 def test_bf16_casts_weights_and_the_kv_cache_and_stays_close(library_model: bool) -> None:
-    from gatt import GattForCausalLM
-
-    llama = tiny_llama()
-    model = GattForCausalLM.from_llama(llama) if library_model else llama
-    exact = copy.deepcopy(model)
-    fast = for_inference(model, "bf16")
+    exact, fast = exact_and(library_model, "bf16")
     assert {p.dtype for p in fast.parameters()} == {torch.bfloat16}
     ids = random_ids(2, 12)
     with torch.no_grad():
