@@ -150,13 +150,13 @@ def rollout_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pla
         adherence_max_diff_points=round(100 * max((abs(adherence["exact"][n] - adherence["bf16"].get(n, 0.0))
                                                    for n in adherence["exact"]), default=0.0), 1),
         adherence_mean={name: round(sum(v.values()) / len(v), 4) if v else None for name, v in adherence.items()},
-        tokens=tokens, seconds={name: round(s, 3) for name, s in seconds.items()},
+        tokens=tokens, seconds={name: round(s, 6) for name, s in seconds.items()},
     )
     report_seconds = seconds["exact"] + judge_seconds
     share = judge_seconds / report_seconds
     scorer_row = {"value": round(share, 4), "unit": "share of wall time", "higher_is_better": False, "goal": 0.15,
                   "met": share <= 0.15, "settings": settings,
-                  "seconds": {"rollouts": round(seconds["exact"], 3), "answer_gate": round(judge_seconds, 3)}}
+                  "seconds": {"rollouts": round(seconds["exact"], 6), "answer_gate": round(judge_seconds, 6)}}
     return {"smollm2_rollout_tokens_per_s": rollout_row, "smollm2_report_scorer_share": scorer_row}
 
 
