@@ -490,6 +490,8 @@ class MaskedMultiHeadAttention(nn.Module):
                 raise ValueError(f"{name} must be >= 1 (the width of the key/value source), got {width}")
         self.num_heads, self.num_key_value_heads, self.head_dim = num_heads, num_key_value_heads, head_dim
         self.dropout, self.layer_idx = dropout, layer_idx
+        # The dtype scores, softmax, the KV cache and the weighted sum run in (None: the projections' own).
+        self.attention_dtype: torch.dtype | None = None
         self.hidden_size = hidden_size
         self.kdim = kdim if kdim is not None else hidden_size
         self.vdim = vdim if vdim is not None else hidden_size
@@ -582,6 +584,8 @@ class MaskedMultiHeadAttention(nn.Module):
             query, key = apply_rotary(query, key, *position_embeddings)
         elif position_embeddings is not None and key_position_embeddings is not None:
             query, key = _rotate(query, *position_embeddings), _rotate(key, *key_position_embeddings)
+        if self.attention_dtype is not None:  # e.g. fp32 attention and KV cache in a bf16 model (gatt/numerics.py)
+            query, key, value = query.to(self.attention_dtype), key.to(self.attention_dtype), value.to(self.attention_dtype)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)  # (B, Hkv, Tk, D)
         if key_padding_mask is not None and tuple(key_padding_mask.shape) != (batch, key.shape[2]):
@@ -607,7 +611,7 @@ class MaskedMultiHeadAttention(nn.Module):
                 return_weights=return_weights, split_softmax=split_softmax,
             )
         output = output.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)  # (B, T, H*D)
-        output = self.o_proj(output)  # (B, T, C)
+        output = self.o_proj(output.to(hidden_states.dtype))  # (B, T, C)
         if query_padding_mask is not None:
             real_queries = query_padding_mask.bool()  # (B, Tq)
             output = output.masked_fill(~real_queries[:, :, None], 0.0)

@@ -1,10 +1,14 @@
 """The numeric mode a model generates in: the exact fp32 path, bf16, or int8 on CPU.
 
 - `exact`: the model as it is (fp32 weights and activations).
-- `bf16`: weights, activations and the KV cache in bfloat16 (softmax and norms still accumulate in
-  fp32). On a CPU with bf16 instructions (AVX512-BF16 or AMX; `bf16_is_native()`) a GEMM runs 3-4x
-  faster than in fp32 and the KV cache reads half the bytes; on one without them bf16 is emulated and
-  several times *slower*. Greedy replies differ from the exact path's after the first near-tie.
+- `bf16`: weights and activations in bfloat16 (norms accumulate in fp32); in the library's attention
+  (`MaskedMultiHeadAttention.attention_dtype`) the scores, softmax, KV cache and weighted sum stay fp32.
+  On a CPU with bf16 instructions (AVX512-BF16 or AMX; `bf16_is_native()`) a GEMM runs 3-4x faster
+  than in fp32; on one without them bf16 is emulated and several times *slower*. Attention over a
+  long cache is bound by memory, not arithmetic, and PyTorch's CPU kernels read a bf16 cache more
+  slowly than an fp32 one (SDPA 5x slower, a batched matmul on the cache's strided view 1.5x): so the
+  cache stays fp32, which also keeps the attention as exact as the projections allow. Greedy replies
+  differ from the exact path's after the first near-tie.
 - `int8`: PyTorch's dynamic quantisation of every `nn.Linear` (the projections, the MLP and the LM
   head): weights stored in int8 per output channel, activations quantised per call, products in int8
   on fbgemm's x86 kernels; about 1.8x faster at batch 64 on 2 cores.
@@ -25,6 +29,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from gatt.attention import MaskedMultiHeadAttention
+
 Numerics = Literal["exact", "bf16", "int8"]
 NUMERICS: tuple[str, ...] = ("exact", "bf16", "int8")
 
@@ -35,11 +41,16 @@ def bf16_is_native() -> bool:
 
 
 def for_inference(model: PreTrainedModel, numerics: Numerics | str = "exact") -> PreTrainedModel:
-    """`model` ready to generate in `numerics` (exact: unchanged; bf16: cast; int8: Linear layers quantised), in place."""
+    """`model` ready to generate in `numerics` (exact: unchanged; bf16: cast, the library's attention kept fp32; int8:
+    Linear layers quantised), in place."""
     if numerics == "exact":
         return model
     if numerics == "bf16":
-        return model.to(torch.bfloat16).eval()
+        model = model.to(torch.bfloat16).eval()
+        for module in model.modules():
+            if isinstance(module, MaskedMultiHeadAttention):
+                module.attention_dtype = torch.float32
+        return model
     if numerics != "int8":
         raise ValueError(f"numerics {numerics!r} is not one of {', '.join(NUMERICS)}")
     if model.device.type != "cpu":

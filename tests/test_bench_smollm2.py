@@ -42,6 +42,11 @@ def test_scorer_share_is_the_gates_part_of_the_report(results):
     seconds = row["seconds"]
     assert row["value"] == pytest.approx(seconds["answer_gate"] / (seconds["answer_gate"] + seconds["rollouts"]), abs=2e-3)
     assert row["met"] == (row["value"] <= 0.15) and row["higher_is_better"] is False
+    # the shared-prompt scorer gives the one-pass scorer's numbers, so the same verdicts
+    assert row["replies_scored"] > 0 and row["before"]["verdicts_identical"] == 1.0
+    assert row["before"]["relevance_max_abs_diff"] < 1e-3
+    assert row["ratio_over_before"] == pytest.approx(row["before"]["seconds"] / seconds["answer_gate"], rel=1e-2)
+    assert 0 <= row["bf16"]["verdicts_identical"] <= 1 and row["bf16"]["relevance_max_abs_diff"] > 0  # rounding shows
 
 
 def test_generate_and_teacher_rows_time_the_same_work_on_both_sides(results):
