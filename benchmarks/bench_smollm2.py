@@ -8,7 +8,8 @@ held-out user turns, N dialogues x T turns, probes every 6th turn.
   probe on: what `make demo-smollm2`'s report stage runs), all N dialogues in one batch, in three modes
   one after another: `before`, the path before stopped rows left the decoding batch (`shrink=False`:
   every row decodes until the longest reply ends; `baseline`), `exact` (today's fp32 path: `shrink`), and
-  the fastest mode (`value`: `--numerics bf16`, gatt/numerics.py). New tokens/s (each reply re-tokenised),
+  the fastest mode (`value`: `--numerics bf16`, gatt/numerics.py: bf16 weights and activations, the
+  attention and its KV cache fp32). New tokens/s (each reply re-tokenised),
   `ratio` value / baseline (goal >= 2), `ceiling_share`: the value over this machine's GEMM ceiling for
   this model in the mode's dtype (GFLOP/s measured now / 2 x the Linear weights per token), `exact`: its
   rate, ratio and the share of its greedy replies identical to `before`'s (goal 1.0), `agreement`: the
@@ -17,7 +18,11 @@ held-out user turns, N dialogues x T turns, probes every 6th turn.
   held-out values; goal within 2 points).
 - `smollm2_report_scorer_share`: the relevance scorer's share of a report's wall time (the exact rollouts
   above plus the answer gate over their transcripts, judged as replies to a user's own messages: no
-  topic-word checks, so every chat reply's relevance is the likelihood contrast), goal <= 15%.
+  topic-word checks, so every chat reply's relevance is the likelihood contrast), goal <= 15%. Three
+  scorers judge the same replies: `before` (each question and reply through the model whole), the
+  library's (`value`: each question's prompt encoded once, its replies scored on that cache) and the
+  same in bf16 (`--relevance-numerics bf16`); each with its share, seconds, and agreement with the
+  library's exact scorer (identical verdicts, largest and mean contrast difference in nats).
 - `smollm2_rollout_vs_hf_generate`: ours (exact, batched, KV reuse; greedy without penalty or probe, so
   that `generate()` writes the same replies) over `generate()` per turn on the re-encoded history
   (`gatt.eval.rollout.reference_rollout`) on the first R of the same dialogues (theirs takes about a
@@ -25,7 +30,8 @@ held-out user turns, N dialogues x T turns, probes every 6th turn.
 - `smollm2_teacher_vs_hf_generate`: our batched teacher (`ModelTeacher`, k = 4 candidates per turn,
   dialogues in batches of B, one batch's 20 turns after another) vs a `generate(num_return_sequences=4)`
   call per dialogue and turn on the first R' dialogues; every candidate exactly M tokens on both sides (as
-  in bench_teacher.py); turns/s, goal >= 4.
+  in bench_teacher.py); turns/s, goal >= 4. `top_p_ms`: one top-p step on a batch's logits, ours
+  (`NucleusWarper`) and Hugging Face's `TopPLogitsWarper`.
 
 Full size: N = 64 dialogues x T = 20 turns. On 2 CPU cores the rollout and scorer rows took 35 minutes;
 the generate row about 8 and the teacher row more than 12 (its first full run was killed for memory);
@@ -46,6 +52,7 @@ from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.generation import TopPLogitsWarper
 
 from bench_common import comparison, main
 from bench_eval import check_identical, identical_share
@@ -57,6 +64,7 @@ from gatt.eval.judge import apply_gate
 from gatt.eval.plan import EvalDialogue, plan_dialogues
 from gatt.eval.rollout import RolloutConfig, reference_rollout, rollout
 from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
+from gatt.generation import NucleusWarper
 from gatt.machine import matmul_gflops
 from gatt.numerics import bf16_is_native, for_inference
 
@@ -228,6 +236,18 @@ def generate_row(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pla
         seconds={"ours": round(ours_seconds, 1), "theirs": round(theirs_seconds, 1)})
 
 
+def top_p_ms(model: PreTrainedModel, size: dict[str, int]) -> dict[str, float]:
+    """Milliseconds of one top-p step on a teacher batch's logits (B = batch x k rows of the vocabulary): ours
+    (`NucleusWarper`, top-k) and Hugging Face's `TopPLogitsWarper` (a full sort), medians of 20 calls."""
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(size["teacher_batch"] * size["k"], model.config.vocab_size, generator=generator) * 3 / 0.7
+    out = {}
+    for name, warper in (("ours", NucleusWarper(SAMPLING["top_p"])), ("hugging_face", TopPLogitsWarper(SAMPLING["top_p"]))):
+        times = [timed(warper, None, scores)[1] for _ in range(21)][1:]
+        out[name] = round(1000 * sorted(times)[len(times) // 2], 2)
+    return out
+
+
 def teacher_row(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, size: dict[str, int]) -> dict[str, Any]:
     """Our batched teacher over N dialogues vs generate(num_return_sequences=k) per turn on the first R'."""
     config = SynthesisConfig(num_dialogues=size["dialogues"], min_turns=size["turns"], max_turns=size["turns"],
@@ -259,7 +279,7 @@ def teacher_row(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, size
         theirs_seconds = synthesise(generate_turn, subset)
     rate = {"ours": config.num_dialogues * config.max_turns / ours_seconds,
             "theirs": len(subset) * config.max_turns / theirs_seconds}
-    return comparison(rate["ours"], rate["theirs"], unit="turns/s", goal=4.0, settings={
+    return comparison(rate["ours"], rate["theirs"], unit="turns/s", goal=4.0, top_p_ms=top_p_ms(model, size), settings={
         "dialogues": {"ours": config.num_dialogues, "theirs": len(subset)}, "turns": config.max_turns, "k": config.samples_per_turn,
         "max_new_tokens": size["max_new_tokens"], "every_candidate": "exactly max_new_tokens tokens", **SAMPLING,
         "dialogues_per_batch": size["teacher_batch"],

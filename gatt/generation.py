@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
-from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.generation import (
     NoRepeatNGramLogitsProcessor,
@@ -132,6 +132,37 @@ def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -
     return ids
 
 
+class NucleusWarper(LogitsProcessor):
+    """Top-p (nucleus) filtering that keeps Hugging Face's `TopPLogitsWarper` set without sorting the vocabulary.
+
+    A token stays when the probability mass of the tokens more likely than it is below `top_p` (the most
+    likely token always stays): the smallest most-likely set whose mass reaches `top_p`. The set is
+    found among each row's `candidates` most likely tokens (`topk`, linear in the vocabulary) where they
+    hold `top_p` of the mass; a row whose mass is spread wider falls back to the full sort. Sorting all
+    49,152 tokens of SmolLM2's vocabulary for 64 rows at every step was most of a teacher's sampling time.
+    The kept set equals `TopPLogitsWarper`'s up to float rounding of a token whose mass sits exactly on
+    the boundary (tested on random rows)."""
+
+    def __init__(self, top_p: float, candidates: int = 1024) -> None:
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        self.top_p, self.candidates = top_p, candidates
+        self.fallback = TopPLogitsWarper(top_p)
+
+    def __call__(self, input_ids: Tensor | None, scores: Tensor) -> Tensor:  # (B, V) -> (B, V)
+        if self.top_p >= 1.0:
+            return scores
+        probs = scores.float().softmax(-1)  # (B, V)
+        top, index = probs.topk(min(self.candidates, scores.shape[-1]), dim=-1)  # (B, k), most likely first
+        keep = top.cumsum(-1) - top < self.top_p  # the mass of the tokens before each is below top_p
+        keep[:, 0] = True
+        out = torch.full_like(scores, float("-inf")).scatter(1, index, scores.gather(1, index).masked_fill(~keep, float("-inf")))
+        wide = top.sum(-1) < self.top_p  # (B,): the nucleus reaches past the candidates
+        if wide.any():
+            out[wide] = self.fallback(input_ids, scores[wide])
+        return out
+
+
 class Sampler:
     """Greedy, or temperature + top-p sampling from a seeded generator.
 
@@ -148,7 +179,7 @@ class Sampler:
             ([RepetitionPenaltyLogitsProcessor(repetition_penalty)] if repetition_penalty != 1.0 else [])
             + ([NoRepeatNGramLogitsProcessor(no_repeat_ngram_size)] if no_repeat_ngram_size > 0 else [])
         )
-        self.warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature), TopPLogitsWarper(top_p)])
+        self.warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature), NucleusWarper(top_p)])
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def __call__(self, logits: Tensor, reply: Tensor) -> Tensor:  # (B, V), (B, t) tokens so far -> (B,)

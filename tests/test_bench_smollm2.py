@@ -54,6 +54,7 @@ def test_generate_and_teacher_rows_time_the_same_work_on_both_sides(results):
     assert generate["identical_replies"] == 1.0 and generate["settings"]["dialogues"] == {"ours": 8, "theirs": 1}
     teacher = results["smollm2_teacher_vs_hf_generate"]
     assert teacher["settings"]["k"] == 4 and teacher["settings"]["dialogues"] == {"ours": 8, "theirs": 1}
+    assert set(teacher["top_p_ms"]) == {"ours", "hugging_face"} and min(teacher["top_p_ms"].values()) > 0
     for row in (generate, teacher):
         assert row["ratio"] == pytest.approx(row["ours"] / row["theirs"], rel=1e-3)
 

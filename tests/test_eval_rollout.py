@@ -261,3 +261,19 @@ def test_cli_numerics_int8_rolls_out_on_a_quantised_model(model_dir, eval_inputs
     transcripts = [json.loads(line) for line in (tmp_path / "q" / "transcripts.jsonl").read_text().splitlines()]
     assert {len(t["turns"]) for t in transcripts} == {len(t["turns"]) for t in
                                                      map(json.loads, (tmp_path / "e" / "transcripts.jsonl").read_text().splitlines())}
+
+
+def test_cli_relevance_numerics_bf16_scores_the_same_replies_in_bf16(model_dir, eval_inputs, tmp_path):
+    """The user turns here carry no on-topic checks, so every chat reply's relevance is a likelihood contrast."""
+    fast = run_cli(model_dir, eval_inputs, tmp_path / "b", "--relevance-numerics", "bf16", "--no-attention")
+    exact = run_cli(model_dir, eval_inputs, tmp_path / "e", "--no-attention")
+    assert fast["settings"]["relevance_numerics"] == "bf16" and "relevance_numerics" not in exact["settings"]
+
+    def read(folder: str) -> list[dict]:
+        return [json.loads(line) for line in (tmp_path / folder / "transcripts.jsonl").read_text().splitlines()]
+
+    pairs = [(a, b) for ta, tb in zip(read("b"), read("e")) for a, b in zip(ta["turns"], tb["turns"])
+             if b["gate"]["relevance"] is not None]
+    assert pairs and all(a["reply"] == b["reply"] for a, b in pairs)  # the rollouts stay exact
+    differences = [abs(a["gate"]["relevance"] - b["gate"]["relevance"]) for a, b in pairs]
+    assert 0 < max(differences) < 2.0  # bf16 rounding, not another scorer

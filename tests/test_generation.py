@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from gatt.generation import ChatBatch, GrowingLayer, Sampler
+from gatt.generation import ChatBatch, GrowingLayer, NucleusWarper, Sampler
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
 
@@ -145,3 +145,18 @@ def test_dropping_stopped_rows_writes_what_decoding_every_row_writes(model, toke
     assert torch.equal(chat.mask, (torch.arange(chat.mask.shape[1]) < lengths[:, None]).long())
     assert chat.mask.shape[1] == lengths.max() < plain_chat.mask.shape[1]
     assert torch.equal(lengths, plain_chat.mask.sum(1))
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.95])
+def test_nucleus_warper_keeps_the_tokens_hugging_faces_top_p_keeps(top_p):
+    from transformers.generation import TopPLogitsWarper
+
+    torch.manual_seed(0)
+    scores = torch.cat([torch.randn(16, 5000) * 4, torch.randn(16, 5000) * 0.3])  # peaked rows, then flat ones
+    warper = NucleusWarper(top_p, candidates=256)
+    wide = scores.softmax(-1).topk(256).values.sum(-1) < top_p
+    assert 0 < int(wide.sum()) < len(scores)  # both the top-k path and the full-sort fallback are exercised
+    ours, theirs = warper(None, scores), TopPLogitsWarper(top_p)(None, scores)
+    kept = ours.isfinite()
+    assert torch.equal(kept, theirs.isfinite()) and torch.equal(ours[kept], scores[kept])
+    assert torch.equal(NucleusWarper(1.0)(None, scores), scores)
