@@ -33,8 +33,9 @@ held-out user turns, N dialogues x T turns, probes every 6th turn.
   in bench_teacher.py); turns/s, goal >= 4. `top_p_ms`: one top-p step on a batch's logits, ours
   (`NucleusWarper`) and Hugging Face's `TopPLogitsWarper`.
 
-Full size: N = 64 dialogues x T = 20 turns. On 2 CPU cores the rollout and scorer rows took 35 minutes;
-the generate row about 8 and the teacher row more than 12 (its first full run was killed for memory);
+Full size: N = 64 dialogues x T = 20 turns. On 2 CPU cores the rollout and scorer rows took 48 minutes;
+the generate row about 8 and the teacher row about 60 (ours alone about 50: 4 batches of 16 dialogues x 4
+candidates; all 64 at once ran a 24 GB machine out of memory);
 `--quick`: N = 8 x T = 4, a few minutes.
 
   python benchmarks/bench_smollm2.py [--quick]
