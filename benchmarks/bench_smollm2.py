@@ -106,8 +106,9 @@ def timed(run: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, floa
 
 
 class OnePassScorer(RelevanceScorer):
-    """The scorer before prompts were shared: each (question, reply) pair through the model whole, in batches of
-    similar lengths (the reference the shared-prompt scorer is timed and checked against)."""
+    """The scorer before prompts were shared, as it was: each (question, reply) pair through the model whole, in
+    batches of similar lengths, logits only from the shortest prompt's last token on (the reference the
+    shared-prompt scorer is timed and checked against)."""
 
     @torch.no_grad()
     def _score(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, int]]:
@@ -123,11 +124,13 @@ class OnePassScorer(RelevanceScorer):
             for b, i in enumerate(batch):
                 sequence = rows[i][0] + rows[i][1]
                 ids[b, : len(sequence)], mask[b, : len(sequence)] = torch.tensor(sequence), 1
-            logp = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1].float().log_softmax(-1)
-            logp = logp.gather(-1, ids[:, 1:, None])[..., 0]  # (B, T - 1): log p of each next token
+            first = min(len(rows[i][0]) for i in batch) - 1
+            logits = self.model(input_ids=ids, attention_mask=mask, logits_to_keep=torch.arange(first, width - 1)).logits
+            logp = logits.float().log_softmax(-1).gather(-1, ids[:, first + 1 :, None])[..., 0]  # (B, P): log p of each next token
             for b, i in enumerate(batch):
                 prompt, target = rows[i]
-                out[i] = (float(logp[b, len(prompt) - 1 : len(prompt) - 1 + len(target)].sum()), len(target))
+                begin = len(prompt) - 1 - first
+                out[i] = (float(logp[b, begin : begin + len(target)].sum()), len(target))
         return out
 
 
