@@ -1,5 +1,5 @@
 """Throughput of each stage at 1 and N processes on this machine: GAtt synthesis, the GAtt fine-tune and the
-evaluation, on a demo run's trained models (`make demo`, `make demo-smollm2`).
+evaluation, on a demo run's trained models (`make demo`, `make demo-smollm2`; its first GAtt round's).
 
 Each stage runs as a user runs it, the same work at every process count:
 - 1 process: `python -m data_gen gatt ...`, `python recipes/train_gatt.py ...`, `python -m gatt.evaluate ...`
@@ -36,6 +36,8 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+# The demo run's first GAtt round (`recipes/demo.py` lays each round out as round-R/{data/gatt,gatt}).
+GATT = Path("round-1") / "gatt"
 sys.path.insert(0, str(ROOT))
 
 from gatt.machine import machine_calibration  # noqa: E402
@@ -80,10 +82,10 @@ def training(demo: Path, work: Path, processes: int, sizes: dict[str, int]) -> d
     out = work / f"training-{processes}"
     steps = sizes["train_steps"]
     seconds = timed([*launcher(processes), str(ROOT / "recipes" / "train_gatt.py"), "--config",
-                     str(demo / "gatt" / "config.yaml"), f"output_dir={out}", f"max_steps={steps}", "save_every=0",
+                     str(demo / GATT / "config.yaml"), f"output_dir={out}", f"max_steps={steps}", "save_every=0",
                      "eval_every=0", "log_every=1", "warmup_steps=0"], work / f"training-{processes}.log")
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    records = steps * yaml.safe_load((demo / "gatt" / "config.yaml").read_text())["batch_size"]
+    records = steps * yaml.safe_load((demo / GATT / "config.yaml").read_text())["batch_size"]
     tokens = sum(m["supervised_tokens"] for m in metrics if "supervised_tokens" in m)
     return {"seconds": round(seconds, 1), "steps": steps, "records": records, "records_per_s": round(records / seconds, 2),
             "supervised_tokens_per_s": round(tokens / seconds, 1)}
@@ -93,7 +95,7 @@ def evaluation(demo: Path, work: Path, processes: int, shares: int, sizes: dict[
     """The demo's report stage on its GAtt model: `shares` rollout batches of 30-turn dialogues."""
     out = work / f"evaluation-{processes}"
     dialogues = shares * sizes["eval_dialogues"]
-    seconds = timed([*launcher(processes), "-m", "gatt.evaluate", "--model", f"gatt={demo / 'gatt' / 'final'}",
+    seconds = timed([*launcher(processes), "-m", "gatt.evaluate", "--model", f"gatt={demo / GATT / 'final'}",
                      "--turns", str(sizes["eval_turns"]), "--dialogues", str(dialogues), "--no-instruction-dialogues", "0",
                      "--batch-size", str(sizes["eval_dialogues"]), "--max-new-tokens", "48", "--seed", "0", *extra,
                      "--out", str(out)], work / f"evaluation-{processes}.log")
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="more arguments for the synthesis and evaluation commands, e.g. "
                              "'--constraints recipes/data/smollm2_constraints.yaml --repetition-penalty 1.2'")
     args = parser.parse_args(argv)
-    for needed in ("base/final", "gatt/final", "gatt/config.yaml"):
+    for needed in ("base/final", f"{GATT}/final", f"{GATT}/config.yaml"):
         if not (args.demo / needed).exists():
             raise SystemExit(f"error: {args.demo / needed} not found: run `make demo` (or pass --demo DIR)")
     sizes = dict(QUICK if args.quick else FULL)

@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     _dialogues(gatt)
     _teacher(gatt)
     gatt.add_argument("--constraints", type=Path, help="YAML constraint file (default: the built-in catalogue)")
+    gatt.add_argument("--round", type=int, default=1, metavar="R",
+                      help="expert-iteration round, written into each record's meta; a round after the first draws "
+                           "other dialogues than round 1 from the same seed (recipes/demo.py `rounds`)")
     gatt.add_argument("--values-per-family", type=int, metavar="K",
                       help="use at most K train values of each family (a fixed-seed draw): the data-variety knob "
                            "(default: every train value)")
@@ -192,7 +195,7 @@ def run_gatt(args: argparse.Namespace) -> dict:
     config = SynthesisConfig(
         num_dialogues=args.num_dialogues, min_turns=args.min_turns, max_turns=args.max_turns,
         samples_per_turn=args.samples_per_turn, redraws=args.redraws, seed=args.seed, short_prob=args.short_prob,
-        shard_size=args.shard_size, strict_repeats=args.strict_repeats,
+        shard_size=args.shard_size, strict_repeats=args.strict_repeats, round=getattr(args, "round", 1),
     )
     return {**synthesize(args.out, config, teacher, constraints, _user_pool(args), name=name), "path": str(args.out / f"{name}.jsonl")}
 

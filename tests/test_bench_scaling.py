@@ -24,11 +24,11 @@ def test_each_stage_runs_at_1_and_2_processes_and_reports_its_throughput(tmp_pat
     data_gen_main(["gatt", "--teacher", "oracle", "--num-dialogues", "16", "--max-turns", "4", "--out", str(tmp_path / "data")])
     (demo / "base").mkdir(parents=True)
     (demo / "base" / "final").symlink_to(model)
-    (demo / "gatt").mkdir()
-    (demo / "gatt" / "final").symlink_to(model)
+    (demo / "round-1" / "gatt").mkdir(parents=True)
+    (demo / "round-1" / "gatt" / "final").symlink_to(model)
     config = yaml.safe_load((ROOT / "recipes" / "configs" / "smoke.yaml").read_text())
     config.update(model=str(model), model_config=None, tokenizer_vocab_size=0, train_file=str(tmp_path / "data" / "gatt.jsonl"))
-    (demo / "gatt" / "config.yaml").write_text(yaml.safe_dump(config))
+    (demo / "round-1" / "gatt" / "config.yaml").write_text(yaml.safe_dump(config))
 
     result = bench_scaling.main(["--demo", str(demo), "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
                                  "--quick", "--size", "train_steps=2"])

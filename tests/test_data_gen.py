@@ -190,7 +190,7 @@ def test_gatt_records_follow_the_format_and_keep_the_instruction_out_of_messages
         roles = [m["role"] for m in record["messages"]]
         assert roles == ["user", "assistant"] * (len(roles) // 2) and len(roles) >= 4
         assert record["sampled_with_instruction"] == [True] * (len(roles) // 2)
-        assert record["meta"] == {"teacher": "oracle", "seed": 0, "k": 2, "ended": "complete"}
+        assert record["meta"] == {"teacher": "oracle", "seed": 0, "round": 1, "k": 2, "ended": "complete"}
         for constraint in record["constraints"]:
             assert (constraint["family"], constraint["value"]) not in heldout
             assert constraint["split"] == "train"
@@ -201,6 +201,16 @@ def test_gatt_records_follow_the_format_and_keep_the_instruction_out_of_messages
         checks = [Check.from_dict(ch) for c in record["constraints"] for ch in c["checks"]]
         for message in record["messages"][1::2]:
             assert passes_all(message["content"], checks)
+
+
+def test_a_later_round_draws_other_dialogues_and_records_its_round(gatt_run, tmp_path):
+    out, first = gatt_run
+    main([*gatt_args(tmp_path, n=60), "--round", "2"])
+    second = read_jsonl(tmp_path / "gatt.jsonl")
+    assert {r["meta"]["round"] for r in first} == {1} and {r["meta"]["round"] for r in second} == {2}
+    assert [r["id"] for r in second] == [r["id"] for r in first]  # same indices, other draws
+    drawn = lambda records: [(r["instruction"], r["messages"][0]["content"]) for r in records]  # noqa: E731
+    assert sum(a == b for a, b in zip(drawn(first), drawn(second))) < len(first) // 4
 
 
 def test_gatt_summary_and_datasets_loading(gatt_run):

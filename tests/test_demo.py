@@ -16,36 +16,58 @@ from variety_curve import main as variety_curve  # noqa: E402
 
 
 def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
+    """Two GAtt rounds: round 2's teacher is round 1's model, its data carries its round, its student learns from both."""
     config = ROOT / "recipes" / "configs" / "demo_smoke.yaml"
     out = tmp_path / "demo"
-    report = main(["--config", str(config), f"out={out}"])
+    report = main(["--config", str(config), f"out={out}", "rounds=2"])
     printed = capsys.readouterr().out
-    assert set(report) == {"settings", "base", "gatt", "base+repeat", "followable"}
-    for name in ("base", "gatt", "base+repeat"):
+    assert set(report) == {"settings", "base", "gatt-round-1", "gatt", "base+repeat", "followable", "rounds"}
+    for name in ("base", "gatt-round-1", "gatt", "base+repeat"):
         assert list(report[name]["per_turn"]) == [str(t) for t in range(1, 7)]
-    for path in ("data/base/base.jsonl", "base/final/config.json", "data/gatt/gatt.jsonl", "gatt/final/config.json",
+    for path in ("data/base/base.jsonl", "base/final/config.json", "round-1/data/gatt/gatt.jsonl",
+                 "round-1/gatt/final/config.json", "round-2/data/gatt/gatt.summary.json", "round-2/gatt/final/config.json",
                  "report/report.json", "report/report.md", "report/adherence.png", "report/attention.png"):
         assert (out / path).stat().st_size > 0, path
-    assert yaml.safe_load((out / "gatt" / "config.yaml").read_text())["model"] == str(out / "base" / "final")
+    round_1, round_2 = out / "round-1", out / "round-2"
+    settings = [json.loads((r / "data" / "gatt" / "gatt.shards" / "settings.json").read_text()) for r in (round_1, round_2)]
+    assert [s["teacher"] for s in settings] == ["oracle", str(round_1 / "gatt" / "final")]
+    assert [s["config"]["round"] for s in settings] == [1, 2]
+    for r, folder in ((1, round_1), (2, round_2)):
+        records = [json.loads(line) for line in (folder / "data" / "gatt" / "gatt.jsonl").read_text().splitlines()]
+        assert all(record["meta"]["round"] == r for record in records)
+    trained = [yaml.safe_load((r / "gatt" / "config.yaml").read_text()) for r in (round_1, round_2)]
+    assert [t["model"] for t in trained] == [str(out / "base" / "final")] * 2  # each round's student starts from the base model
+    assert trained[0]["train_file"] == str(round_1 / "data" / "gatt" / "gatt.jsonl")
+    assert trained[1]["train_file"] == [str(r / "data" / "gatt" / "gatt.jsonl") for r in (round_1, round_2)]
+    assert [(r["round"], r["student"]) for r in report["rounds"]] == [(1, "gatt-round-1"), (2, "gatt")]
+    summaries = [json.loads((r / "data" / "gatt" / "gatt.summary.json").read_text()) for r in (round_1, round_2)]
+    for entry, summary in zip(report["rounds"], summaries):
+        assert entry["teacher_pass_rate_per_family"] == summary["pass_rate_per_family"]
+        assert entry["per_turn"] == report[entry["student"]]["per_turn"]
+    assert json.loads((out / "report" / "report.json").read_text())["rounds"] == report["rounds"]
+    assert "## GAtt rounds" in (out / "report" / "report.md").read_text()
     timings = json.loads((out / "timings.json").read_text())
-    assert list(timings["stage_seconds"]) == ["base-data", "base-model", "gatt-data", "gatt-model", "report"]
+    stage_names = ["base-data", "base-model", "gatt-data", "gatt-model", "gatt-data-2", "gatt-model-2", "report"]
+    assert list(timings["stage_seconds"]) == stage_names
     machine = timings["machine"]  # the calibration that makes wall times from two machines comparable
     assert machine["fp32_matmul_gflops"] > 0 and machine["threads"] >= 1 and machine["cpu"] and machine["torch"]
-    assert "| Turn | base | base+repeat | gatt |" in printed
+    assert "| Turn | base | base+repeat | gatt-round-1 | gatt |" in printed
     # Same inputs: every stage is skipped. A changed GAtt stage reruns it and what follows, not what precedes.
-    main(["--config", str(config), f"out={out}"])
-    assert capsys.readouterr().out.count("up to date, skipped") == 5
+    main(["--config", str(config), f"out={out}", "rounds=2"])
+    assert capsys.readouterr().out.count("up to date, skipped") == 7
     again = json.loads((out / "timings.json").read_text())  # each stage's time is the one it took when it was made
-    assert again["stage_seconds"] == timings["stage_seconds"] and again["made_by_an_earlier_run"] == list(timings["stage_seconds"])
-    main(["--config", str(config), f"out={out}", "gatt_overrides=[max_steps=3, eval_every=0, batch_size=4]"])
+    assert again["stage_seconds"] == timings["stage_seconds"] and again["made_by_an_earlier_run"] == stage_names
+    overrides = "gatt_overrides=[max_steps=3, eval_every=0, batch_size=4]"
+    main(["--config", str(config), f"out={out}", "rounds=2", overrides])
     printed = capsys.readouterr().out
-    assert printed.count("up to date, skipped") == 3 and "[4/5 gatt-model] running" in printed
-    assert json.loads((out / "gatt" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
+    assert printed.count("up to date, skipped") == 3 and "[4/7 gatt-model] running" in printed
+    assert "[5/7 gatt-data-2] running" in printed  # round 1's model changed: round 2's teacher did
+    assert json.loads((round_2 / "gatt" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
     # A stage made again with the same command gives a new result: the stages after it run again too.
-    (out / "stamps" / "gatt-model.done").unlink()
-    main(["--config", str(config), f"out={out}", "gatt_overrides=[max_steps=3, eval_every=0, batch_size=4]"])
+    (out / "stamps" / "gatt-model-2.done").unlink()
+    main(["--config", str(config), f"out={out}", "rounds=2", overrides])
     printed = capsys.readouterr().out
-    assert printed.count("up to date, skipped") == 3 and "[5/5 report] running" in printed
+    assert printed.count("up to date, skipped") == 5 and "[7/7 report] running" in printed
     # The variety curve: GAtt-side stages on this run's base model, one value per family, the GAtt model alone.
     points = variety_curve(["--values", "1", "all", "--turn", "6", "--config", str(config), "--base-run", str(out),
                             "--out", str(tmp_path / "curve")])
@@ -55,9 +77,9 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     assert set(points[0]["held-out values"]) == {"adherence", "n", "ci95"}
     assert json.loads((tmp_path / "curve" / "variety.json").read_text())["points"] == points
     assert (tmp_path / "curve" / "variety.png").stat().st_size > 0
-    assert set(json.loads((variety / "report" / "report.json").read_text())) == {"settings", "gatt"}  # no base+repeat
+    assert set(json.loads((variety / "report" / "report.json").read_text())) == {"settings", "gatt", "rounds"}  # no base+repeat
     assert list(json.loads((variety / "timings.json").read_text())["stage_seconds"]) == ["gatt-data", "gatt-model", "report"]
-    assert yaml.safe_load((variety / "gatt" / "config.yaml").read_text())["model"] == str(out / "base" / "final")
+    assert yaml.safe_load((variety / "round-1" / "gatt" / "config.yaml").read_text())["model"] == str(out / "base" / "final")
     assert not (variety / "base").exists() and not (variety / "data" / "base").exists()
 
 
@@ -94,18 +116,18 @@ def test_smollm2_demo_runs_every_stage_on_a_users_own_files(tmp_path, monkeypatc
     out = tmp_path / "smollm2"
     report = main(["--config", str(ROOT / "recipes" / "configs" / "demo_smollm2_smoke.yaml"), f"out={out}",
                    f"constraints={constraints}", f"user_turns={turns}"])
-    assert set(report) == {"settings", "base", "gatt", "base+repeat", "followable"}
+    assert set(report) == {"settings", "base", "gatt", "base+repeat", "followable", "rounds"}
     for name in ("base", "gatt", "base+repeat"):
         assert list(report[name]["per_turn"]) == ["1", "2", "3"]
         assert {"checks_only", "answer_gate", "no_regression"} <= set(report[name])
     assert set(report["base"]["per_family"]) <= {"persona", "tone", "language"}
-    for path in ("base/final/model.safetensors", "data/gatt/gatt.summary.json", "data/replay/replay.jsonl",
-                 "gatt/final/model.safetensors", "report/report.md", "report/adherence.png", "report/attention.png"):
+    for path in ("base/final/model.safetensors", "round-1/data/gatt/gatt.summary.json", "data/replay/replay.jsonl",
+                 "round-1/gatt/final/model.safetensors", "report/report.md", "report/adherence.png", "report/attention.png"):
         assert (out / path).stat().st_size > 0, path
-    assert not (out / "gatt" / "final" / "adapter_config.json").exists()  # LoRA merged into the weights
+    assert not (out / "round-1" / "gatt" / "final" / "adapter_config.json").exists()  # LoRA merged into the weights
     replay = [json.loads(line) for line in (out / "data" / "replay" / "replay.jsonl").read_text().splitlines()]
     assert all(r["instruction"] is None and r["messages"][0]["content"] in USER_TURNS for r in replay)
-    summary = json.loads((out / "data" / "gatt" / "gatt.summary.json").read_text())
+    summary = json.loads((out / "round-1" / "data" / "gatt" / "gatt.summary.json").read_text())
     assert set(summary["pass_rate_per_family"]) <= {"persona", "tone"}  # held-out values never enter GAtt data
     transcripts = (out / "report" / "transcripts.jsonl").read_text()
     assert any(t in transcripts for t in USER_TURNS)  # the report asked the user's messages

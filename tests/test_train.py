@@ -59,6 +59,20 @@ def test_config_refuses_unknown_keys_and_names_them(tmp_path):
     assert process.returncode != 0 and "unknown key(s) epochs, learning_rte" in output
 
 
+def test_train_file_may_list_several_files_one_of_them_empty_but_not_all(data, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    trainer = Trainer(smoke_config(data, tmp_path / "run", train_file=f"[{empty}, {data}, {data}]", eval_every=0,
+                                   max_length=4096))
+    assert len(trainer.train_records) == 2 * len(read_records(data))  # the union, in order, each file's records
+    with pytest.raises(ValueError, match=f"train_file: no records in {empty}, {empty}"):
+        Trainer(smoke_config(data, tmp_path / "none", train_file=f"[{empty}, {empty}]"))
+    with pytest.raises(ValueError, match="train_file must be a path or a non-empty list"):
+        smoke_config(data, tmp_path / "x", train_file="[]")
+    with pytest.raises(FileNotFoundError, match="train_file: .*missing.jsonl does not exist"):
+        Trainer(smoke_config(data, tmp_path / "y", train_file=f"[{data}, {tmp_path / 'missing.jsonl'}]"))
+
+
 def test_replay_adds_its_share_of_records_from_the_replay_file(data, tmp_path):
     with pytest.raises(ValueError, match="replay needs both"):
         smoke_config(data, tmp_path / "x", replay_ratio=0.5)

@@ -20,20 +20,23 @@ TITLES: dict[str, str] = {
 }
 
 
+NOT_MODELS: tuple[str, ...] = ("settings", "followable", "rounds")  # report keys that are not a model's scores
+
+
 def build_report(transcripts: list[Transcript], settings: dict[str, Any]) -> dict[str, Any]:
     """`{"settings": settings, <model>: score_model(<its transcripts>), ...}`, models in order of appearance."""
     by_model: dict[str, list[Transcript]] = {}
     for t in transcripts:
         by_model.setdefault(t["model"], []).append(t)
-    if "settings" in by_model:
-        raise ValueError('a model may not be named "settings": it is the report key of the run settings')
+    if clash := sorted(set(by_model) & set(NOT_MODELS)):
+        raise ValueError(f"a model may not be named {', '.join(map(repr, clash))}: the report keeps other results there")
     report = {"settings": settings, **{name: score_model(group) for name, group in by_model.items()}}
     reminded = followable(report, transcripts)
     return report if reminded is None else {**report, "followable": reminded}
 
 
 def _models(report: dict[str, Any]) -> list[str]:
-    return [k for k in report if k not in ("settings", "followable")]
+    return [k for k in report if k not in NOT_MODELS]
 
 
 def _cell(r: dict[str, Any] | None, key: str = "adherence") -> str:
@@ -116,6 +119,29 @@ def _followable_section(report: dict[str, Any], level: str) -> list[str]:
     return parts + ([_table("Turn", _models(report), rows)] if rows else [])
 
 
+def _rounds_section(rounds: list[dict[str, Any]]) -> list[str]:
+    """One row per GAtt round: its teacher's reminded pass rate per family and its student's adherence per turn."""
+    families = sorted({f for r in rounds for f in r["teacher_pass_rate_per_family"]})
+    turns = _table_turns([r["per_turn"] for r in rounds])
+    columns = ["teacher", "records", *(f"teacher: {f}" for f in families), *(f"student: turn {t}" for t in turns)]
+    rows = [(str(r["round"]), [f"`{r['teacher']}`", str(r["records"]),
+                               *(f"{100 * r['teacher_pass_rate_per_family'][f]:.1f}%"
+                                 if f in r["teacher_pass_rate_per_family"] else "–" for f in families),
+                               *(_cell(r["per_turn"].get(str(t))) for t in turns)]) for r in rounds]
+    text = ("Round r+1's teacher is round r's GAtt model with the instruction appended to every user turn; each "
+            "round's student is trained on every round's data so far. Teacher: the share of its candidates that "
+            "pass the checks and the answer gate, in that family's dialogues. Student: adherence on train constraints.")
+    return ["## GAtt rounds", text, _table("Round", columns, rows)]
+
+
+def add_rounds(out_dir: Path, rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Put the GAtt rounds into `out_dir`'s report.json (key `rounds`) and report.md (a table); return the report."""
+    out_dir = Path(out_dir)
+    report = {**json.loads((out_dir / "report.json").read_text()), "rounds": rounds}
+    _write_tables(report, out_dir)
+    return report
+
+
 def _markdown(report: dict[str, Any]) -> str:
     models = _models(report)
     parts = ["# GAtt adherence report",
@@ -123,6 +149,8 @@ def _markdown(report: dict[str, Any]) -> str:
              "answer: not empty, no loop, no repeat of an earlier reply, on the user's topic). The checks alone "
              "are in the last section."]
     parts += _adherence_sections(report, checks_only=False, level="##")
+    if report.get("rounds"):
+        parts += _rounds_section(report["rounds"])
     gates = [report[m].get("answer_gate") for m in models]
     if any(gates):
         rows = [("real answers", ["–" if g is None else f"{100 * g['passed']:.1f}% (n={g['n']})" for g in gates])]
@@ -230,12 +258,16 @@ def _png(fig: Figure) -> bytes:
     return buffer.getvalue()
 
 
+def _write_tables(report: dict[str, Any], out_dir: Path) -> None:
+    _write_atomic(out_dir / "report.json", (json.dumps(report, indent=2, sort_keys=False) + "\n").encode())
+    _write_atomic(out_dir / "report.md", _markdown(report).encode())
+
+
 def write_report(report: dict[str, Any], transcripts: list[Transcript], out_dir: Path) -> None:
     """Write report.json, report.md, adherence.png, attention.png and transcripts.jsonl into `out_dir`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out_dir / "report.json", (json.dumps(report, indent=2, sort_keys=False) + "\n").encode())
-    _write_atomic(out_dir / "report.md", _markdown(report).encode())
+    _write_tables(report, out_dir)
     _write_atomic(out_dir / "adherence.png", _png(_adherence_figure(report)))
     maps = {m: attention_per_head([t for t in transcripts if t["model"] == m]) for m in _models(report)}
     _write_atomic(out_dir / "attention.png", _png(_attention_figure(report, maps)))
