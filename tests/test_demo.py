@@ -21,8 +21,8 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     out = tmp_path / "demo"
     report = main(["--config", str(config), f"out={out}", "rounds=2"])
     printed = capsys.readouterr().out
-    assert set(report) == {"settings", "base", "gatt-round-1", "gatt", "base+repeat", "followable", "rounds"}
-    for name in ("base", "gatt-round-1", "gatt", "base+repeat"):
+    assert set(report) == {"settings", "base", "gatt-r1", "gatt", "base+repeat", "followable", "rounds"}
+    for name in ("base", "gatt-r1", "gatt", "base+repeat"):
         assert list(report[name]["per_turn"]) == [str(t) for t in range(1, 7)]
     for path in ("data/base/base.jsonl", "base/final/config.json", "round-1/data/gatt/gatt.jsonl",
                  "round-1/gatt/final/config.json", "round-2/data/gatt/gatt.summary.json", "round-2/gatt/final/config.json",
@@ -39,7 +39,7 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     assert [t["model"] for t in trained] == [str(out / "base" / "final")] * 2  # each round's student starts from the base model
     assert trained[0]["train_file"] == str(round_1 / "data" / "gatt" / "gatt.jsonl")
     assert trained[1]["train_file"] == [str(r / "data" / "gatt" / "gatt.jsonl") for r in (round_1, round_2)]
-    assert [(r["round"], r["student"]) for r in report["rounds"]] == [(1, "gatt-round-1"), (2, "gatt")]
+    assert [(r["round"], r["student"]) for r in report["rounds"]] == [(1, "gatt-r1"), (2, "gatt")]
     summaries = [json.loads((r / "data" / "gatt" / "gatt.summary.json").read_text()) for r in (round_1, round_2)]
     for entry, summary in zip(report["rounds"], summaries):
         assert entry["teacher_pass_rate_per_family"] == summary["pass_rate_per_family"]
@@ -49,9 +49,13 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     timings = json.loads((out / "timings.json").read_text())
     stage_names = ["base-data", "base-model", "gatt-data", "gatt-model", "gatt-data-2", "gatt-model-2", "report"]
     assert list(timings["stage_seconds"]) == stage_names
+    seconds = timings["stage_seconds"]
+    assert [e["seconds"] for e in report["rounds"]] == [round(seconds[f"gatt-data{s}"] + seconds[f"gatt-model{s}"], 1)
+                                                        for s in ("", "-2")]
     machine = timings["machine"]  # the calibration that makes wall times from two machines comparable
+    assert timings["total_seconds_at_reference_speed"] == round(sum(seconds.values()) * machine["fp32_matmul_gflops"] / 150, 1)
     assert machine["fp32_matmul_gflops"] > 0 and machine["threads"] >= 1 and machine["cpu"] and machine["torch"]
-    assert "| Turn | base | base+repeat | gatt-round-1 | gatt |" in printed
+    assert "| Turn | base | base+repeat | gatt-r1 | gatt |" in printed
     # Same inputs: every stage is skipped. A changed GAtt stage reruns it and what follows, not what precedes.
     main(["--config", str(config), f"out={out}", "rounds=2"])
     assert capsys.readouterr().out.count("up to date, skipped") == 7

@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from profile_stages import markdown, profile  # noqa: E402
+from profile_stages import markdown, profile, stage_of  # noqa: E402
 
 DEMO = 'process 10:"python recipes/demo.py --config x.yaml";'
 EVAL = 'process 12:"python -m gatt.evaluate --model a=b\n--turns 20";'  # a command line may hold newlines
@@ -33,6 +33,15 @@ def test_samples_go_to_their_stage_and_first_matching_category() -> None:
                                "attention probe (shares of the marked keys)": 0.08, "imports and start-up": 0.04}
     table = markdown(result, ["report"])
     assert "| decode steps: the rest (linear layers, norms, LM head) | 60% |" in table and "report (10 s)" in table
+
+
+def test_a_later_rounds_stages_are_named_as_the_demo_names_them() -> None:
+    data = 'process 3:"python -m data_gen gatt --teacher runs/demo/round-1/gatt/final --round {r} --out runs/demo/round-{r}/data/gatt";'
+    model = ('process 4:"python recipes/train_gatt.py --config recipes/configs/gatt_tiny.yaml '
+             'train_file=[\\"runs/demo/round-1/data/gatt/gatt.jsonl\\"] output_dir=runs/demo/round-{r}/gatt --resume";')
+    assert [stage_of(f"{DEMO}{data.format(r=r)}f (x.py:1)") for r in (1, 2, 12)] == ["gatt-data", "gatt-data-2", "gatt-data-12"]
+    assert [stage_of(f"{DEMO}{model.format(r=r)}f (x.py:1)") for r in (1, 3)] == ["gatt-model", "gatt-model-3"]
+    assert stage_of(f"{DEMO}{EVAL}f (x.py:1)") == "report"
 
 
 def test_text_that_is_not_a_profile_is_refused() -> None:

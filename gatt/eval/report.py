@@ -123,8 +123,9 @@ def _rounds_section(rounds: list[dict[str, Any]]) -> list[str]:
     """One row per GAtt round: its teacher's reminded pass rate per family and its student's adherence per turn."""
     families = sorted({f for r in rounds for f in r["teacher_pass_rate_per_family"]})
     turns = _table_turns([r["per_turn"] for r in rounds])
-    columns = ["teacher", "records", *(f"teacher: {f}" for f in families), *(f"student: turn {t}" for t in turns)]
-    rows = [(str(r["round"]), [f"`{r['teacher']}`", str(r["records"]),
+    columns = ["teacher", "records", "seconds (data + model)", *(f"teacher: {f}" for f in families),
+               *(f"student: turn {t}" for t in turns)]
+    rows = [(str(r["round"]), [f"`{r['teacher']}`", str(r["records"]), f"{r['seconds']:.0f}" if "seconds" in r else "–",
                                *(f"{100 * r['teacher_pass_rate_per_family'][f]:.1f}%"
                                  if f in r["teacher_pass_rate_per_family"] else "–" for f in families),
                                *(_cell(r["per_turn"].get(str(t))) for t in turns)]) for r in rounds]
