@@ -61,6 +61,7 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     assert capsys.readouterr().out.count("up to date, skipped") == 7
     again = json.loads((out / "timings.json").read_text())  # each stage's time is the one it took when it was made
     assert again["stage_seconds"] == timings["stage_seconds"] and again["made_by_an_earlier_run"] == stage_names
+    assert again["machine"] == timings["machine"]  # the calibration of the run that made the stages, not of this one
     overrides = "gatt_overrides=[max_steps=3, eval_every=0, batch_size=4]"
     main(["--config", str(config), f"out={out}", "rounds=2", overrides])
     printed = capsys.readouterr().out
