@@ -170,9 +170,9 @@ def stages(config: DemoConfig) -> list[Stage]:
             "--min-turns", str(config.gatt_min_turns), "--max-turns", str(config.gatt_max_turns),
             "--samples-per-turn", str(config.samples_per_turn),
             *([] if config.gatt_values_per_family is None else ["--values-per-family", str(config.gatt_values_per_family)]),
-            *_flag("--constraints", config.constraints), "--out", str(round_dir(out, r) / "data" / "gatt")],
-            round_dir(out, r) / "data" / "gatt", True))
-        union = [str(round_dir(out, i) / "data" / "gatt" / "gatt.jsonl") for i in range(1, r + 1)]
+            *_flag("--constraints", config.constraints), "--out", str(gatt_data_dir(out, r))],
+            gatt_data_dir(out, r), True))
+        union = [str(gatt_data_dir(out, i) / "gatt.jsonl") for i in range(1, r + 1)]
         rounds.append(Stage(f"gatt-model{round_suffix(r)}", [
             *train, "--config", config.gatt_config, f"model={base / 'final'}",
             f"train_file={union[0] if r == 1 else json.dumps(union)}", f"replay_file={replay_file}",
@@ -228,7 +228,7 @@ def round_entries(config: DemoConfig, report: dict[str, Any], timings: dict[str,
     and the seconds its two stages took (`timings`: stage -> seconds)."""
     entries = []
     for r in range(1, config.rounds + 1):
-        data = json.loads((round_dir(Path(config.out), r) / "data" / "gatt" / "gatt.summary.json").read_text())
+        data = json.loads((gatt_data_dir(Path(config.out), r) / "gatt.summary.json").read_text())
         student = report[student_name(r, config.rounds)]
         entries.append({"round": r, "teacher": round_teacher(config, r), "student": student_name(r, config.rounds),
                         "records": data["records"], "teacher_pass_rate_per_family": data["pass_rate_per_family"],
@@ -246,6 +246,11 @@ def round_suffix(r: int) -> str:
 def round_dir(out: Path, r: int) -> Path:
     """Round r's GAtt data (data/gatt) and model (gatt)."""
     return out / f"round-{r}"
+
+
+def gatt_data_dir(out: Path, r: int) -> Path:
+    """Round r's GAtt data folder (gatt.jsonl and gatt.summary.json)."""
+    return round_dir(out, r) / "data" / "gatt"
 
 
 def gatt_dir(out: Path, r: int) -> Path:

@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from demo import ROOT, DemoConfig, round_dir, run  # noqa: E402
+from demo import ROOT, DemoConfig, gatt_data_dir, run  # noqa: E402
 from gatt.cli import exit_on_bad_input  # noqa: E402
 from gatt.train import dataclass_from_dict, read_yaml_config  # noqa: E402
 
@@ -54,7 +54,7 @@ def point(config: DemoConfig, values: str, out: Path, turn: str) -> dict[str, An
     gatt = report["gatt"]
     return {
         "values_per_family": values,
-        "distinct_values": distinct_values(round_dir(folder, 1) / "data" / "gatt" / "gatt.jsonl"),
+        "distinct_values": distinct_values(gatt_data_dir(folder, 1) / "gatt.jsonl"),
         **{name: gatt[key].get(turn) for name, key in STRATA.items()},  # {"adherence", "n", "ci95"}
     }
 
