@@ -28,7 +28,13 @@ import yaml
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, get_cosine_with_min_lr_schedule_with_warmup
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedTokenizerBase,
+    get_cosine_with_hard_restarts_schedule_with_warmup,
+    get_cosine_with_min_lr_schedule_with_warmup,
+)
 
 import gatt  # noqa: F401  (registers the "gatt" model type and attention)
 from gatt.collator import IGNORE_INDEX, GAttCollator
@@ -87,6 +93,7 @@ class TrainConfig:
     gradient_accumulation_steps: int = 1
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1
+    lr_restarts: int = 0  # > 0: cosine with this many hard restarts to the peak, each cycle ending at 0 (min_lr_ratio unused)
     warmup_steps: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -117,6 +124,8 @@ class TrainConfig:
             raise ValueError(f"{source}: a new model needs `tokenizer` (a directory) or `tokenizer_vocab_size` > 0")
         if self.max_steps < 1:
             raise ValueError(f"{source}: max_steps must be >= 1, got {self.max_steps}")
+        if self.lr_restarts < 0:
+            raise ValueError(f"{source}: lr_restarts must be >= 0, got {self.lr_restarts}")
         if not train_files(self) or not all(isinstance(path, str) and path for path in train_files(self)):
             raise ValueError(f"{source}: train_file must be a path or a non-empty list of paths, got {self.train_file!r}")
         if self.replay_ratio < 0 or (self.replay_ratio > 0) != (self.replay_file is not None):
@@ -312,9 +321,14 @@ class Trainer:
         no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
                                        {"params": no_decay, "weight_decay": 0.0}], lr=config.learning_rate)
-        scheduler = get_cosine_with_min_lr_schedule_with_warmup(
-            optimizer, config.warmup_steps, config.max_steps, min_lr_rate=config.min_lr_ratio
-        )
+        if config.lr_restarts:
+            scheduler = get_cosine_with_hard_restarts_schedule_with_warmup(
+                optimizer, config.warmup_steps, config.max_steps, num_cycles=config.lr_restarts + 1
+            )
+        else:
+            scheduler = get_cosine_with_min_lr_schedule_with_warmup(
+                optimizer, config.warmup_steps, config.max_steps, min_lr_rate=config.min_lr_ratio
+            )
         # The scheduler stays unprepared: Accelerate would step it once per process for every optimizer step.
         # Our model computes the training loss without the full (B, T, V) logits; others get the stock call.
         base = model.get_base_model() if hasattr(model, "get_base_model") else model

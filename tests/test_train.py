@@ -92,6 +92,24 @@ def test_replay_adds_its_share_of_records_from_the_replay_file(data, tmp_path):
     assert kept == {r["id"] for r in trainer.train_records if short.collator.fits(r)} and len(kept) < len(ids)
 
 
+def test_lr_restarts_return_the_learning_rate_to_its_peak_each_cycle(data, tmp_path):
+    def rates(**overrides) -> list[float]:
+        scheduler = Trainer(smoke_config(data, tmp_path / f"run{len(overrides)}", eval_every=0, **overrides)).scheduler
+        lrs = []
+        for _ in range(20):
+            lrs.append(scheduler.get_last_lr()[0])
+            scheduler.optimizer.step()
+            scheduler.step()
+        return lrs
+
+    plain, restarted = rates(), rates(lr_restarts=1)  # warmup 2 steps, then 18 steps: one cosine or two of 9
+    assert plain[2] == restarted[2] == pytest.approx(3e-3)
+    assert plain[10] > 1e-3 and plain[19] >= 3e-4 - 1e-9  # one cosine down to min_lr_ratio (0.1) of the peak
+    assert restarted[10] < 1e-4 and restarted[11] == pytest.approx(3e-3) and restarted[19] < 2e-4
+    with pytest.raises(ValueError, match="lr_restarts must be >= 0"):
+        smoke_config(data, tmp_path / "bad", lr_restarts=-1)
+
+
 def test_batch_order_is_a_function_of_seed_and_step():
     assert batch_indices(10, 4, 0, 2) == batch_indices(10, 4, 0, 2)
     epoch = [i for step in range(5) for i in batch_indices(10, 4, 0, step)][:10]
