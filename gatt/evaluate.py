@@ -158,13 +158,14 @@ def needs_relevance_model(dialogues: list[EvalDialogue]) -> bool:
 
 
 def judge(transcripts: list[dict[str, Any]], dialogues: list[EvalDialogue], *, relevance_model: str | None,
-          others: int, seed: int, device: str | None = None, numerics: Numerics | str = "exact") -> None:
+          others: int, seed: int, device: str | None = None, numerics: Numerics | str = "exact",
+          gate: GateConfig = GateConfig()) -> None:
     """Apply the answer gate to every transcript, loading the relevance scorer (in `numerics`) only where a turn needs it."""
     scorer = None
-    if relevance_model is not None and needs_relevance_model(dialogues):
+    if relevance_model is not None and (gate.relevance_both or needs_relevance_model(dialogues)):
         model, tokenizer = load_model(relevance_model, attention=False, device=device, numerics=numerics)
         scorer = RelevanceScorer(model, tokenizer, progress=True)
-    apply_gate(transcripts, dialogues, AnswerGate(GateConfig(), scorer), seed=seed, others=others)
+    apply_gate(transcripts, dialogues, AnswerGate(gate, scorer), seed=seed, others=others)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,6 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--relevance-model", metavar="DIR",
                         help="chat model whose likelihoods judge whether a reply answers a user turn that has no "
                              "on-topic checks (default: the first --model; 'none': do not judge those turns' topic)")
+    parser.add_argument("--strict-gate", action="store_true",
+                        help="the answer gate for a real chat model (GateConfig.strict(), README: the gate audit): a "
+                             "near copy of an earlier reply is a repeat even where its topic word changed, and a reply "
+                             "to a turn with on-topic checks must also pass the likelihood contrast (a topic word in "
+                             "word salad is not an answer)")
     parser.add_argument("--relevance-others", type=int, default=3,
                         help="other questions each reply is contrasted with in the relevance test (default: 3)")
     parser.add_argument("--device", help="cpu, cuda, ... (default: this process's GPU under torchrun/accelerate launch, "
@@ -258,9 +264,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            numerics=args.numerics)
     if not process_state().is_main_process:
         return {}  # every process rolled out its share and has every transcript; process 0 judges and reports
+    gate = GateConfig.strict() if args.strict_gate else GateConfig()
     judge(transcripts, dialogues, relevance_model=relevance_model, others=args.relevance_others, seed=args.seed,
-          device=args.device, numerics=args.relevance_numerics)
-    gate = GateConfig()
+          device=args.device, numerics=args.relevance_numerics, gate=gate)
+    contrast = (f"likelihood contrast under {relevance_model} with {args.relevance_others} other questions "
+                f"(>= {gate.relevance_sum} nats and >= {gate.relevance_mean} nats/token)")
     settings = {
         "models": models, "repeat_instruction": repeat, **({"split_softmax": split} if split else {}),
         "turns": args.turns, "dialogues": args.dialogues, "no_instruction_dialogues": no_instruction, "seed": args.seed,
@@ -274,10 +282,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         **({"no_repeat_ngram_size": args.no_repeat_ngram_size} if args.no_repeat_ngram_size else {}),
         "answer_gate": {
             "repeat_share": gate.repeat_share, "loop_distinct": gate.loop_distinct,
-            "relevance": "on-topic checks; without them "
-            + (f"likelihood contrast under {relevance_model} with {args.relevance_others} other questions "
-               f"(>= {gate.relevance_sum} nats and >= {gate.relevance_mean} nats/token)"
-               if relevance_model and needs_relevance_model(dialogues) else "not judged"),
+            "relevance": (f"on-topic checks and {contrast}" if gate.relevance_both and relevance_model
+                          else "on-topic checks; without them "
+                          + (contrast if relevance_model and needs_relevance_model(dialogues) else "not judged")),
+            **({} if gate.topic_change_exempts else {"near_copies_with_a_new_topic_word": "repeats"}),
         },
         "versions": package_versions(),
     }

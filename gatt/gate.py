@@ -14,15 +14,18 @@ reply that
   answer whose topic changed with the question's; `topic_change_exempts=False` drops that exception,
   as a teacher of a real model should: its near copies teach the fine-tuned model to repeat). Without
   on-topic checks a near copy is a repeat;
-- is **off topic**: it fails the user turn's on-topic checks where the turn has them; otherwise, when
-  a `RelevanceScorer` is given, the reply is not enough more likely after its own question than after
-  other questions: log p(reply | own question) - mean log p(reply | other question), over its first
-  64 tokens, must be at least `relevance_sum` (6) nats in total and `relevance_mean` (0.25) nats per token.
+- is **off topic**: it fails the user turn's on-topic checks where the turn has them; otherwise (and,
+  with `relevance_both`, where the checks pass), when a `RelevanceScorer` is given, the reply is not
+  enough more likely after its own question than after other questions: log p(reply | own question)
+  - mean log p(reply | other question), over its first 64 tokens, must be at least `relevance_sum` (6)
+  nats in total and `relevance_mean` (0.25) nats per token.
   A contrast, not a likelihood: style (a language, a persona, a sign-off) costs the same under every
   question and cancels out; what is left is how much the question explains the reply.
 
 Where a turn has no on-topic checks and no scorer is given, relevance is not judged (`relevance` None).
-Thresholds and their agreement with a reader on labelled replies: `benchmarks/bench_gate.py`.
+`GateConfig.strict()` is the gate for a real chat model: no topic-change exemption, and both tests of
+relevance. Thresholds and agreement with a reader on labelled replies, per family and language:
+`benchmarks/bench_gate.py`.
 """
 
 from __future__ import annotations
@@ -54,6 +57,15 @@ class GateConfig:
     relevance_mean: float = 0.25  # nats per scored token
     relevance_tokens: int = 64  # reply tokens scored (the start of a reply says most about what it answers)
     topic_change_exempts: bool = True  # a near copy whose on-topic checks say the topic changed is no repeat
+    # where a turn has on-topic checks and a scorer is given, the reply must pass both them and the contrast
+    # (a topic word alone lets word salad that names the topic through)
+    relevance_both: bool = False
+
+    @classmethod
+    def strict(cls) -> "GateConfig":
+        """The gate for a real chat model (README: the gate audit): a near copy is a repeat whatever its topic
+        word, and a reply with on-topic checks must pass the likelihood contrast too."""
+        return cls(topic_change_exempts=False, relevance_both=True)
 
 
 @dataclass(frozen=True)
@@ -290,7 +302,8 @@ class AnswerGate:
 
     def _needs_scoring(self, item: GateItem) -> bool:
         turn = item.turn
-        return turn.kind == "chat" and not turn.on_topic and self.scorer is not None and bool(item.others) and not is_empty(turn.reply)
+        return (turn.kind == "chat" and (not turn.on_topic or self.config.relevance_both) and self.scorer is not None
+                and bool(item.others) and not is_empty(turn.reply))
 
     def judge(self, items: Sequence[GateItem]) -> list[Verdict]:
         """One verdict per item; the replies judged by likelihood are scored together, in batches."""
@@ -315,10 +328,10 @@ class AnswerGate:
         turn = item.turn
         if turn.kind != "chat":
             return False  # an attribute probe is judged by its own checks
-        if turn.on_topic:
-            return not passes_all(turn.reply, turn.on_topic)
+        if turn.on_topic and not passes_all(turn.reply, turn.on_topic):
+            return True
         if margin is None:
-            return False  # nothing to judge relevance by
+            return False  # the checks passed (or there is nothing to judge relevance by)
         return margin < self.config.relevance_sum or margin < self.config.relevance_mean * count
 
     def _relevance(self, indices: list[int], items: Sequence[GateItem]) -> dict[int, tuple[float, int]]:

@@ -101,6 +101,7 @@ class DemoConfig:
     eval_batch_size: int = 32  # dialogues rolled out together
     eval_probe_every: int = 4  # a probe question every N turns from turn 2 (6: turns 2, 8, 14, 20)
     eval_baselines: bool = True  # also report `base` and `base+repeat`; false: the GAtt model alone
+    eval_strict_gate: bool = False  # the report's answer gate for a real chat model (gatt.evaluate --strict-gate)
     launcher: str = "accelerate"  # "accelerate" (accelerate launch) or "python"
     mixed_precision: str = "no"  # accelerate launch --mixed_precision: no | bf16 (CPU autocast or a GPU that has it) | fp16
 
@@ -193,6 +194,7 @@ def stages(config: DemoConfig) -> list[Stage]:
                                     *_flag("--user-turns", eval_turns), *_flag("--device", config.teacher_device),
                                     *decoding, *(["--numerics", config.numerics] if config.numerics != "exact" else []),
                                     "--seed", str(config.seed), "--out", str(report),
+                                    *(["--strict-gate"] if config.eval_strict_gate else []),
                                     *(["--repeat-instruction", "base"] if config.eval_baselines else [])],
                          report, False)
     if config.base_model == "smollm2":

@@ -126,6 +126,8 @@ def test_smollm2_demo_runs_every_stage_on_a_users_own_files(tmp_path, monkeypatc
         assert list(report[name]["per_turn"]) == ["1", "2", "3"]
         assert {"checks_only", "answer_gate", "no_regression"} <= set(report[name])
     assert set(report["base"]["per_family"]) <= {"persona", "tone", "language"}
+    gate = report["settings"]["answer_gate"]  # eval_strict_gate: the report judged by the strict gate
+    assert gate["relevance"].startswith("on-topic checks and likelihood contrast") and gate["near_copies_with_a_new_topic_word"] == "repeats"
     for path in ("base/final/model.safetensors", "round-1/data/gatt/gatt.summary.json", "data/replay/replay.jsonl",
                  "round-1/gatt/final/model.safetensors", "report/report.md", "report/adherence.png", "report/attention.png"):
         assert (out / path).stat().st_size > 0, path

@@ -145,6 +145,24 @@ def test_relevance_fails_filler_refusals_and_off_topic_replies_and_keeps_answers
     assert [v.relevance for v in AnswerGate(scorer=scorer).judge(items)] == [v.relevance for v in verdicts]
 
 
+def test_the_strict_gate_asks_word_salad_that_names_the_topic_for_the_likelihood_contrast_too(scorer):
+    honey = (Check("contains_any", {"words": ["honey", "miel"]}),)
+    replies = {  # passes the topic word; the reader's label (gate audit); the strict gate's verdict
+        "Bees collect nectar from flowers and store it in the hive, where they fan it until it becomes honey.": (),
+        "La bonne honey est un je ne sais pas, cela n'est pas leur. Les défaut sincronises et les autres qui vont "
+        "à la foi (là-la) (les mauvaise).": ("off_topic",),
+    }
+    items = [GateItem(GateTurn(BEES, reply, on_topic=honey), (), OTHERS) for reply in replies]
+    assert failed(items, AnswerGate(scorer=scorer)) == [(), ()]  # the topic word alone: both pass
+    strict = AnswerGate(GateConfig.strict(), scorer).judge(items)
+    assert [v.failed for v in strict] == list(replies.values())
+    assert all(v.relevance is not None for v in strict)  # the contrast was measured although the checks passed
+    assert GateConfig.strict() == GateConfig(topic_change_exempts=False, relevance_both=True)
+    # A reply that fails its topic words is off topic under either gate, without a contrast to measure.
+    coffee = GateItem(GateTurn(BEES, "Coffee: it is made from roasted beans.", on_topic=honey), (), OTHERS)
+    assert failed([coffee], AnswerGate(GateConfig.strict(), scorer)) == [("off_topic",)]
+
+
 @pytest.mark.parametrize("architecture", ["gatt", "llama"])
 def test_batched_log_likelihoods_equal_one_pair_at_a_time(architecture):
     """The scorer computes logits only where a reply token is predicted: the same log-likelihoods, for the library's

@@ -1,0 +1,106 @@
+"""Draw replies for a reader to label, from a `gatt.evaluate` run: the gate audit's sample.
+
+Re-plans the run's dialogues (same constraints, user turns, seed and sizes) to recover each turn's
+on-topic checks, then draws up to `--per-cell` replies from every (family, expected language, gate
+outcome) cell, outcome being passed or the first failed reason, so the sample holds failed and passed
+replies of every family and language. Rows are written in `benchmarks/data/gate_labelled.jsonl`'s form
+with `label` and `why` empty, the gate's verdict left out (the reader labels blind), and each earlier
+turn as [user, reply, on-topic checks]; `bench_gate.py` judges them again.
+
+  python -m gatt.evaluate --model base=runs/smollm2/base/final --repeat-instruction base \\
+      --constraints recipes/data/smollm2_constraints.yaml --turns 8 --dialogues 64 \\
+      --no-instruction-dialogues 0 --probe-every 0 --repetition-penalty 1.2 --seed 7 --out runs/audit/gen
+  python benchmarks/gate_audit_draw.py runs/audit/gen --constraints recipes/data/smollm2_constraints.yaml \\
+      --turns 8 --dialogues 64 --seed 7 --out runs/audit/unlabelled.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from gatt.eval.inputs import load_eval_constraints, load_eval_turns
+from gatt.eval.plan import EvalDialogue, plan_dialogues
+
+SOURCES = {
+    "base": "SmolLM2-135M-Instruct, greedy (repetition penalty 1.2), instruction in the system message only",
+    "base+repeat": "SmolLM2-135M-Instruct, greedy (repetition penalty 1.2), instruction appended to every user turn",
+}
+
+
+def expected_language(dialogue: EvalDialogue) -> str:
+    """The language a reply should be in: the language constraint's value, else English."""
+    constraint = dialogue.constraint
+    return constraint.value if constraint is not None and constraint.family == "language" else "English"
+
+
+def outcome(turn: dict[str, Any]) -> str:
+    gate = turn["gate"]
+    return "passed" if gate["passed"] else gate["failed"][0]
+
+
+def candidate_rows(transcripts: list[dict[str, Any]], dialogues: list[EvalDialogue]) -> list[tuple[str, dict[str, Any]]]:
+    """(cell, row) for every judged chat reply of the transcripts."""
+    by_id = {d.id: d for d in dialogues}
+    rows = []
+    for transcript in transcripts:
+        dialogue = by_id[transcript["id"]]
+        earlier: list[list[str]] = []
+        for number, (turn, planned) in enumerate(zip(transcript["turns"], dialogue.turns), start=1):
+            family = dialogue.constraint.family if dialogue.constraint is not None else "none"
+            language = expected_language(dialogue)
+            row = {
+                "id": f"{transcript['model']}.{dialogue.id}.{number}",
+                "source": SOURCES.get(transcript["model"], transcript["model"]),
+                "instruction": dialogue.instruction, "family": family, "language": language,
+                "user": planned.user, "reply": turn["reply"], "earlier": list(earlier),
+                "on_topic": [check.to_dict() for check in planned.on_topic], "label": "", "why": "",
+            }
+            earlier.append([planned.user, turn["reply"], row["on_topic"]])
+            if planned.kind == "chat":
+                rows.append((f"{family}|{language}|{outcome(turn)}", row))
+    return rows
+
+
+def draw(rows: list[tuple[str, dict[str, Any]]], per_cell: int, seed: int) -> list[dict[str, Any]]:
+    cells: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for cell, row in rows:
+        cells[cell].append(row)
+    rng = random.Random(seed)
+    drawn = []
+    for cell in sorted(cells):
+        drawn += rng.sample(cells[cell], min(per_cell, len(cells[cell])))
+    return drawn
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path, help="a gatt.evaluate output folder (its transcripts.jsonl)")
+    parser.add_argument("--constraints", help="the run's --constraints")
+    parser.add_argument("--user-turns", help="the run's --user-turns")
+    parser.add_argument("--turns", type=int, required=True, help="the run's --turns")
+    parser.add_argument("--dialogues", type=int, required=True, help="the run's --dialogues")
+    parser.add_argument("--seed", type=int, required=True, help="the run's --seed")
+    parser.add_argument("--short-prob", type=float, default=0.5, help="the run's --short-prob")
+    parser.add_argument("--per-cell", type=int, default=6, help="replies drawn per (family, language, outcome)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    dialogues = plan_dialogues(load_eval_constraints(args.constraints), load_eval_turns(args.user_turns),
+                               dialogues=args.dialogues, turns=args.turns, seed=args.seed,
+                               short_prob=args.short_prob, probe_every=0)
+    lines = (args.run / "transcripts.jsonl").read_text(encoding="utf-8").splitlines()
+    transcripts = [json.loads(line) for line in lines if line.strip()]
+    drawn = draw(candidate_rows(transcripts, dialogues), args.per_cell, args.seed)
+    tmp = args.out.with_name(args.out.name + ".tmp")
+    tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in drawn), encoding="utf-8")
+    tmp.replace(args.out)
+    print(f"wrote {len(drawn)} replies to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
