@@ -19,8 +19,10 @@ same report.json as one process.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 import gatt  # noqa: F401  (registers the "gatt" attention and the library's model with transformers)
 from gatt.cli import exit_on_bad_input
 from gatt.distributed import end_job, process_state
+from gatt.eval.cache import RolloutCache, fingerprint
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.judge import apply_gate
 from gatt.eval.plan import EvalDialogue, plan_dialogues
@@ -92,27 +95,38 @@ def evaluate(
     split: dict[str, list[float]] | None = None,
     device: str | None = None,
     numerics: str = "exact",
+    cache: RolloutCache | None = None,
 ) -> list[dict[str, Any]]:
     """Every model's transcripts, plus NAME+repeat for the models in `repeat` and NAME+split for those in `split`.
 
     `split`: split-softmax strengths per model; one strength is the column NAME+split, several are
-    NAME+split@STRENGTH each (`split_column`)."""
+    NAME+split@STRENGTH each (`split_column`). `cache`: finished columns are read from it and written to
+    it (gatt/eval/cache.py), so an interrupted report resumes."""
     split = split or {}
     state = process_state()
+    cache = cache or RolloutCache(None)
     transcripts: list[dict[str, Any]] = []
     for name, path in models.items():
         attention = config.measure_attention or name in split
-        model, tokenizer = load_model(path, attention=attention, device=device, numerics=numerics)
-        say(f"[eval] {name}: {len(dialogues)} dialogues x {max(len(d.turns) for d in dialogues)} turns")
-        own = [{"model": name, **t} for t in distributed_rollout(model, tokenizer, dialogues, config, state)]
+        # loaded at first use: not at all when every column of this model was read from the cache
+        model_and_tokenizer = functools.cache(partial(load_model, path, attention=attention, device=device, numerics=numerics))
+
+        def key(column: str, column_config: RolloutConfig) -> str:
+            return fingerprint(path, column, dialogues, column_config, numerics=numerics, device=device)
+
+        def own_rollout() -> list[dict[str, Any]]:
+            say(f"[eval] {name}: {len(dialogues)} dialogues x {max(len(d.turns) for d in dialogues)} turns")
+            return [{"model": name, **t} for t in distributed_rollout(*model_and_tokenizer(), dialogues, config, state)]
+
+        own = cache.column(name, key(name, config), own_rollout)
         transcripts += own
-        if name in repeat:
-            repeated = replace(config, repeat_instruction=True)
-            transcripts += variant(name + REPEAT_SUFFIX, model, tokenizer, own, dialogues, repeated)
-        for strength in split.get(name, []):
-            column = split_column(name, strength, split[name])
-            transcripts += variant(column, model, tokenizer, own, dialogues, replace(config, split_softmax=strength))
-        del model
+        variants = [(name + REPEAT_SUFFIX, replace(config, repeat_instruction=True))] if name in repeat else []
+        variants += [(split_column(name, strength, split[name]), replace(config, split_softmax=strength))
+                     for strength in split.get(name, [])]
+        for column, column_config in variants:
+            transcripts += cache.column(column, key(column, column_config),  # called here: no late binding
+                                        lambda: variant(column, *model_and_tokenizer(), own, dialogues, column_config))
+        model_and_tokenizer.cache_clear()
     return transcripts
 
 
@@ -260,8 +274,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     relevance_model = None if relevance_model == "none" else relevance_model
     if relevance_model is not None:
         check_model_folder(relevance_model, "--relevance-model")
+    cache = RolloutCache(Path(args.out) / "rollouts", write=process_state().is_main_process)
     transcripts = evaluate(models, dialogues, config, repeat=repeat, split=split, device=args.device,
-                           numerics=args.numerics)
+                           numerics=args.numerics, cache=cache)
     if not process_state().is_main_process:
         return {}  # every process rolled out its share and has every transcript; process 0 judges and reports
     gate = GateConfig.strict() if args.strict_gate else GateConfig()

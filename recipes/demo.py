@@ -196,7 +196,7 @@ def stages(config: DemoConfig) -> list[Stage]:
                                     "--seed", str(config.seed), "--out", str(report),
                                     *(["--strict-gate"] if config.eval_strict_gate else []),
                                     *(["--repeat-instruction", "base"] if config.eval_baselines else [])],
-                         report, False)
+                         report, True)  # finished columns are kept under report/rollouts (gatt/eval/cache.py)
     if config.base_model == "smollm2":
         return [
             Stage("base-model", [*python, "-m", "gatt.pretrained", "--out", str(base / "final")], base, False),

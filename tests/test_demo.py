@@ -21,7 +21,7 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     out = tmp_path / "demo"
     report = main(["--config", str(config), f"out={out}", "rounds=2"])
     printed = capsys.readouterr().out
-    assert set(report) == {"settings", "base", "gatt-r1", "gatt", "base+repeat", "followable", "rounds"}
+    assert set(report) == {"settings", "base", "gatt-r1", "gatt", "base+repeat", "followable", "paired", "rounds"}
     for name in ("base", "gatt-r1", "gatt", "base+repeat"):
         assert list(report[name]["per_turn"]) == [str(t) for t in range(1, 7)]
     for path in ("data/base/base.jsonl", "base/final/config.json", "round-1/data/gatt/gatt.jsonl",
@@ -121,7 +121,7 @@ def test_smollm2_demo_runs_every_stage_on_a_users_own_files(tmp_path, monkeypatc
     out = tmp_path / "smollm2"
     report = main(["--config", str(ROOT / "recipes" / "configs" / "demo_smollm2_smoke.yaml"), f"out={out}",
                    f"constraints={constraints}", f"user_turns={turns}"])
-    assert set(report) == {"settings", "base", "gatt", "base+repeat", "followable", "rounds"}
+    assert set(report) == {"settings", "base", "gatt", "base+repeat", "followable", "paired", "rounds"}
     for name in ("base", "gatt", "base+repeat"):
         assert list(report[name]["per_turn"]) == ["1", "2", "3"]
         assert {"checks_only", "answer_gate", "no_regression"} <= set(report[name])

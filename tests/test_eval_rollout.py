@@ -1,6 +1,8 @@
 """Rollouts with KV reuse across turns against re-encoding the history, the attention probe, the eval CLI."""
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -181,7 +183,10 @@ def run_cli(model_dir: Path, inputs: tuple[Path, Path], out: Path, *extra: str) 
 
 def test_cli_writes_the_report_and_is_deterministic(model_dir, eval_inputs, tmp_path):
     report = run_cli(model_dir, eval_inputs, tmp_path / "a", "--repeat-instruction", "base")
-    assert set(report) == {"settings", "base", "other", "base+repeat", "followable"}
+    assert set(report) == {"settings", "base", "other", "base+repeat", "followable", "paired"}
+    assert list(report["paired"]) == ["other - base", "other - base+repeat"]
+    same = report["paired"]["other - base"]  # the same model on the same dialogues: no difference at all
+    assert same and all(d["difference"] == 0 and d["ci95"] == [0, 0] for d in same.values())
     for name in ("base", "other", "base+repeat"):
         per_turn = report[name]["per_turn"]
         assert list(per_turn) == [str(t) for t in range(1, 7)]
@@ -204,6 +209,32 @@ def test_cli_writes_the_report_and_is_deterministic(model_dir, eval_inputs, tmp_
             assert all(turn["user"].endswith(" " + line["instruction"]) for turn in line["turns"])
     run_cli(model_dir, eval_inputs, tmp_path / "b", "--repeat-instruction", "base")
     assert (tmp_path / "a" / "report.json").read_bytes() == (tmp_path / "b" / "report.json").read_bytes()
+
+
+def test_an_interrupted_report_resumes_from_its_finished_columns(model_dir, eval_inputs, tmp_path, monkeypatch):
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    args = ("--repeat-instruction", "base", "--no-attention", "--relevance-model", "none")  # no judge to load
+    evaluate_main(["--model", f"base={model}", "--turns", "4", "--dialogues", "4", "--seed", "3", "--out", str(tmp_path / "a"),
+                   "--constraints", str(eval_inputs[0]), "--user-turns", str(eval_inputs[1]), "--max-new-tokens", "6", *args])
+    assert sorted(p.name for p in (tmp_path / "a" / "rollouts").iterdir()) == ["base+repeat.jsonl", "base.jsonl"]
+    first = (tmp_path / "a" / "report.json").read_bytes()
+    (tmp_path / "a" / "report.json").unlink()  # as if killed before the report was written
+
+    def no_model(*_, **__):
+        raise AssertionError("a finished column was rolled out again")
+
+    monkeypatch.setattr("gatt.evaluate.load_model", no_model)
+    rerun = ["--model", f"base={model}", "--turns", "4", "--dialogues", "4", "--seed", "3", "--out", str(tmp_path / "a"),
+             "--constraints", str(eval_inputs[0]), "--user-turns", str(eval_inputs[1]), "--max-new-tokens", "6", *args]
+    evaluate_main(rerun)
+    assert (tmp_path / "a" / "report.json").read_bytes() == first
+    weights = next(model.glob("*.safetensors"))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # the model was retrained
+    with pytest.raises(AssertionError, match="rolled out again"):
+        evaluate_main(rerun)
+    with pytest.raises(AssertionError, match="rolled out again"):  # other settings: another plan, no stale column
+        evaluate_main([*rerun[:-len(args)], "--seed", "4", *args])
 
 
 def test_cli_refuses_bad_input(model_dir, eval_inputs, tmp_path):

@@ -14,6 +14,8 @@ from gatt.eval.scoring import (
     attention_per_head,
     attention_per_turn,
     no_regression,
+    paired_difference,
+    paired_differences,
     per_family,
     rate,
     score_model,
@@ -238,6 +240,24 @@ def long_run() -> list[dict[str, Any]]:
     out.append(dialogue("gh", "heldout_value", "hobby", [T] * 22))
     out.append(dialogue("gn", "none", None, [None] * 22, on_topic=[T] * 22))
     return out
+
+
+def test_paired_difference_is_the_mean_per_dialogue_difference_with_its_interval() -> None:
+    gatt = [dialogue(f"d{i}", "train", "hobby", p) for i, p in enumerate([[T, T], [T, F], [T, T], [F, T]])]
+    base = [dict(t, model="base") for t in
+            [dialogue(f"d{i}", "train", "hobby", p) for i, p in enumerate([[T, F], [T, F], [F, F], [T, F]])]]
+    held = dialogue("h", "heldout_value", "hobby", [T, T])  # not a trained value: left out
+    paired = paired_difference(gatt + [held], base)
+    # turn 1: differences 0, 0, 1, -1 -> mean 0, sd sqrt(2/3); turn 2: 1, 0, 1, 1 -> mean 0.75, sd 0.5
+    half1, half2 = 1.959963984540054 * (2 / 3) ** 0.5 / 2, 1.959963984540054 * 0.5 / 2
+    assert paired["1"] == {"difference": 0.0, "n": 4, "ci95": [round(-half1, 6), round(half1, 6)]}
+    assert paired["2"] == {"difference": 0.75, "n": 4, "ci95": [round(0.75 - half2, 6), 1.0]}  # clipped
+    reminded = [dict(t, model="base+repeat") for t in base]
+    pairs = paired_differences(gatt + base + reminded + [dict(gatt[0], model="base+split")])
+    assert list(pairs) == ["gatt - base", "gatt - base+repeat"] and pairs["gatt - base"] == paired
+    assert paired_differences(gatt + base) == {}  # no reminded baseline, nothing to pair against
+    markdown = _markdown(build_report(gatt + base + reminded, {}))
+    assert "## Paired differences" in markdown and "| 2 | +75.0 [+26.0, +100.0] (n=4) |" in markdown
 
 
 def test_format_table_rows() -> None:

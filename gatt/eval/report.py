@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from gatt.eval.scoring import Transcript, attention_per_head, followable, score_model
+from gatt.eval.scoring import Transcript, attention_per_head, followable, paired_differences, score_model
 from gatt.gate import REASONS
 
 TABLE_TURNS: tuple[int, ...] = (2, 4, 6, 10, 20)
@@ -20,7 +20,7 @@ TITLES: dict[str, str] = {
 }
 
 
-NOT_MODELS: tuple[str, ...] = ("settings", "followable", "rounds")  # report keys that are not a model's scores
+NOT_MODELS: tuple[str, ...] = ("settings", "followable", "paired", "rounds")  # report keys that are not a model's scores
 
 
 def build_report(transcripts: list[Transcript], settings: dict[str, Any]) -> dict[str, Any]:
@@ -31,6 +31,8 @@ def build_report(transcripts: list[Transcript], settings: dict[str, Any]) -> dic
     if clash := sorted(set(by_model) & set(NOT_MODELS)):
         raise ValueError(f"a model may not be named {', '.join(map(repr, clash))}: the report keeps other results there")
     report = {"settings": settings, **{name: score_model(group) for name, group in by_model.items()}}
+    if paired := paired_differences(transcripts):
+        report["paired"] = paired
     reminded = followable(report, transcripts)
     return report if reminded is None else {**report, "followable": reminded}
 
@@ -119,6 +121,22 @@ def _followable_section(report: dict[str, Any], level: str) -> list[str]:
     return parts + ([_table("Turn", _models(report), rows)] if rows else [])
 
 
+def _paired_section(paired: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    pairs = list(paired)
+    turns = _table_turns(list(paired.values()))
+
+    def cell(d: dict[str, Any] | None) -> str:
+        if d is None:
+            return "–"
+        lo, hi = d["ci95"]
+        return f"{100 * d['difference']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] (n={d['n']})"
+
+    rows = [(str(t), [cell(paired[p].get(str(t))) for p in pairs]) for t in turns]
+    text = ("Points of adherence on trained values, A - B over the same dialogues, with the 95% interval of "
+            "the mean of the per-dialogue differences.")
+    return ["## Paired differences", text, _table("Turn", pairs, rows)]
+
+
 def _rounds_section(rounds: list[dict[str, Any]]) -> list[str]:
     """One row per GAtt round: its teacher's reminded pass rate per family and its student's adherence per turn."""
     families = sorted({f for r in rounds for f in r["teacher_pass_rate_per_family"]})
@@ -150,6 +168,8 @@ def _markdown(report: dict[str, Any]) -> str:
              "answer: not empty, no loop, no repeat of an earlier reply, on the user's topic). The checks alone "
              "are in the last section."]
     parts += _adherence_sections(report, checks_only=False, level="##")
+    if report.get("paired"):
+        parts += _paired_section(report["paired"])
     if report.get("rounds"):
         parts += _rounds_section(report["rounds"])
     gates = [report[m].get("answer_gate") for m in models]

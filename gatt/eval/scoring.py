@@ -202,6 +202,44 @@ def score_model(transcripts: Sequence[Transcript]) -> dict[str, Any]:
     }
 
 
+def paired_difference(a: Sequence[Transcript], b: Sequence[Transcript], strata: Sequence[str] = TRAIN,
+                      key: Key = "passed") -> dict[str, dict[str, Any]]:
+    """Per turn, the mean of (a passed) - (b passed) over the dialogues both scored there, with its 95% interval.
+
+    The same dialogues are rolled out with every model, so the difference is paired: its interval (normal
+    approximation, sample variance of the per-dialogue differences) is narrower than two independent rates'
+    where the models fail the same dialogues."""
+    b_passed = {(t["id"], turn["turn"]): bool(turn[key]) for t in _select(b, strata) for turn in t["turns"]
+                if turn[key] is not None}
+    diffs: dict[int, list[int]] = {}
+    for t in _select(a, strata):
+        for turn in t["turns"]:
+            if turn[key] is not None and (t["id"], turn["turn"]) in b_passed:
+                diffs.setdefault(turn["turn"], []).append(int(bool(turn[key])) - int(b_passed[t["id"], turn["turn"]]))
+    out = {}
+    for number in sorted(diffs):
+        values = diffs[number]
+        n, mean = len(values), sum(values) / len(values)
+        sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+        half = Z95 * sd / math.sqrt(n)
+        lo, hi = max(-1.0, mean - half), min(1.0, mean + half)  # a difference of two rates lies in [-1, 1]
+        out[str(number)] = {"difference": round(mean, 6), "n": n, "ci95": [round(lo, 6), round(hi, 6)]}
+    return out
+
+
+def paired_differences(transcripts: Sequence[Transcript]) -> dict[str, dict[str, dict[str, Any]]]:
+    """{"A - B": per-turn paired difference on trained values} for every model A against each baseline B: a model
+    given NAME+repeat (NAME) and its NAME+repeat column, where the two share scored dialogues."""
+    by_model: dict[str, list[Transcript]] = {}
+    for t in transcripts:
+        by_model.setdefault(t["model"], []).append(t)
+    reminded = [m for m in by_model if m.endswith(REPEAT_SUFFIX)]
+    baselines = [b for m in reminded for b in (m.removesuffix(REPEAT_SUFFIX), m) if b in by_model]
+    others = [m for m in by_model if m not in baselines and REPEAT_SUFFIX not in m and SPLIT_SUFFIX not in m]
+    pairs = {f"{a} - {b}": paired_difference(by_model[a], by_model[b]) for a in others for b in baselines}
+    return {pair: per_turn for pair, per_turn in pairs.items() if per_turn}  # pairs that share scored dialogues
+
+
 def followable(report: dict[str, Any], transcripts: Sequence[Transcript]) -> dict[str, Any] | None:
     """Which families the model can follow when reminded, by the first NAME+repeat model's per-family adherence
     (>= FOLLOWABLE), and each model's per-turn adherence on those families' train constraints: GAtt is judged

@@ -1,0 +1,85 @@
+"""Finished rollouts kept on disk, so an interrupted report resumes at the first column it had not finished.
+
+A real model's report rolls out several columns (`base`, `base+repeat`, `gatt-r1`, ...) for an hour or
+more each on a CPU. Each finished column is written to `<out>/rollouts/<column>.jsonl` (whole, then
+renamed), its first line a fingerprint of everything its replies depend on: the model's weight files
+(path, size, modification time), the dialogue plan, the rollout settings, the numerics and the device.
+A later run with the same fingerprint reads the column instead of rolling it out again; any change
+rolls it out anew and replaces the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from gatt.eval.plan import EvalDialogue
+from gatt.eval.rollout import RolloutConfig
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
+
+
+def weight_files(path: str | Path) -> list[tuple[str, int, int]]:
+    """(name, size, mtime_ns) of a model's weight files: the file itself, or those in its folder."""
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(p for p in path.glob("*") if p.suffix in WEIGHT_SUFFIXES)
+    return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+
+
+def fingerprint(model_path: str | Path, column: str, dialogues: Sequence[EvalDialogue], config: RolloutConfig,
+                **settings: Any) -> str:
+    """A hash of what a column's replies depend on."""
+    key = {
+        "column": column, "weights": weight_files(model_path), "rollout": asdict(config),
+        "dialogues": [repr(d) for d in dialogues], **settings,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class RolloutCache:
+    """Columns of transcripts under `folder`, each valid for one fingerprint; `folder=None` keeps nothing."""
+
+    def __init__(self, folder: str | Path | None, *, write: bool = True) -> None:
+        self.folder = None if folder is None else Path(folder)
+        self.write = write  # only the main process writes under torchrun
+
+    def _path(self, column: str) -> Path:
+        assert self.folder is not None
+        return self.folder / f"{column}.jsonl"
+
+    def load(self, column: str, key: str) -> list[dict[str, Any]] | None:
+        """The column's transcripts if a finished rollout with this fingerprint is on disk."""
+        if self.folder is None or not self._path(column).exists():
+            return None
+        header, *lines = self._path(column).read_text(encoding="utf-8").splitlines()
+        if json.loads(header).get("fingerprint") != key:
+            return None
+        return [json.loads(line) for line in lines]
+
+    def column(self, column: str, key: str, rollout: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """The column read from disk if finished with this fingerprint, else `rollout()`, then kept."""
+        cached = self.load(column, key)
+        if cached is not None:
+            if self.write:
+                print(f"[eval] {column}: finished rollouts read from {self.folder}", file=sys.stderr)
+            return cached
+        transcripts = rollout()
+        self.store(column, key, transcripts)
+        return transcripts
+
+    def store(self, column: str, key: str, transcripts: list[dict[str, Any]]) -> None:
+        """Keep a finished column for the next run (written whole, then renamed)."""
+        if self.folder is None or not self.write:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        lines = [json.dumps({"fingerprint": key, "column": column})]
+        lines += [json.dumps(t, ensure_ascii=False) for t in transcripts]
+        tmp = self._path(column).with_name(self._path(column).name + ".tmp")
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        os.replace(tmp, self._path(column))
