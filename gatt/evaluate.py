@@ -29,6 +29,7 @@ from typing import Any
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 import gatt  # noqa: F401  (registers the "gatt" attention and the library's model with transformers)
+from gatt.checks import hold_out_families
 from gatt.cli import exit_on_bad_input
 from gatt.distributed import end_job, process_state
 from gatt.eval.cache import RolloutCache, fingerprint
@@ -202,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--user-turns", type=Path,
                         help="user messages: .txt (one a line), .jsonl ({'content', 'checks'} or 'messages'), .parquet "
                              "or a datasets folder (default: the built-in held-out pool)")
+    parser.add_argument("--heldout-families", nargs="*", default=[], metavar="FAMILY",
+                        help="families held out as a whole (every value split heldout): reported with the held-out "
+                             "family, not with the trained values (e.g. those the GAtt data left out: data_gen "
+                             "--heldout-families)")
     parser.add_argument("--repeat-instruction", nargs="*", metavar="NAME", default=None,
                         help="also evaluate the upper bound with the instruction appended to every user turn, as "
                              "NAME+repeat, for the named models (no names: all)")
@@ -259,8 +264,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--repeat-instruction names no --model: {', '.join(unknown)}")
     split = parse_split(args.split_softmax, models)
     no_instruction = args.dialogues // 4 if args.no_instruction_dialogues is None else args.no_instruction_dialogues
+    constraints = load_eval_constraints(args.constraints)
+    if args.heldout_families:
+        constraints = hold_out_families(constraints, args.heldout_families, str(args.constraints or "built-in constraints"))
     dialogues = plan_dialogues(
-        load_eval_constraints(args.constraints), load_eval_turns(args.user_turns), dialogues=args.dialogues,
+        constraints, load_eval_turns(args.user_turns), dialogues=args.dialogues,
         turns=args.turns, seed=args.seed, no_instruction=no_instruction, short_prob=args.short_prob,
         probe_every=args.probe_every,
     )
@@ -287,7 +295,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = {
         "models": models, "repeat_instruction": repeat, **({"split_softmax": split} if split else {}),
         "turns": args.turns, "dialogues": args.dialogues, "no_instruction_dialogues": no_instruction, "seed": args.seed,
-        "constraints": str(args.constraints or "built-in"), "user_turns": str(args.user_turns or "built-in held-out pool"),
+        "constraints": str(args.constraints or "built-in"),
+        **({"heldout_families": args.heldout_families} if args.heldout_families else {}),
+        "user_turns": str(args.user_turns or "built-in held-out pool"),
         "placement": args.placement, "probe_every": args.probe_every, "short_prob": args.short_prob,
         "max_new_tokens": args.max_new_tokens, "decoding": "sample" if args.sample else "greedy",
         **({"numerics": args.numerics} if args.numerics != "exact" else {}),

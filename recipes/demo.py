@@ -71,6 +71,7 @@ class DemoConfig:
     constraints: str = ""  # YAML with split tags for the GAtt data and the report (default: the built-in catalogue)
     user_turns: str = ""  # your user messages for the teacher, the replay data and the report (default: built-in pools)
     eval_user_turns: str = ""  # other messages for the report (default: user_turns, else the built-in held-out pool)
+    heldout_families: list[str] = field(default_factory=list)  # families kept out of the GAtt data, reported as held out
     base_dialogues: int = 20000
     base_config: str = "recipes/configs/base_tiny.yaml"
     base_run: str = ""  # embedded: a finished run's folder (e.g. runs/demo) whose base data and model this run uses
@@ -86,6 +87,7 @@ class DemoConfig:
     teacher_temperature: float = 0.7
     teacher_device: str = ""  # "" : cuda if available
     teacher_strict_repeats: bool = False  # GAtt and replay data: no near copy of an earlier reply, topic word changed or not
+    teacher_strict_gate: bool = False  # GAtt and replay data judged by the real-model gate (data_gen --strict-gate)
     repetition_penalty: float = 1.0  # every reply drawn (teacher, replay, report); 1.0: off
     no_repeat_ngram_size: int = 0  # no n-gram twice in one reply, for every reply drawn; 0: off
     numerics: str = "exact"  # how the teacher, replay and report models generate: exact (fp32), bf16 or int8 (CPU; gatt/numerics.py)
@@ -159,9 +161,11 @@ def stages(config: DemoConfig) -> list[Stage]:
                 "--batch-size", str(config.teacher_batch_size), "--shard-size", str(config.teacher_batch_size), *decoding,
                 *_flag("--device", config.teacher_device), *_flag("--user-turns", config.user_turns),
                 *(["--strict-repeats"] if config.teacher_strict_repeats else []),
+                *(["--strict-gate"] if config.teacher_strict_gate else []),
                 *(["--teacher-numerics", config.numerics] if config.numerics != "exact" else []),
                 "--seed", str(config.seed)]
 
+    heldout = ["--heldout-families", *config.heldout_families] if config.heldout_families else []
     replay_file = data / "replay" / "replay.jsonl" if config.base_model == "smollm2" else base_data / "base.jsonl"
     rounds: list[Stage] = []
     for r in range(1, config.rounds + 1):
@@ -171,7 +175,7 @@ def stages(config: DemoConfig) -> list[Stage]:
             "--min-turns", str(config.gatt_min_turns), "--max-turns", str(config.gatt_max_turns),
             "--samples-per-turn", str(config.samples_per_turn),
             *([] if config.gatt_values_per_family is None else ["--values-per-family", str(config.gatt_values_per_family)]),
-            *_flag("--constraints", config.constraints), "--out", str(gatt_data_dir(out, r))],
+            *_flag("--constraints", config.constraints), *heldout, "--out", str(gatt_data_dir(out, r))],
             gatt_data_dir(out, r), True))
         union = [str(gatt_data_dir(out, i) / "gatt.jsonl") for i in range(1, r + 1)]
         rounds.append(Stage(f"gatt-model{round_suffix(r)}", [
@@ -190,7 +194,7 @@ def stages(config: DemoConfig) -> list[Stage]:
                                     str(config.eval_dialogues), *no_instruction,
                                     "--max-new-tokens", str(config.eval_max_new_tokens),
                                     "--batch-size", str(config.eval_batch_size), "--probe-every", str(config.eval_probe_every),
-                                    *_flag("--constraints", config.constraints),
+                                    *_flag("--constraints", config.constraints), *heldout,
                                     *_flag("--user-turns", eval_turns), *_flag("--device", config.teacher_device),
                                     *decoding, *(["--numerics", config.numerics] if config.numerics != "exact" else []),
                                     "--seed", str(config.seed), "--out", str(report),
@@ -261,8 +265,8 @@ def gatt_dir(out: Path, r: int) -> Path:
 
 
 def student_name(r: int, rounds: int) -> str:
-    """The report's name of round r's student: `gatt` for the last round."""
-    return "gatt" if r == rounds else f"gatt-r{r}"
+    """The report's name of round r's student: `gatt` with one round, `gatt-r1`, `gatt-r2`, ... with several."""
+    return "gatt" if rounds == 1 else f"gatt-r{r}"
 
 
 def fingerprint(stage: Stage, upstream: str) -> str:

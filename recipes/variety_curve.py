@@ -51,7 +51,7 @@ def point(config: DemoConfig, values: str, out: Path, turn: str) -> dict[str, An
         folder = out / values
         report = run(DemoConfig(**{**vars(config), "out": str(folder), "gatt_values_per_family": int(values),
                                    "eval_baselines": False}))
-    gatt = report["gatt"]
+    gatt = report[report["rounds"][0]["student"] if report.get("rounds") else "gatt"]  # trained on round 1's data
     return {
         "values_per_family": values,
         "distinct_values": distinct_values(gatt_data_dir(folder, 1) / "gatt.jsonl"),

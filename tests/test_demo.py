@@ -21,8 +21,8 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     out = tmp_path / "demo"
     report = main(["--config", str(config), f"out={out}", "rounds=2"])
     printed = capsys.readouterr().out
-    assert set(report) == {"settings", "base", "gatt-r1", "gatt", "base+repeat", "followable", "paired", "rounds"}
-    for name in ("base", "gatt-r1", "gatt", "base+repeat"):
+    assert set(report) == {"settings", "base", "gatt-r1", "gatt-r2", "base+repeat", "followable", "paired", "rounds"}
+    for name in ("base", "gatt-r1", "gatt-r2", "base+repeat"):
         assert list(report[name]["per_turn"]) == [str(t) for t in range(1, 7)]
     for path in ("data/base/base.jsonl", "base/final/config.json", "round-1/data/gatt/gatt.jsonl",
                  "round-1/gatt/final/config.json", "round-2/data/gatt/gatt.summary.json", "round-2/gatt/final/config.json",
@@ -39,7 +39,7 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     assert [t["model"] for t in trained] == [str(out / "base" / "final")] * 2  # each round's student starts from the base model
     assert trained[0]["train_file"] == str(round_1 / "data" / "gatt" / "gatt.jsonl")
     assert trained[1]["train_file"] == [str(r / "data" / "gatt" / "gatt.jsonl") for r in (round_1, round_2)]
-    assert [(r["round"], r["student"]) for r in report["rounds"]] == [(1, "gatt-r1"), (2, "gatt")]
+    assert [(r["round"], r["student"]) for r in report["rounds"]] == [(1, "gatt-r1"), (2, "gatt-r2")]
     summaries = [json.loads((r / "data" / "gatt" / "gatt.summary.json").read_text()) for r in (round_1, round_2)]
     for entry, summary in zip(report["rounds"], summaries):
         assert entry["teacher_pass_rate_per_family"] == summary["pass_rate_per_family"]
@@ -55,7 +55,7 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     machine = timings["machine"]  # the calibration that makes wall times from two machines comparable
     assert timings["total_seconds_at_reference_speed"] == round(sum(seconds.values()) * machine["fp32_matmul_gflops"] / 150, 1)
     assert machine["fp32_matmul_gflops"] > 0 and machine["threads"] >= 1 and machine["cpu"] and machine["torch"]
-    assert "| Turn | base | base+repeat | gatt-r1 | gatt |" in printed
+    assert "| Turn | base | base+repeat | gatt-r1 | gatt-r2 |" in printed
     # Same inputs: every stage is skipped. A changed GAtt stage reruns it and what follows, not what precedes.
     main(["--config", str(config), f"out={out}", "rounds=2"])
     assert capsys.readouterr().out.count("up to date, skipped") == 7
@@ -136,6 +136,8 @@ def test_smollm2_demo_runs_every_stage_on_a_users_own_files(tmp_path, monkeypatc
     assert all(r["instruction"] is None and r["messages"][0]["content"] in USER_TURNS for r in replay)
     summary = json.loads((out / "round-1" / "data" / "gatt" / "gatt.summary.json").read_text())
     assert set(summary["pass_rate_per_family"]) <= {"persona", "tone"}  # held-out values never enter GAtt data
+    settings = json.loads((out / "round-1" / "data" / "gatt" / "gatt.shards" / "settings.json").read_text())
+    assert settings["config"]["strict_gate"] is True  # teacher_strict_gate reached the teacher's gate
     transcripts = (out / "report" / "transcripts.jsonl").read_text()
     assert any(t in transcripts for t in USER_TURNS)  # the report asked the user's messages
     timings = json.loads((out / "timings.json").read_text())

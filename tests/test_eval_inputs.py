@@ -15,8 +15,9 @@ from data_gen.eval_set import write_eval_set
 from data_gen.user_turns import on_topic_check
 from data_gen.toy_world import ToyResponder
 from data_gen.user_turns import TOPICS, UserTurn, split_user_turns
-from gatt.checks import Check
+from gatt.checks import Check, hold_out_families
 from gatt.eval.inputs import BUILTIN_DIR, EvalTurn, load_eval_constraints, load_eval_turns
+from gatt.eval.plan import stratify
 
 ROOT = Path(__file__).resolve().parents[1]
 REGENERATE = "python -m data_gen eval-set --out gatt/eval/builtin"
@@ -165,6 +166,21 @@ def test_user_constraint_file_and_its_errors(tmp_path: Path) -> None:
         load_eval_constraints(path)
     with pytest.raises(FileNotFoundError):
         load_eval_constraints(tmp_path / "absent.yaml")
+
+
+def test_heldout_families_move_a_whole_family_out_of_the_trained_values(tmp_path: Path) -> None:
+    smollm2 = ROOT / "recipes" / "data" / "smollm2_constraints.yaml"
+    held = hold_out_families(load_eval_constraints(smollm2), ["language"], "smollm2_constraints.yaml")
+    assert {c.split for c in held if c.family == "language"} == {"heldout"}
+    strata = {name: {c.family for c in members} for name, members in stratify(held).items()}
+    assert strata["heldout_family"] == {"language", "persona"} and "language" not in strata["train"] | strata["heldout_value"]
+    with pytest.raises(ValueError, match=r"smollm2_constraints\.yaml: no constraint of family 'tone'.*families: figure"):
+        hold_out_families(held, ["tone"], "smollm2_constraints.yaml")
+    args = ["gatt", "--teacher", "oracle", "--constraints", str(smollm2), "--heldout-families", "language", "hobby",
+            "--num-dialogues", "12", "--max-turns", "3", "--seed", "0", "--out", str(tmp_path / "gatt")]
+    main(args)
+    summary = json.loads((tmp_path / "gatt" / "gatt.summary.json").read_text())
+    assert set(summary["pass_rate_per_family"]) == {"figure", "wordlimit"}  # what the GAtt data was drawn from
 
 
 # --- built-in user turns: held out and on topic -------------------------------------------------
