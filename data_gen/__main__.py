@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     pass_rate.add_argument("--samples", type=int, default=2, help="candidates per prompt (k)")
     pass_rate.add_argument("--seed", type=int, default=0)
     _strict_gate(pass_rate)
+    pass_rate.add_argument("--demonstration", action="store_true",
+                           help="precede each prompt with one exchange of the same constraint whose reply passed the "
+                                "checks and the gate in a separate draw: does a richer teacher context raise the rate?")
     _user_turns(pass_rate)
     _teacher(pass_rate)
     eval_set = commands.add_parser(
@@ -215,7 +218,8 @@ def run_gatt(args: argparse.Namespace) -> dict:
 def run_pass_rate(args: argparse.Namespace) -> dict:
     """Write the pass-rate JSON atomically, print its table, return it."""
     constraints = _constraints(args)
-    config = PassRateConfig(prompts=args.prompts, samples=args.samples, seed=args.seed, strict_gate=args.strict_gate)
+    config = PassRateConfig(prompts=args.prompts, samples=args.samples, seed=args.seed, strict_gate=args.strict_gate,
+                            demonstration=args.demonstration)
     result = measure_pass_rates(make_teacher(args, constraints), constraints, _user_pool(args), config)
     result["settings"].update(
         constraints=str(args.constraints or "built-in"), max_new_tokens=args.max_new_tokens, temperature=args.temperature,

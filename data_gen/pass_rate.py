@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -34,6 +34,7 @@ class PassRateConfig:
     relevance_others: int = 3  # contrast questions where a turn has no on-topic check
     chunk: int = 64  # prompts per teacher call (progress is shown per call)
     strict_gate: bool = False  # judge with the real-model gate (GateConfig.strict()), as the report's --strict-gate
+    demonstration: bool = False  # precede each prompt with one passing exchange of the same constraint (`demonstrations`)
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or self.samples < 1:
@@ -53,22 +54,25 @@ def _rates(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def measure_pass_rates(
-    teacher: Teacher, constraints: Sequence[Constraint], user_pool: Sequence[UserTurn], config: PassRateConfig
-) -> dict[str, Any]:
-    """Per constraint and per family: the share of candidates passing the checks, the checks and the gate,
-    and the share of prompts where one of the k candidates passes both (`best_of_k`)."""
-    if not constraints:
-        raise ValueError("no constraint to measure")
-    if not user_pool:
-        raise ValueError("no user turn to ask")
-    rng = random.Random(f"pass-rate-{config.seed}")
-    cases: list[tuple[Constraint, UserTurn, str]] = []
+Case = tuple[Constraint, UserTurn, str]  # the constraint, the user turn, the instruction text given
+Demonstration = list[dict[str, str]]  # an earlier exchange put before the user turn in the teacher's prompt
+
+
+def _cases(constraints: Sequence[Constraint], user_pool: Sequence[UserTurn], config: PassRateConfig,
+           rng: random.Random) -> list[Case]:
+    cases: list[Case] = []
     for c in constraints:
         questions = [UserTurn(p.question, None) for p in c.probes] if not c.checks else list(user_pool)
         for i in range(config.prompts):
             cases.append((c, rng.choice(questions), instruction_text([c], short=i % 2 == 1)))
-    requests = [TurnRequest([{"role": "user", "content": with_instruction(turn.text, instruction)}], turn, [c])
+    return cases
+
+
+def _sample_and_judge(teacher: Teacher, cases: Sequence[Case], user_pool: Sequence[UserTurn], config: PassRateConfig,
+                      rng: random.Random, demonstrations: dict[str, Demonstration]) -> list[list[tuple[str, bool, bool]]]:
+    """Per case, each candidate with whether it passes the checks, and the checks and the gate."""
+    requests = [TurnRequest([*demonstrations.get(c.name, []),
+                             {"role": "user", "content": with_instruction(turn.text, instruction)}], turn, [c])
                 for c, turn, instruction in cases]
     teacher.seed(config.seed)
     sampled: list[list[str]] = []
@@ -76,27 +80,64 @@ def measure_pass_rates(
         sampled += teacher.sample(requests[start : start + config.chunk], config.samples)
     gate = AnswerGate(gate_config(strict_gate=config.strict_gate), scorer=teacher.scorer)
     items, owners = [], []
+    checked = [[passes_all(candidate, turn_checks([c], turn)) for candidate in candidates]
+               for (c, turn, _), candidates in zip(cases, sampled)]
     for case, ((c, turn, _), candidates) in enumerate(zip(cases, sampled)):
         pool = [t.text for t in user_pool if _key(t) != _key(turn)]
         others = tuple(rng.sample(pool, min(config.relevance_others, len(pool))))
-        for candidate in candidates:
-            if passes_all(candidate, turn_checks([c], turn)):
+        for j, candidate in enumerate(candidates):
+            if checked[case][j]:
                 items.append(GateItem(gate_turn([c], turn, candidate), (), others))
-                owners.append(case)
-    checked = Counter(owners)  # candidates per case that pass the checks
-    gated = Counter(case for case, verdict in zip(owners, gate.judge(items)) if verdict.passed)
+                owners.append((case, j))
+    gated = {owner for owner, verdict in zip(owners, gate.judge(items)) if verdict.passed}
+    return [[(candidate, checked[case][j], (case, j) in gated) for j, candidate in enumerate(candidates)]
+            for case, candidates in enumerate(sampled)]
+
+
+def demonstrations(teacher: Teacher, constraints: Sequence[Constraint], user_pool: Sequence[UserTurn],
+                   config: PassRateConfig) -> dict[str, Demonstration]:
+    """Per constraint, one exchange from a separate draw (seed + 1) whose reply passes the checks and the gate:
+    the reminded user turn and that reply, to put before the teacher's prompt (richer context distillation)."""
+    rng = random.Random(f"demonstrations-{config.seed}")
+    draw = replace(config, seed=config.seed + 1, demonstration=False)
+    cases = _cases(constraints, user_pool, draw, rng)
+    found: dict[str, Demonstration] = {}
+    for (c, turn, instruction), candidates in zip(cases, _sample_and_judge(teacher, cases, user_pool, draw, rng, {})):
+        reply = next((text for text, _, gated in candidates if gated), None)
+        if reply is not None and c.name not in found:
+            found[c.name] = [{"role": "user", "content": with_instruction(turn.text, instruction)},
+                             {"role": "assistant", "content": reply}]
+    return found
+
+
+def measure_pass_rates(
+    teacher: Teacher, constraints: Sequence[Constraint], user_pool: Sequence[UserTurn], config: PassRateConfig
+) -> dict[str, Any]:
+    """Per constraint and per family: the share of candidates passing the checks, the checks and the gate,
+    and the share of prompts where one of the k candidates passes both (`best_of_k`). With
+    `config.demonstration`, each prompt is preceded by a demonstration (`demonstrations`); a constraint
+    without one is measured without."""
+    if not constraints:
+        raise ValueError("no constraint to measure")
+    if not user_pool:
+        raise ValueError("no user turn to ask")
+    demos = demonstrations(teacher, constraints, user_pool, config) if config.demonstration else {}
+    rng = random.Random(f"pass-rate-{config.seed}")
+    cases = _cases(constraints, user_pool, config, rng)
+    judged = _sample_and_judge(teacher, cases, user_pool, config, rng, demos)
     rows: dict[str, dict[str, Any]] = {}
-    for case, ((c, _, _), candidates) in enumerate(zip(cases, sampled)):
+    for (c, _, _), candidates in zip(cases, judged):
         row = rows.setdefault(c.name, {"family": c.family, "split": c.split, "prompts": 0, "candidates": 0,
                                         "checks": 0, "checks_and_gate": 0, "any_passed": 0})
         row["prompts"] += 1
         row["candidates"] += len(candidates)
-        row["checks"] += checked[case]
-        row["checks_and_gate"] += gated[case]
-        row["any_passed"] += gated[case] > 0
+        row["checks"] += sum(checks for _, checks, _ in candidates)
+        row["checks_and_gate"] += sum(gated for _, _, gated in candidates)
+        row["any_passed"] += any(gated for _, _, gated in candidates)
     families = sorted({row["family"] for row in rows.values()})
     return {
-        "settings": {**asdict(config), "teacher": teacher.name},
+        "settings": {**asdict(config), "teacher": teacher.name,
+                     **({"demonstrated": sorted(demos)} if config.demonstration else {})},
         "per_family": {f: _rates([r for r in rows.values() if r["family"] == f]) for f in families},
         "per_constraint": {name: {"family": r["family"], "split": r["split"], **_rates([r])} for name, r in rows.items()},
     }

@@ -61,6 +61,25 @@ def test_pass_rates_count_checks_gate_and_best_of_k_per_constraint_and_family():
     assert "| opening | 12 | 67% | 33% | 100% |" in format_pass_rates(result)
 
 
+def test_a_demonstration_puts_a_passing_exchange_of_the_same_constraint_before_each_prompt():
+    teacher = HalfTeacher()
+    config = PassRateConfig(prompts=4, samples=3, demonstration=True)
+    result = measure_pass_rates(teacher, [OK, NEVER, PERSONA], POOL, config)
+    assert result["settings"]["demonstrated"] == ["curie", "ok"]  # "zz": no reply of the first draw passed
+    measured = [r for r in teacher.requests if len(r.messages) == 3]  # demonstration, its reply, the prompt
+    assert {r.constraints[0].name for r in measured} == {"ok", "curie"}
+    for r in measured:
+        demo_user, demo_reply, prompt = r.messages
+        assert (demo_user["role"], demo_reply["role"], prompt["role"]) == ("user", "assistant", "user")
+        # the first reply that passed checks and gate: the on-topic "ok, ..." (the off-topic one fails the gate)
+        asked = next(t for t in [*POOL, UserTurn("Who are you?", None)] if demo_user["content"].startswith(t.text))
+        expected = "I am Marie Curie." if r.constraints[0] is PERSONA else f"ok, {asked.text} Remarkable."
+        assert demo_reply["content"] == expected
+    never = [r for r in teacher.requests if r.constraints[0] is NEVER]
+    assert never and all(len(r.messages) == 1 for r in never)  # measured without a demonstration
+    assert result["per_constraint"]["ok"]["prompts"] == 4  # the first draw is not counted
+
+
 def test_pass_rate_command_writes_json_for_the_builtin_catalogue(tmp_path, capsys):
     main(["pass-rate", "--teacher", "oracle", "--prompts", "2", "--samples", "1", "--out", str(tmp_path / "p.json")])
     result = json.loads((tmp_path / "p.json").read_text())
