@@ -28,6 +28,7 @@ import json
 import os
 import sys
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -35,7 +36,7 @@ from tqdm.auto import tqdm
 from data_gen.constraints import catalogue, limit_values
 from data_gen.eval_set import write_eval_set
 from data_gen.synthesis import SynthesisConfig, synthesize
-from data_gen.pass_rate import PassRateConfig, format_pass_rates, measure_pass_rates
+from data_gen.pass_rate import PassRateConfig, demonstrations, format_pass_rates, measure_pass_rates
 from data_gen.teacher import TORCH_DTYPES, ModelTeacher, OracleTeacher, Teacher
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import UserTurn, load_user_turns, split_user_turns
@@ -117,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     gatt.add_argument("--round", type=int, default=1, metavar="R",
                       help="expert-iteration round, written into each record's meta; a round after the first draws "
                            "other dialogues than round 1 from the same seed (recipes/demo.py `rounds`)")
+    gatt.add_argument("--demonstration", action="store_true",
+                      help="open the teacher's prompt with one exchange of each constraint whose reply passed the checks "
+                           "and the gate in a separate draw (richer context distillation: the record keeps only the "
+                           "dialogue); kept in DIR/gatt.shards/demonstrations.json for a resumed run")
     gatt.add_argument("--values-per-family", type=int, metavar="K",
                       help="use at most K train values of each family (a fixed-seed draw): the data-variety knob "
                            "(default: every train value)")
@@ -210,9 +215,13 @@ def run_gatt(args: argparse.Namespace) -> dict:
         num_dialogues=args.num_dialogues, min_turns=args.min_turns, max_turns=args.max_turns,
         samples_per_turn=args.samples_per_turn, redraws=args.redraws, seed=args.seed, short_prob=args.short_prob,
         shard_size=args.shard_size, strict_repeats=args.strict_repeats, strict_gate=args.strict_gate,
-        round=getattr(args, "round", 1),
+        demonstration=getattr(args, "demonstration", False), round=getattr(args, "round", 1),
     )
-    return {**synthesize(args.out, config, teacher, constraints, _user_pool(args), name=name), "path": str(args.out / f"{name}.jsonl")}
+    pool = _user_pool(args)
+    demonstrate = partial(demonstrations, teacher, [c for c in constraints if c.split == "train"], pool, PassRateConfig(
+        prompts=8, samples=args.samples_per_turn, seed=args.seed, strict_gate=args.strict_gate))
+    summary = synthesize(args.out, config, teacher, constraints, pool, name=name, demonstrate=demonstrate)
+    return {**summary, "path": str(args.out / f"{name}.jsonl")}
 
 
 def run_pass_rate(args: argparse.Namespace) -> dict:

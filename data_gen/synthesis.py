@@ -25,8 +25,8 @@ import os
 import random
 import statistics
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,7 @@ class SynthesisConfig:
     relevance_others: int = 3  # other questions a reply is contrasted with where the turn has no on-topic check
     strict_repeats: bool = False  # reject a near copy of an earlier reply even where its topic word changed
     strict_gate: bool = False  # the real-model gate (GateConfig.strict()): strict repeats, topic words and the contrast both
+    demonstration: bool = False  # the teacher's prompt opens with a passing exchange of each constraint (not the record's)
     round: int = 1  # the expert-iteration round (recipes/demo.py `rounds`): each round draws its own dialogues
 
     @property
@@ -88,14 +89,15 @@ class _Dialogue:
     replies: list[str]
     ended: str | None = None  # None while running; "complete", "rejected" or "context_full"
     redrawn: int = 0  # user messages redrawn at the current turn
+    demonstration: list[dict[str, str]] = field(default_factory=list)  # teacher context before the dialogue
 
     @property
     def instruction(self) -> str:
         return instruction_text(self.constraints, self.use_short)
 
     def request(self) -> TurnRequest:
-        """The augmented history: the instruction appended to every user message so far."""
-        messages = []
+        """The augmented history: the instruction appended to every user message so far, after the demonstration."""
+        messages = list(self.demonstration)
         for turn, reply in zip(self.turns, self.replies + [None]):
             text = with_instruction(turn.text, self.instruction) if self.constraints else turn.text
             messages.append({"role": "user", "content": text})
@@ -256,17 +258,21 @@ def synthesize(
     constraints: Sequence[Constraint],
     user_pool: Sequence[UserTurn],
     name: str = "gatt",
+    demonstrate: Callable[[], dict[str, list[dict[str, str]]]] | None = None,
 ) -> dict[str, Any]:
     """Write `out_dir/NAME.jsonl` (resuming finished shards) and return the summary (on every process).
 
     No constraints: dialogues without an instruction, each reply the teacher's own answer that passes the
-    answer gate (replay data against forgetting)."""
+    answer gate (replay data against forgetting). With `config.demonstration`, `demonstrate()` gives each
+    constraint's demonstration (a passing exchange, data_gen/pass_rate.py), kept in the shard folder so a
+    resumed run uses the same ones; a dialogue's teacher prompt opens with those of its constraints."""
     out_dir = Path(out_dir)
     shard_dir = out_dir / f"{name}.shards"
     shard_dir.mkdir(parents=True, exist_ok=True)
     settings = {"config": asdict(config), "teacher": teacher.name, "constraints": [c.name for c in constraints],
                 "user_pool": len(user_pool)}
     _check_settings(shard_dir / "settings.json", settings)
+    demonstrations = _demonstrations(shard_dir / "demonstrations.json", demonstrate) if config.demonstration else {}
     # Families drawn alike: a family with few values (all caps) gets as much GAtt data as the hobbies.
     sampler = ConstraintSampler(constraints, short_prob=config.short_prob, by_family=True) if constraints else None
     num_shards = -(-config.num_dialogues // config.shard_size)
@@ -282,6 +288,8 @@ def synthesize(
             # The shard's sampling depends on neither earlier shards nor, past round 1, the other rounds' samples.
             teacher.seed(config.seed * 100_003 + shard + (config.round - 1) * 1_000_000_007)
             dialogues = [draw_dialogue(i, config, sampler, user_pool) for i in indices]
+            for d in dialogues:
+                d.demonstration = [m for c in d.constraints for m in demonstrations.get(c.name, [])]
             stats: Counter = Counter()
             synthesize_shard(dialogues, teacher, config, user_pool, stats, progress)
             lines = [json.dumps(_shard_entry(d, teacher.name, config), ensure_ascii=False) for d in dialogues]
@@ -296,6 +304,18 @@ def synthesize(
         _merge(out_dir, shard_dir, num_shards, name, processes=state.num_processes)
     state.wait_for_everyone()  # the merged file and summary are written
     return json.loads((out_dir / f"{name}.summary.json").read_text())
+
+
+def _demonstrations(path: Path, demonstrate: Callable[[], dict[str, list[dict[str, str]]]] | None
+                    ) -> dict[str, list[dict[str, str]]]:
+    """The demonstrations kept at `path`, or `demonstrate()`'s, written there first."""
+    if path.exists():
+        return json.loads(path.read_text())
+    if demonstrate is None:
+        raise ValueError("demonstration is on but no demonstrations were given (data_gen gatt --demonstration)")
+    found = demonstrate()
+    _write_atomic(path, json.dumps(found, ensure_ascii=False, indent=2))
+    return found
 
 
 def _shard_path(shard_dir: Path, shard: int) -> Path:

@@ -88,6 +88,7 @@ class DemoConfig:
     teacher_device: str = ""  # "" : cuda if available
     teacher_strict_repeats: bool = False  # GAtt and replay data: no near copy of an earlier reply, topic word changed or not
     teacher_strict_gate: bool = False  # GAtt and replay data judged by the real-model gate (data_gen --strict-gate)
+    teacher_demonstration: bool = False  # the GAtt teacher's prompt opens with a passing exchange (data_gen --demonstration)
     repetition_penalty: float = 1.0  # every reply drawn (teacher, replay, report); 1.0: off
     no_repeat_ngram_size: int = 0  # no n-gram twice in one reply, for every reply drawn; 0: off
     numerics: str = "exact"  # how the teacher, replay and report models generate: exact (fp32), bf16 or int8 (CPU; gatt/numerics.py)
@@ -171,6 +172,7 @@ def stages(config: DemoConfig) -> list[Stage]:
     for r in range(1, config.rounds + 1):
         rounds.append(Stage(f"gatt-data{round_suffix(r)}", [
             *python, "-m", "data_gen", "gatt", *teacher(round_teacher(config, r)),
+            *(["--demonstration"] if config.teacher_demonstration else []),
             "--round", str(r), "--num-dialogues", str(config.gatt_dialogues),
             "--min-turns", str(config.gatt_min_turns), "--max-turns", str(config.gatt_max_turns),
             "--samples-per-turn", str(config.samples_per_turn),

@@ -138,6 +138,8 @@ def test_smollm2_demo_runs_every_stage_on_a_users_own_files(tmp_path, monkeypatc
     assert set(summary["pass_rate_per_family"]) <= {"persona", "tone"}  # held-out values never enter GAtt data
     settings = json.loads((out / "round-1" / "data" / "gatt" / "gatt.shards" / "settings.json").read_text())
     assert settings["config"]["strict_gate"] is True  # teacher_strict_gate reached the teacher's gate
+    assert settings["config"]["demonstration"] is True  # teacher_demonstration: kept for a resumed run
+    assert isinstance(json.loads((out / "round-1" / "data" / "gatt" / "gatt.shards" / "demonstrations.json").read_text()), dict)
     transcripts = (out / "report" / "transcripts.jsonl").read_text()
     assert any(t in transcripts for t in USER_TURNS)  # the report asked the user's messages
     timings = json.loads((out / "timings.json").read_text())

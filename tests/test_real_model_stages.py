@@ -114,6 +114,23 @@ def test_replay_needs_a_model_teacher(tmp_path):
         main(["replay", "--teacher", "oracle", "--num-dialogues", "2", "--out", str(tmp_path)])
 
 
+def test_a_demonstration_opens_the_teachers_prompt_and_stays_out_of_the_records(tmp_path):
+    train, _ = split_user_turns()
+    demo = [{"role": "user", "content": "Tell me about owls. Opening: ok"}, {"role": "assistant", "content": "ok, owls hoot."}]
+    config = SynthesisConfig(num_dialogues=4, min_turns=2, max_turns=3, samples_per_turn=3, shard_size=2, demonstration=True)
+    teacher = HalfTeacher()
+    synthesize(tmp_path, config, teacher, [OK], train, demonstrate=lambda: {"ok": demo})
+    assert teacher.requests and all(r.messages[:2] == demo and len(r.messages) % 2 == 1 for r in teacher.requests)
+    records = [json.loads(line) for line in (tmp_path / "gatt.jsonl").read_text().splitlines()]
+    assert records and all("owls hoot" not in m["content"] for r in records for m in r["messages"])
+    assert json.loads((tmp_path / "gatt.shards" / "demonstrations.json").read_text()) == {"ok": demo}
+    # Resumed: the kept demonstrations are used; nothing is drawn again.
+    (tmp_path / "gatt.shards" / "shard-00001.jsonl").unlink()
+    again = HalfTeacher()
+    synthesize(tmp_path, config, again, [OK], train, demonstrate=None)
+    assert again.requests and all(r.messages[:2] == demo for r in again.requests)
+
+
 def test_gatt_summary_gives_the_teachers_pass_rate_per_family(tmp_path):
     train, _ = split_user_turns()
     config = SynthesisConfig(num_dialogues=6, min_turns=2, max_turns=3, samples_per_turn=3)
