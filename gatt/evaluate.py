@@ -22,7 +22,6 @@ import argparse
 import functools
 import sys
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +109,8 @@ def evaluate(
     for name, path in models.items():
         attention = config.measure_attention or name in split
         # loaded at first use: not at all when every column of this model was read from the cache
-        model_and_tokenizer = functools.cache(partial(load_model, path, attention=attention, device=device, numerics=numerics))
+        model_and_tokenizer = functools.cache(
+            functools.partial(load_model, path, attention=attention, device=device, numerics=numerics))
 
         def key(column: str, column_config: RolloutConfig) -> str:
             return fingerprint(path, column, dialogues, column_config, numerics=numerics, device=device)
