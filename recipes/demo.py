@@ -95,6 +95,7 @@ class DemoConfig:
     replay_dialogues: int = 0  # smollm2: the model's own instruction-free dialogues replayed in the fine-tune
     replay_max_turns: int = 8
     rounds: int = 1  # GAtt rounds: round r+1's teacher is round r's GAtt model, reminded (expert iteration)
+    rounds_continue: bool = False  # round r+1's student continues from round r's model on its own data (default: base on the union)
     gatt_config: str = "recipes/configs/gatt_tiny.yaml"
     gatt_overrides: list[str] = field(default_factory=list)
     eval_turns: int = 30
@@ -180,9 +181,11 @@ def stages(config: DemoConfig) -> list[Stage]:
             *_flag("--constraints", config.constraints), *heldout, "--out", str(gatt_data_dir(out, r))],
             gatt_data_dir(out, r), True))
         union = [str(gatt_data_dir(out, i) / "gatt.jsonl") for i in range(1, r + 1)]
+        start = gatt_dir(out, r - 1) / "final" if config.rounds_continue and r > 1 else base / "final"
+        data_files = union[-1:] if config.rounds_continue else union
         rounds.append(Stage(f"gatt-model{round_suffix(r)}", [
-            *train, "--config", config.gatt_config, f"model={base / 'final'}",
-            f"train_file={union[0] if r == 1 else json.dumps(union)}", f"replay_file={replay_file}",
+            *train, "--config", config.gatt_config, f"model={start}",
+            f"train_file={data_files[0] if len(data_files) == 1 else json.dumps(data_files)}", f"replay_file={replay_file}",
             f"output_dir={gatt_dir(out, r)}", f"seed={config.seed}", *config.gatt_overrides, "--resume"],
             gatt_dir(out, r), True))
 

@@ -11,7 +11,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "recipes"))
 
-from demo import main  # noqa: E402
+from demo import DemoConfig, main, stages  # noqa: E402
 from variety_curve import main as variety_curve  # noqa: E402
 
 
@@ -86,6 +86,16 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     assert list(json.loads((variety / "timings.json").read_text())["stage_seconds"]) == ["gatt-data", "gatt-model", "report"]
     assert yaml.safe_load((variety / "round-1" / "gatt" / "config.yaml").read_text())["model"] == str(out / "base" / "final")
     assert not (variety / "base").exists() and not (variety / "data" / "base").exists()
+
+
+def test_rounds_continue_trains_each_round_from_the_last_model_on_its_own_data():
+    out = Path("runs/x")
+    commands = {stage.name: stage.command for stage in stages(DemoConfig(out=str(out), rounds=3, rounds_continue=True))}
+    for r, previous in ((2, out / "round-1" / "gatt" / "final"), (3, out / "round-2" / "gatt" / "final")):
+        command = commands[f"gatt-model-{r}"]
+        assert f"model={previous}" in command
+        assert f"train_file={out / f'round-{r}' / 'data' / 'gatt' / 'gatt.jsonl'}" in command
+    assert f"model={out / 'base' / 'final'}" in commands["gatt-model"]  # round 1 starts from the base model
 
 
 def test_demo_refuses_an_unknown_key_naming_it():
