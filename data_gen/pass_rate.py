@@ -10,7 +10,6 @@ its probe questions. Half the prompts use the instruction's short form, as synth
 from __future__ import annotations
 
 import random
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
