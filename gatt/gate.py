@@ -302,8 +302,9 @@ class AnswerGate:
 
     def _needs_scoring(self, item: GateItem) -> bool:
         turn = item.turn
-        return (turn.kind == "chat" and (not turn.on_topic or self.config.relevance_both) and self.scorer is not None
-                and bool(item.others) and not is_empty(turn.reply))
+        # With relevance_both, a reply that fails its topic words is off topic already: no contrast to measure.
+        by_contrast = not turn.on_topic or (self.config.relevance_both and passes_all(turn.reply, turn.on_topic))
+        return turn.kind == "chat" and by_contrast and self.scorer is not None and bool(item.others) and not is_empty(turn.reply)
 
     def judge(self, items: Sequence[GateItem]) -> list[Verdict]:
         """One verdict per item; the replies judged by likelihood are scored together, in batches."""

@@ -160,7 +160,8 @@ def test_the_strict_gate_asks_word_salad_that_names_the_topic_for_the_likelihood
     assert GateConfig.strict() == GateConfig(topic_change_exempts=False, relevance_both=True)
     # A reply that fails its topic words is off topic under either gate, without a contrast to measure.
     coffee = GateItem(GateTurn(BEES, "Coffee: it is made from roasted beans.", on_topic=honey), (), OTHERS)
-    assert failed([coffee], AnswerGate(GateConfig.strict(), scorer)) == [("off_topic",)]
+    [verdict] = AnswerGate(GateConfig.strict(), scorer).judge([coffee])
+    assert verdict.failed == ("off_topic",) and verdict.relevance is None
 
 
 @pytest.mark.parametrize("architecture", ["gatt", "llama"])
