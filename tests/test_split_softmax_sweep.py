@@ -7,6 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1] / "recipes"))
 
 import split_softmax_sweep  # noqa: E402
+from gatt.eval.report import NOT_MODELS  # noqa: E402
 from test_eval_rollout import eval_inputs, model, model_dir, run_cli, tokenizer  # noqa: E402,F401  (fixtures)
 
 
@@ -23,7 +24,7 @@ def test_sweep_writes_a_report_per_strength_and_reuses_the_evaluation(model_dir,
         folder = tmp_path / "out" / f"strength-{strength}"
         assert sorted(p.name for p in folder.iterdir()) == sorted(split_softmax_sweep.COMMITTED)
         report = json.loads((folder / "report.json").read_text())
-        assert [k for k in report if k not in ("settings", "followable")] == ["base", "base+repeat", "base+split", "gatt"]
+        assert [k for k in report if k not in NOT_MODELS] == ["base", "base+repeat", "base+split", "gatt"]
         assert report["settings"]["split_softmax"] == {"base": [float(strength)]}
         assert report["base+split"]["per_turn"] == combined[f"base+split@{strength}"]["per_turn"]
         # the sweep keeps the --like report's dialogues: base's scores are the same
