@@ -38,7 +38,6 @@ LABELLED = Path(__file__).parent / "data" / "gate_labelled.jsonl"
 
 
 REASONS = ("empty", "loop", "repeat")  # a reader's `why` naming none of these is off topic (refusal, filler, word salad)
-RELEVANCE_MODES = ("topic_words", "likelihood")
 
 
 def reader_reason(row: dict[str, Any]) -> str:
@@ -50,14 +49,14 @@ def reader_reason(row: dict[str, Any]) -> str:
     return min(named)[1] if named else "off_topic"
 
 
-def _turn(user: str, reply: str, on_topic: list[dict[str, Any]], where: str, relevance: str) -> GateTurn:
-    checks = () if relevance == "likelihood" else tuple(Check.from_dict(c, where) for c in on_topic)
+def _turn(user: str, reply: str, on_topic: list[dict[str, Any]], where: str, likelihood_only: bool) -> GateTurn:
+    checks = () if likelihood_only else tuple(Check.from_dict(c, where) for c in on_topic)
     return GateTurn(user, reply, "chat", checks)
 
 
-def load_items(path: Path, others: int = 3, seed: int = 0, relevance: str = "topic_words"
+def load_items(path: Path, others: int = 3, seed: int = 0, likelihood_only: bool = False
                ) -> tuple[list[dict[str, Any]], list[GateItem]]:
-    """The labelled rows and their gate items; `relevance="likelihood"` drops every on-topic check, so the
+    """The labelled rows and their gate items; `likelihood_only` drops every on-topic check, so the
     likelihood contrast judges every reply (and no near copy is excused by a topic change)."""
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     questions = sorted({row["user"] for row in rows})
@@ -66,8 +65,8 @@ def load_items(path: Path, others: int = 3, seed: int = 0, relevance: str = "top
         where = f"{path.name} {row['id']} on_topic"
         rng = random.Random(f"{seed}-{row['id']}")
         contrast = rng.sample([q for q in questions if q != row["user"]], others)
-        earlier = tuple(_turn(e[0], e[1], e[2] if len(e) > 2 else [], where, relevance) for e in row["earlier"])
-        items.append(GateItem(_turn(row["user"], row["reply"], row.get("on_topic", []), where, relevance), earlier,
+        earlier = tuple(_turn(e[0], e[1], e[2] if len(e) > 2 else [], where, likelihood_only) for e in row["earlier"])
+        items.append(GateItem(_turn(row["user"], row["reply"], row.get("on_topic", []), where, likelihood_only), earlier,
                               tuple(contrast)))
     return rows, items
 
@@ -105,7 +104,7 @@ def main() -> None:
     scorer = RelevanceScorer(model, tokenizer)
     strict = GateConfig.strict()
     rows, items = load_items(args.labelled)
-    _, likelihood_items = load_items(args.labelled, relevance="likelihood")
+    _, likelihood_items = load_items(args.labelled, likelihood_only=True)
     gates = {  # name: (config, the items it judges)
         "strict": (strict, items),
         "default": (GateConfig(), items),
@@ -113,18 +112,19 @@ def main() -> None:
         "topic_words_strict_repeats": (GateConfig(topic_change_exempts=False), items),
     }
     judged = {name: AnswerGate(config, scorer).judge(judge_items) for name, (config, judge_items) in gates.items()}
+    tabled = {name: tables(rows, verdicts) for name, verdicts in judged.items()}
     result: dict[str, Any] = {
         "labelled": args.labelled.name,
         "gate": "GateConfig.strict() (python -m gatt.evaluate --strict-gate): a near copy is a repeat whatever "
                 "its topic word; on-topic checks and the likelihood contrast under SmolLM2-135M-Instruct both",
         "config": asdict(strict),
-        **tables(rows, judged["strict"]),
+        **tabled["strict"],
         "other_gates": {
             "default": "GateConfig(): on-topic checks where a turn has them (near copies with a new topic word "
                        "pass), the likelihood contrast only without them",
             "likelihood_only": "every reply judged by the likelihood contrast, on-topic checks dropped",
             "topic_words_strict_repeats": "on-topic checks alone, near copies with a new topic word are repeats",
-            **{name: tables(rows, verdicts) for name, verdicts in judged.items() if name != "strict"},
+            **{name: table for name, table in tabled.items() if name != "strict"},
         },
         "heuristics_only": agreement(rows, AnswerGate(GateConfig(topic_change_exempts=False)).judge(likelihood_items)),
         "relevance_sum_sweep": {},
@@ -142,8 +142,7 @@ def main() -> None:
     tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     tmp.replace(args.out)
 
-    for name, verdicts in judged.items():
-        table = tables(rows, verdicts)
+    for name, table in tabled.items():
         print(f"{name}: agreement {100 * table['agreement']:.1f}% of {table['n']}; confusion {table['confusion']}")
         for group in ("per_family", "per_language", "per_reason"):
             print("   ", group, {k: (v["agreement"], v["n"]) for k, v in table[group].items()})

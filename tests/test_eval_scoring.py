@@ -253,9 +253,10 @@ def test_paired_difference_is_the_mean_per_dialogue_difference_with_its_interval
     assert paired["1"] == {"difference": 0.0, "n": 4, "ci95": [round(-half1, 6), round(half1, 6)]}
     assert paired["2"] == {"difference": 0.75, "n": 4, "ci95": [round(0.75 - half2, 6), 1.0]}  # clipped
     reminded = [dict(t, model="base+repeat") for t in base]
-    pairs = paired_differences(gatt + base + reminded + [dict(gatt[0], model="base+split")])
+    split = [dict(gatt[0], model="base+split")]
+    pairs = paired_differences({"gatt": gatt, "base": base, "base+repeat": reminded, "base+split": split})
     assert list(pairs) == ["gatt - base", "gatt - base+repeat"] and pairs["gatt - base"] == paired
-    assert paired_differences(gatt + base) == {}  # no reminded baseline, nothing to pair against
+    assert paired_differences({"gatt": gatt, "base": base}) == {}  # no reminded baseline, nothing to pair against
     markdown = _markdown(build_report(gatt + base + reminded, {}))
     assert "## Paired differences" in markdown and "| 2 | +75.0 [+26.0, +100.0] (n=4) |" in markdown
 

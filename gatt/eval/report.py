@@ -31,7 +31,7 @@ def build_report(transcripts: list[Transcript], settings: dict[str, Any]) -> dic
     if clash := sorted(set(by_model) & set(NOT_MODELS)):
         raise ValueError(f"a model may not be named {', '.join(map(repr, clash))}: the report keeps other results there")
     report = {"settings": settings, **{name: score_model(group) for name, group in by_model.items()}}
-    if paired := paired_differences(transcripts):
+    if paired := paired_differences(by_model):
         report["paired"] = paired
     reminded = followable(report, transcripts)
     return report if reminded is None else {**report, "followable": reminded}

@@ -8,7 +8,7 @@ or, with `key="checks_passed"`, from the checks alone.
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from gatt.gate import REASONS
@@ -227,12 +227,10 @@ def paired_difference(a: Sequence[Transcript], b: Sequence[Transcript], strata: 
     return out
 
 
-def paired_differences(transcripts: Sequence[Transcript]) -> dict[str, dict[str, dict[str, Any]]]:
+def paired_differences(by_model: Mapping[str, Sequence[Transcript]]) -> dict[str, dict[str, dict[str, Any]]]:
     """{"A - B": per-turn paired difference on trained values} for every model A against each baseline B: a model
-    given NAME+repeat (NAME) and its NAME+repeat column, where the two share scored dialogues."""
-    by_model: dict[str, list[Transcript]] = {}
-    for t in transcripts:
-        by_model.setdefault(t["model"], []).append(t)
+    given NAME+repeat (NAME) and its NAME+repeat column, where the two share scored dialogues. `by_model`: each
+    model's transcripts (as `build_report` groups them)."""
     reminded = [m for m in by_model if m.endswith(REPEAT_SUFFIX)]
     baselines = [b for m in reminded for b in (m.removesuffix(REPEAT_SUFFIX), m) if b in by_model]
     others = [m for m in by_model if m not in baselines and REPEAT_SUFFIX not in m and SPLIT_SUFFIX not in m]
