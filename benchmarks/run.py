@@ -1,7 +1,7 @@
 """Every benchmark, side by side with what a user would use instead, in one run: one table, one JSON.
 
   python benchmarks/run.py [--quick] [--device cpu|cuda] [--json OUT.json] [--only KEY ...]
-  python benchmarks/run.py --markdown [results/benchmarks.json]   (README's table, from the committed JSON)
+  python benchmarks/run.py --markdown [results/benchmarks.json]   (docs/benchmarks.md's table, from the committed JSON)
 
 Each benchmark compares ours with theirs in one process, on the same machine, model and data: warm-up,
 repeats, the median, the two sides interleaved. A result's `ratio` is ours / theirs speed (higher is
@@ -144,7 +144,7 @@ def print_table(payload: dict[str, Any]) -> None:
 
 
 def markdown(payload: dict[str, Any], gpu: dict[str, Any] | None = None) -> str:
-    """README's table: one row per benchmark, the ratio against its goal; a GPU column where a GPU run exists."""
+    """The benchmarks page's table (docs/benchmarks.md): one row per benchmark, the ratio against its goal; a GPU column where a GPU run exists."""
     m = payload["machine"]
     cpu = f"{m['cores']} CPU cores ({m['cpu']}, {m['fp32_matmul_gflops']} GFLOP/s fp32)"
     header = ["benchmark", "compared", "ours", "theirs", "unit", f"ratio, {cpu}", "goal"]
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="write every result, with the machine, to this file (with --only, merged into an existing one)")
     parser.add_argument("--only", nargs="+", metavar="KEY", help="run only these benchmarks (keys above)")
     parser.add_argument("--markdown", nargs="?", const=COMMITTED, type=Path, metavar="JSON",
-                        help=f"print README's table from a results file (default {COMMITTED}; its _gpu twin adds a column)")
+                        help=f"print the benchmarks page's table from a results file (default {COMMITTED}; its _gpu twin adds a column)")
     args = parser.parse_args(argv)
     with exit_on_bad_input():
         if args.markdown:

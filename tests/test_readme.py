@@ -1,9 +1,13 @@
-"""README's quick-start and smoke commands run exactly as README prints them, in order, on a copy of the checkout.
+"""The commands README.md and the documentation pages show run as printed, in order, on a copy of the checkout.
 
-The blocks tested are the ```bash blocks that follow the line `<!-- tested: tests/test_readme.py -->`
-in README.md; a command edited there is the command run here, so README and code cannot drift apart.
+The blocks tested are the ```bash blocks that follow the line `<!-- tested: tests/test_readme.py -->` in
+README.md and in the pages of docs/ (in the site's order); a command edited there is the command run here,
+so the pages and the code cannot drift apart. README's "with your own model" block, marked
+`<!-- tested with a small model: tests/test_readme.py -->`, runs last, with the small model the training
+page's block made standing in for `path/to/chat-model` and small sizes appended (a later flag or key wins).
 """
 
+import json
 import os
 import re
 import shutil
@@ -11,14 +15,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "<!-- tested: tests/test_readme.py -->"
+SMALL_MODEL_MARK = "<!-- tested with a small model: tests/test_readme.py -->"
+PLACEHOLDER = "path/to/chat-model"
+# Appended to each command of the own-model block: a few dialogues, steps and turns. A toy model trained for
+# 20 steps writes no reply that passes its checks, so the fine-tune takes the oracle's dialogues instead.
+SMALL_SIZES = {
+    "python -m data_gen gatt": " --num-dialogues 2 --max-turns 2 --samples-per-turn 2 --max-new-tokens 16",
+    "accelerate launch recipes/train_gatt.py": " train_file=runs/smoke-data/gatt.jsonl max_steps=2 save_every=0",
+    "python -m gatt.evaluate": " --turns 3 --dialogues 2 --no-instruction-dialogues 0 --max-new-tokens 16",
+}
 
 
-def readme_commands(readme: str) -> list[str]:
-    """The command lines of every marked block, in order: comments dropped, `\\` continuations joined."""
+def block_commands(text: str, mark: str = MARK) -> list[str]:
+    """The command lines of every block after `mark`, in order: comments dropped, `\\` continuations joined."""
     commands = []
-    for block in re.findall(re.escape(MARK) + r"\s*```bash\n(.*?)```", readme, flags=re.S):
+    for block in re.findall(re.escape(mark) + r"\s*```bash\n(.*?)```", text, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
             command = line.split("  #")[0].strip()
             if command and not command.startswith("#"):
@@ -26,21 +41,69 @@ def readme_commands(readme: str) -> list[str]:
     return commands
 
 
-def test_readme_marks_the_quick_start_and_smoke_commands() -> None:
-    commands = readme_commands((ROOT / "README.md").read_text(encoding="utf-8"))
-    assert any(c.startswith("python recipes/demo.py") for c in commands)
-    assert any(c.startswith("accelerate launch recipes/train_gatt.py --config recipes/configs/smoke.yaml") for c in commands)
-    assert readme_commands(f"{MARK}\n```bash\n# a comment\npython a.py \\\n    --x 1  # why\n\nmake b\n```\n") == [
+def nav_pages(nav: list) -> list[str]:
+    """mkdocs.yml's pages in the site's order."""
+    pages = []
+    for entry in nav:
+        value = next(iter(entry.values())) if isinstance(entry, dict) else entry
+        pages.extend(nav_pages(value) if isinstance(value, list) else [value])
+    return pages
+
+
+def commands_to_run() -> list[str]:
+    """README's marked commands, then each documentation page's, then README's own-model block on a small model."""
+    texts = [(ROOT / "README.md").read_text(encoding="utf-8")]
+    texts += [(ROOT / "docs" / page).read_text(encoding="utf-8") for page in nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])]
+    commands = list(dict.fromkeys(c for text in texts for c in block_commands(text)))  # a command shown twice runs once
+    for command in block_commands(texts[0], SMALL_MODEL_MARK):
+        sizes = next(extra for prefix, extra in SMALL_SIZES.items() if command.startswith(prefix))
+        commands.append(command.replace(PLACEHOLDER, "runs/smoke/final") + sizes)
+    return commands
+
+
+def test_block_commands_parse_comments_and_continuations() -> None:
+    assert block_commands(f"{MARK}\n```bash\n# a comment\npython a.py \\\n    --x 1  # why\n\nmake b\n```\n") == [
         "python a.py      --x 1", "make b"]
+    assert block_commands(f"{SMALL_MODEL_MARK}\n```bash\nrun {PLACEHOLDER}\n```\n", SMALL_MODEL_MARK) == [f"run {PLACEHOLDER}"]
 
 
-def test_readme_commands_run_as_printed(tmp_path: Path) -> None:
+def test_the_pages_mark_the_quick_start_training_and_own_model_commands() -> None:
+    commands = commands_to_run()
+    assert any(c.startswith("python recipes/demo.py --config recipes/configs/demo_smoke.yaml") for c in commands)
+    assert any(c.startswith("accelerate launch recipes/train_gatt.py --config recipes/configs/smoke.yaml") for c in commands)
+    own = block_commands((ROOT / "README.md").read_text(encoding="utf-8"), SMALL_MODEL_MARK)
+    starts = [f"python -m data_gen gatt --teacher {PLACEHOLDER} ",
+              f"accelerate launch recipes/train_gatt.py --config recipes/configs/lora_gatt.yaml model={PLACEHOLDER} ",
+              f"python -m gatt.evaluate --model base={PLACEHOLDER} "]
+    assert len(own) == len(starts) and all(" ".join(c.split()).startswith(s) for c, s in zip(own, starts, strict=True)), own
+
+
+def test_commands_run_as_printed(tmp_path: Path) -> None:
     # A fresh checkout's layout: the recipes and their configs; the package comes from this checkout.
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes", ignore=shutil.ignore_patterns("__pycache__"))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    for command in readme_commands((ROOT / "README.md").read_text(encoding="utf-8")):
+    for command in commands_to_run():
         result = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
         assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
     assert (tmp_path / "runs" / "demo-smoke" / "report" / "report.json").stat().st_size > 0
     assert (tmp_path / "runs" / "smoke" / "final" / "config.json").stat().st_size > 0
     assert (tmp_path / "runs" / "smoke-report" / "report.json").stat().st_size > 0
+    # the own-model block: its data step ran on the small model, its fine-tune and its report finished
+    assert json.loads((tmp_path / "runs" / "my" / "data" / "gatt.summary.json").read_text())["dialogues"] == 2
+    assert (tmp_path / "runs" / "my" / "gatt" / "final" / "config.json").stat().st_size > 0
+    report = json.loads((tmp_path / "runs" / "my" / "report" / "report.json").read_text())
+    assert {"base", "base+repeat", "gatt"} <= set(report)
+
+
+def test_readme_result_table_is_the_committed_report() -> None:
+    """README's result table holds the committed main job's adherence per turn, as report.json has it."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- result: results/demo/report.json per_turn -->\n(.*?)<!-- /result -->", readme, re.S)
+    assert block is not None, "README lacks the main job's result table"
+    rows = [line.strip("|").split("|") for line in block.group(1).strip().splitlines()]
+    models = [name.strip() for name in rows[0][1:]]
+    report = json.loads((ROOT / "results" / "demo" / "report.json").read_text())
+    assert models == ["base", "base+repeat", "gatt"]
+    for row in rows[2:]:
+        turn = row[0].strip()
+        assert [cell.strip() for cell in row[1:]] == [f"{100 * report[m]['per_turn'][turn]['adherence']:.1f}%" for m in models]
