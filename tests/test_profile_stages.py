@@ -15,8 +15,8 @@ RAW = (
     f"{DEMO}main (recipes/demo.py:200) 5\n"
     f"{DEMO}{EVAL}main (gatt/evaluate.py:9);ChatBatch._decode (gatt/generation.py:290);forward (torch/nn/modules/linear.py:1) 30\n"
     f"{DEMO}{EVAL}main (gatt/evaluate.py:9);ChatBatch._decode (gatt/generation.py:290);marked_shares (gatt/generation.py:310) 4\n"
-    f"{DEMO}{EVAL}ChatBatch._decode (gatt/generation.py:290);forward (gatt/attention.py:580);"
-    f"_explicit_attention (gatt/attention.py:270) 6\n"
+    f"{DEMO}{EVAL}ChatBatch._decode (gatt/generation.py:290);forward (gatt/attention/module.py:158);"
+    f"_explicit_attention (gatt/attention/core.py:113) 6\n"
     f"{DEMO}{EVAL}judge (gatt/eval/judge.py:1);RelevanceScorer._score (gatt/gate.py:172);forward (x.py:1) 8\n"
     f"{DEMO}{EVAL}<module> (gatt/evaluate.py:1);_find_and_load (<frozen importlib._bootstrap>:1176) 2\n"
 )
