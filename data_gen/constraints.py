@@ -5,6 +5,9 @@ Every constraint has a full instruction and a shortened form ("Always answer in 
 family are split into train and held-out sets with a fixed seed: held-out values (and whole held-out
 families) never appear in GAtt data, only in the base SFT corpus as local instructions, so the
 evaluation can measure whether GAtt's persistence transfers.
+
+The families' values (hobbies, languages, figures, sign-off words) are data, in data_gen/data/catalogue.yaml
+(read by `data_gen.builtin_data`); this module builds the constraints from them.
 """
 
 from __future__ import annotations
@@ -13,48 +16,20 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from data_gen import builtin_data
 from gatt.checks import Check, Constraint, Probe
 
 FAMILIES = ("hobby", "language", "figure", "caps", "signoff", "brevity")
 
-HOBBIES = (
-    "tennis", "golf", "yoga", "football", "jazz", "karate", "judo", "hockey", "rugby", "volleyball", "basketball",
-    "baseball", "poker", "origami", "sudoku", "badminton", "bowling", "cricket", "salsa", "tango", "pilates", "surfing",
-)
+# The families' values (data_gen/data/catalogue.yaml), in file order: catalogue() keeps it.
+HOBBIES: tuple[str, ...] = builtin_data.hobbies()
 # English name -> (ISO 639-1 code, the language's own name).
-LANGUAGES = {
-    "French": ("fr", "français"),
-    "Spanish": ("es", "español"),
-    "German": ("de", "Deutsch"),
-    "Italian": ("it", "italiano"),
-    "Portuguese": ("pt", "português"),
-    "Dutch": ("nl", "Nederlands"),
-}
+LANGUAGES: dict[str, tuple[str, str]] = builtin_data.languages()
 # Full name -> the names a reply may use for them.
-FIGURES = {
-    "Napoleon": ("Napoleon", "Napoléon"),
-    "Albert Einstein": ("Einstein",),
-    "Marie Curie": ("Marie Curie",),
-    "William Shakespeare": ("Shakespeare",),
-    "Ada Lovelace": ("Ada Lovelace",),
-    "Nikola Tesla": ("Tesla",),
-    "Frida Kahlo": ("Frida Kahlo",),
-    "Wolfgang Amadeus Mozart": ("Mozart",),
-    "Charles Darwin": ("Darwin",),
-    "Isaac Newton": ("Newton",),
-    "Ludwig van Beethoven": ("Beethoven",),
-    "Pablo Picasso": ("Picasso",),
-    "Mahatma Gandhi": ("Gandhi",),
-    "Abraham Lincoln": ("Lincoln",),
-    "Leonardo da Vinci": ("Leonardo",),
-    "Cleopatra": ("Cleopatra",),
-}
+FIGURES: dict[str, tuple[str, ...]] = builtin_data.figures()
 # Sign-offs drawn procedurally (an adjective and a noun: "Warm wishes!"), 120 of them: GAtt data that shows
 # many sign-offs teaches "end with the one the system message names", not a list to recall.
-SIGN_OFF_WORDS = (
-    ("Warm", "Kind", "Happy", "Best", "Bright", "Safe", "Sunny", "Gentle", "Calm", "Bold", "Sweet", "Good"),
-    ("wishes", "regards", "travels", "days", "dreams", "thoughts", "vibes", "adventures", "greetings", "journeys"),
-)
+SIGN_OFF_WORDS: tuple[tuple[str, ...], tuple[str, ...]] = builtin_data.sign_off_words()
 SIGN_OFFS = tuple(f"{adjective} {noun}!" for adjective in SIGN_OFF_WORDS[0] for noun in SIGN_OFF_WORDS[1])
 
 # Pairs that cannot hold together: one sentence leaves no room for a persona line or a sign-off,

@@ -8,6 +8,9 @@ The base corpus is built the way ordinary chat SFT data is, so a model trained o
 failure GAtt fixes: instructions attached to one user message govern only that reply; instructions
 in the system message appear only in short (1-2 turn) dialogues; plain dialogues and probes with and
 without a constraint in view teach the default answers.
+
+The responder's sentences in each language and the hobbies' emoji are data, in data_gen/data/toy_world.yaml
+(read by `data_gen.builtin_data`).
 """
 
 from __future__ import annotations
@@ -18,80 +21,24 @@ import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from data_gen import builtin_data
 from data_gen.constraints import LANGUAGES, ConstraintSampler, instruction_text
 from data_gen.user_turns import TOPICS, UserTurn
 from gatt.checks import Constraint
 # How both the base corpus and GAtt synthesis attach an instruction to a user message (the eval's upper bound too).
 from gatt.collator import append_instruction as with_instruction
 
-# Two sentences about a topic, per language. {T} is the topic's noun phrase as a label ("Volcanoes: ..."),
-# so no verb, article or case has to agree with it (topics are singular, plural or mass nouns). The label
-# is the user's own English words in every language: the toy world does not translate it. A ~1M model
-# copies a topic from the question; it did not learn 56 topics x 6 translations (its French replies named
-# 1 topic in 16), and no translation exists for a topic it has never seen.
-TOPIC_REPLIES = {
-    "en": ("{T}: a fascinating subject. There is always something new to learn.",
-           "{T}: a topic worth talking about. Many people find this subject interesting.",
-           "{T}: a subject with a long and rich history. I could talk about this for hours."),
-    "fr": ("{T} : un sujet fascinant. Il y a toujours quelque chose de nouveau à apprendre.",
-           "{T} : un thème qui mérite qu'on en parle. Beaucoup de gens trouvent ce sujet intéressant.",
-           "{T} : un sujet avec une longue et riche histoire. Je pourrais en parler pendant des heures."),
-    "es": ("{T}: un tema fascinante. Siempre hay algo nuevo que aprender.",
-           "{T}: un tema que merece una buena conversación. Mucha gente encuentra este tema interesante.",
-           "{T}: un tema con una historia larga y rica. Podría hablar de esto durante horas."),
-    "de": ("{T}: ein faszinierendes Thema. Es gibt immer etwas Neues zu lernen.",
-           "{T}: ein Thema, über das es sich zu sprechen lohnt. Viele Menschen finden dieses Thema spannend.",
-           "{T}: ein Thema mit einer langen und reichen Geschichte. Ich könnte stundenlang darüber reden."),
-    "it": ("{T}: un argomento affascinante. C'è sempre qualcosa di nuovo da imparare.",
-           "{T}: un argomento di cui vale la pena parlare. Molte persone trovano questo tema interessante.",
-           "{T}: un argomento con una storia lunga e ricca. Potrei parlarne per ore."),
-    "pt": ("{T}: um tema fascinante. Há sempre alguma coisa nova para aprender.",
-           "{T}: um tema que merece uma boa conversa. Muitas pessoas acham este tema interessante.",
-           "{T}: um tema com uma história longa e rica. Eu poderia falar sobre isto durante horas."),
-    "nl": ("{T}: een boeiend onderwerp. Er valt altijd iets nieuws te leren.",
-           "{T}: een onderwerp dat het bespreken waard is. Veel mensen vinden dit onderwerp interessant.",
-           "{T}: een onderwerp met een lange en rijke geschiedenis. Ik zou er uren over kunnen praten."),
-}
-# For messages outside the toy world (a user's own dialogues).
-GENERIC_REPLY = {
-    "en": "That is a good question. Let me think about it carefully.",
-    "fr": "C'est une bonne question. Laissez-moi y réfléchir attentivement.",
-    "es": "Es una buena pregunta. Déjame pensarlo con calma.",
-    "de": "Das ist eine gute Frage. Lass mich sorgfältig darüber nachdenken.",
-    "it": "È una bella domanda. Lasciami pensare con attenzione.",
-    "pt": "É uma boa pergunta. Deixa-me pensar nisso com calma.",
-    "nl": "Dat is een goede vraag. Laat me er rustig over nadenken.",
-}
-FIGURE_LINE = {"en": "I am {}.", "fr": "Je suis {}.", "es": "Soy {}.", "de": "Ich bin {}.", "it": "Sono {}.",
-               "pt": "Eu sou {}.", "nl": "Ik ben {}."}
-HOBBY_LINE = {"en": "My favorite hobby is {}.", "fr": "Mon loisir préféré : {}.", "es": "Mi pasatiempo favorito: {}.",
-              "de": "Mein liebstes Hobby ist {}.", "it": "Il mio hobby preferito: {}.",
-              "pt": "O meu passatempo favorito: {}.", "nl": "Mijn favoriete hobby is {}."}
-# Each hobby's own emoji after its name. Without a token that depends on which hobby it is, nothing in the
-# corpus tells the 22 interchangeable hobby names apart: a small model's tied embeddings of them collapse
-# to one direction and it cannot copy the hobby from the instruction into its reply.
-HOBBY_EMOJI = {
-    "tennis": "🎾", "golf": "⛳", "yoga": "🧘", "football": "⚽", "jazz": "🎷", "karate": "🥋", "judo": "🤼",
-    "hockey": "🏒", "rugby": "🏉", "volleyball": "🏐", "basketball": "🏀", "baseball": "⚾", "poker": "🃏",
-    "origami": "🦢", "sudoku": "🔢", "badminton": "🏸", "bowling": "🎳", "cricket": "🏏", "salsa": "💃",
-    "tango": "🕺", "pilates": "🤸", "surfing": "🏄",
-}
-SPEAK_LINE = {"en": "I speak English.", "fr": "Je parle français.", "es": "Hablo español.", "de": "Ich spreche Deutsch.",
-              "it": "Parlo italiano.", "pt": "Eu falo português.", "nl": "Ik spreek Nederlands."}
-ASSISTANT_LINE = {"en": "I am a helpful assistant.", "fr": "Je suis un assistant serviable.", "es": "Soy un asistente útil.",
-                  "de": "Ich bin ein hilfreicher Assistent.", "it": "Sono un assistente disponibile.",
-                  "pt": "Eu sou um assistente prestável.", "nl": "Ik ben een behulpzame assistent."}
-NO_HOBBY_LINE = {"en": "I am an assistant, so I have no favorite hobby.", "fr": "Je suis un assistant, je n'ai donc pas de loisir préféré.",
-                 "es": "Soy un asistente, así que no tengo un pasatiempo favorito.",
-                 "de": "Ich bin ein Assistent, also habe ich kein liebstes Hobby.",
-                 "it": "Sono un assistente, quindi non ho un hobby preferito.",
-                 "pt": "Sou um assistente, por isso não tenho um passatempo favorito.",
-                 "nl": "Ik ben een assistent, dus ik heb geen favoriete hobby."}
-# A second sentence after short probe answers, so every reply is long enough to show its language.
-HELP_LINE = {"en": "I am happy to help you with anything.", "fr": "Je suis heureux de vous aider avec plaisir.",
-             "es": "Estoy encantado de ayudarte con lo que necesites.", "de": "Ich helfe dir gerne bei allem weiter.",
-             "it": "Sono felice di aiutarti con qualsiasi cosa.", "pt": "Estou feliz por te ajudar com o que precisares.",
-             "nl": "Ik help je graag met alles wat je nodig hebt."}
+# The responder's sentences per language and the hobbies' emoji (data_gen/data/toy_world.yaml, whose
+# comments say why they read as they do). TOPIC_REPLIES' {T} is the topic's English noun phrase as a label.
+TOPIC_REPLIES: dict[str, tuple[str, ...]] = builtin_data.topic_replies()
+GENERIC_REPLY: dict[str, str] = builtin_data.toy_line("generic_reply")  # for messages outside the toy world
+FIGURE_LINE: dict[str, str] = builtin_data.toy_line("figure_line")
+HOBBY_LINE: dict[str, str] = builtin_data.toy_line("hobby_line")
+HOBBY_EMOJI: dict[str, str] = builtin_data.hobby_emoji()  # tells the small model's hobby names apart
+SPEAK_LINE: dict[str, str] = builtin_data.toy_line("speak_line")
+ASSISTANT_LINE: dict[str, str] = builtin_data.toy_line("assistant_line")
+NO_HOBBY_LINE: dict[str, str] = builtin_data.toy_line("no_hobby_line")
+HELP_LINE: dict[str, str] = builtin_data.toy_line("help_line")  # after short probe answers, to show the language
 
 
 def _capitalize(text: str) -> str:

@@ -1,0 +1,133 @@
+"""data_gen.builtin_data: the YAML files in data_gen/data/ load into the types and order the modules use, ship
+as package data, and a missing or misshapen file fails naming the file and the key.
+
+(Per-topic language and keyword coverage: tests/test_user_turns.py; the shipped eval set, byte-identical to
+a fresh export of this data: tests/test_eval_inputs.py::test_shipped_eval_set_matches_the_export.)
+"""
+
+import fnmatch
+import re
+import shutil
+import tomllib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from data_gen import builtin_data, constraints, toy_world, user_turns
+from data_gen.builtin_data import DataFileError, read_data_file
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "data_gen" / "data"
+TOY_LINES = ("GENERIC_REPLY", "FIGURE_LINE", "HOBBY_LINE", "SPEAK_LINE", "ASSISTANT_LINE", "NO_HOBBY_LINE", "HELP_LINE")
+
+
+def _is_texts(value: object) -> bool:
+    return isinstance(value, tuple) and bool(value) and all(isinstance(item, str) and item for item in value)
+
+
+def test_user_turn_data_types() -> None:
+    assert user_turns.LANGUAGE_CODES == ("en", "fr", "es", "de", "it", "pt", "nl")
+    assert list(user_turns.TOPICS)[:3] == ["ocean", "music", "coffee"]  # file order, which the split follows
+    assert list(user_turns.TOPIC_KEYWORDS) == list(user_turns.TOPICS)
+    assert all(_is_texts(words) for table in user_turns.TOPIC_KEYWORDS.values() for words in table.values())
+    assert _is_texts(user_turns.PHRASINGS) and all("{topic}" in p for p in user_turns.PHRASINGS)
+
+
+def test_catalogue_data_types() -> None:
+    assert _is_texts(constraints.HOBBIES) and len(set(constraints.HOBBIES)) == len(constraints.HOBBIES) == 22
+    assert constraints.LANGUAGES["French"] == ("fr", "français")
+    # The responder answers in the catalogue's languages and English: all of them are toy-world languages.
+    assert {code for code, _ in constraints.LANGUAGES.values()} | {"en"} <= set(user_turns.LANGUAGE_CODES)
+    assert all(isinstance(entry, tuple) and len(entry) == 2 for entry in constraints.LANGUAGES.values())
+    assert constraints.FIGURES["Napoleon"] == ("Napoleon", "Napoléon")
+    assert all(_is_texts(names) for names in constraints.FIGURES.values())
+    adjectives, nouns = constraints.SIGN_OFF_WORDS
+    assert _is_texts(adjectives) and _is_texts(nouns) and len(constraints.SIGN_OFFS) == 120
+
+
+def test_toy_world_data_types() -> None:
+    assert tuple(toy_world.TOPIC_REPLIES) == user_turns.LANGUAGE_CODES
+    assert all(_is_texts(t) and all("{T}" in x for x in t) for t in toy_world.TOPIC_REPLIES.values())
+    for name in TOY_LINES:
+        table = getattr(toy_world, name)
+        assert tuple(table) == user_turns.LANGUAGE_CODES, name
+        assert all(isinstance(line, str) and line for line in table.values()), name
+    assert list(toy_world.HOBBY_EMOJI) == list(constraints.HOBBIES)  # every hobby told apart by its emoji
+
+
+def test_readers_return_fresh_objects() -> None:
+    # The module constants are mutable dicts: a caller's change must not leak into a later read.
+    topics = builtin_data.topics()
+    topics["ocean"]["en"] = "changed"
+    assert builtin_data.topics()["ocean"]["en"] == "the ocean" == user_turns.TOPICS["ocean"]["en"]
+
+
+def test_data_files_are_package_data() -> None:
+    assert sorted(p.name for p in DATA.iterdir()) == sorted(builtin_data.SECTIONS)
+    # A non-editable install ships only what package-data lists.
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["data_gen"]
+    for name in builtin_data.SECTIONS:
+        assert any(fnmatch.fnmatch(f"data/{name}", g) for g in globs), name
+
+
+# --- a missing or misshapen file: an error naming the file and the key ---------------------------
+
+
+@pytest.fixture
+def data_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A copy of data_gen/data/ that the readers use instead, for the test to break."""
+    copy = tmp_path / "data"
+    shutil.copytree(DATA, copy)
+    monkeypatch.setattr(builtin_data, "DATA_DIR", copy)
+    builtin_data._file.cache_clear()
+    builtin_data.language_codes.cache_clear()
+    yield copy
+    builtin_data._file.cache_clear()  # the next read, after monkeypatch's undo, is of the real files
+    builtin_data.language_codes.cache_clear()
+
+
+BROKEN: list[tuple[str, str, str, Callable[[], object], str]] = [
+    ("topics.yaml", "    nl: koffie\n", "", builtin_data.topics,
+     "topics.yaml: topics.coffee: expected the keys en, fr, es, de, it, pt, nl in this order, got en, fr, es, de, it, pt"),
+    ("topics.yaml", "    fr: le café\n", "    fr: no\n", builtin_data.topics,
+     "topics.yaml: topics.coffee.fr: expected a non-empty string, got False"),
+    ("topics.yaml", "  coffee:\n", "  music:\n", builtin_data.topics, "topics.yaml: not valid YAML: .*duplicate key 'music'"),
+    ("topic_keywords.yaml", "    de: [Kaffee, Kaffees]\n", "    de: Kaffee\n", builtin_data.topic_keywords,
+     "topic_keywords.yaml: keywords.coffee.de: expected a non-empty list of strings, got 'Kaffee'"),
+    ("topic_keywords.yaml", "  coffee:\n", "  kaffee:\n", builtin_data.topic_keywords,
+     "topic_keywords.yaml: keywords: expected the keys ocean, music, coffee, "),
+    ("phrasings.yaml", "- Tell me about {topic}.\n", "- 42\n", builtin_data.phrasings,
+     r"phrasings.yaml: phrasings\[0\]: expected a non-empty string, got 42"),
+    ("catalogue.yaml", "French: {code: fr,", "French: {code: xx,", builtin_data.languages,
+     "catalogue.yaml: languages.French.code: 'xx' is none of topics.yaml's languages"),
+    ("catalogue.yaml", "hobbies:\n", "hobbys:\n", builtin_data.hobbies,
+     "catalogue.yaml: expected the keys hobbies, languages, figures, sign_off_words in this order, got hobbys, "),
+    ("toy_world.yaml", "\nhobby_line:\n", "\nhobby_line:\n  xx: {}\n", lambda: builtin_data.toy_line("hobby_line"),
+     "toy_world.yaml: hobby_line: expected the keys en, .* got xx, en, "),
+    ("toy_world.yaml", "hobby_emoji:\n", "hobby_emoji: [\n", builtin_data.hobby_emoji, "toy_world.yaml: not valid YAML"),
+]
+
+
+@pytest.mark.parametrize(("name", "old", "new", "read", "message"), BROKEN, ids=[f"{b[0]}:{b[4][:40]}" for b in BROKEN])
+def test_a_broken_file_names_the_file_and_key(
+    data_copy: Path, name: str, old: str, new: str, read: Callable[[], object], message: str
+) -> None:
+    path = data_copy / name
+    text = path.read_text(encoding="utf-8")
+    assert text.count(old) == 1, old
+    path.write_text(text.replace(old, new), encoding="utf-8")
+    with pytest.raises(DataFileError, match=re.escape(str(data_copy)) + "/" + message):
+        read()
+
+
+def test_a_missing_file_is_named(data_copy: Path) -> None:
+    (data_copy / "phrasings.yaml").unlink()
+    with pytest.raises(DataFileError, match=re.escape(str(data_copy / "phrasings.yaml")) + ": built-in data file not found"):
+        builtin_data.phrasings()
+
+
+def test_an_empty_file_is_not_a_mapping(tmp_path: Path) -> None:
+    (tmp_path / "empty.yaml").write_text("# nothing\n")
+    with pytest.raises(DataFileError, match="empty.yaml: expected a non-empty mapping, got None"):
+        read_data_file(tmp_path / "empty.yaml", ("a",))
