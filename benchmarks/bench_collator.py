@@ -91,7 +91,7 @@ def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
         return round_
 
     warm = records[:1]  # a warm-up round on one record per layout: kernels and allocator, not the timed work
-    for name, (mode, packing) in LAYOUTS.items():
+    for mode, packing in LAYOUTS.values():
         one_pass(warm, GAttCollator(tokenizer, mode=mode, max_length=2048, packing=packing), model, initial, batch)
     seconds = interleaved({name: side(name) for name in LAYOUTS}, repeats=repeats, warmup=0)
     tokens = {c["supervised_tokens"] for c in counts.values()}

@@ -19,6 +19,7 @@ same report.json as one process.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import functools
 import sys
 from dataclasses import replace
@@ -112,12 +113,12 @@ def evaluate(
         model_and_tokenizer = functools.cache(
             functools.partial(load_model, path, attention=attention, device=device, numerics=numerics))
 
-        def key(column: str, column_config: RolloutConfig) -> str:
+        def key(column: str, column_config: RolloutConfig, path: str = path) -> str:
             return fingerprint(path, column, dialogues, column_config, numerics=numerics, device=device)
 
-        def own_rollout() -> list[dict[str, Any]]:
+        def own_rollout(name: str = name, loaded: Callable[[], tuple] = model_and_tokenizer) -> list[dict[str, Any]]:
             say(f"[eval] {name}: {len(dialogues)} dialogues x {max(len(d.turns) for d in dialogues)} turns")
-            return [{"model": name, **t} for t in distributed_rollout(*model_and_tokenizer(), dialogues, config, state)]
+            return [{"model": name, **t} for t in distributed_rollout(*loaded(), dialogues, config, state)]
 
         own = cache.column(name, key(name, config), own_rollout)
         transcripts += own
@@ -125,8 +126,9 @@ def evaluate(
         variants += [(split_column(name, strength, split[name]), replace(config, split_softmax=strength))
                      for strength in split.get(name, [])]
         for column, column_config in variants:
-            transcripts += cache.column(column, key(column, column_config),  # called here: no late binding
-                                        lambda: variant(column, *model_and_tokenizer(), own, dialogues, column_config))
+            transcripts += cache.column(column, key(column, column_config),
+                                        lambda c=column, cc=column_config, loaded=model_and_tokenizer, own=own:
+                                        variant(c, *loaded(), own, dialogues, cc))
         model_and_tokenizer.cache_clear()
     return transcripts
 

@@ -369,7 +369,7 @@ def test_model_teacher_keeps_each_dialogues_cache_and_matches_reencoding(tmp_pat
                                     key=str(d) if keyed else None) for d, h in histories.items()]
             candidates = teacher.sample(requests, 2)
             out.append(candidates)
-            for (d, h), request, c in zip(histories.items(), requests, candidates):
+            for (d, _), request, c in zip(histories.items(), requests, candidates):
                 histories[d] = [*request.messages, {"role": "assistant", "content": c[t % 2]}]  # keep candidate t % 2
             if t == 1:
                 histories.pop(1)  # a dialogue ends: its rows leave the cache

@@ -129,7 +129,7 @@ def test_attention_share_equals_a_direct_computation_from_the_weights(model, tok
     dialogue = plan[0]
     [measured] = rollout(model, tokenizer, [dialogue], config, progress=False)
     history: list[dict[str, str]] = []
-    for t, turn in enumerate(measured["turns"][:3]):
+    for turn in measured["turns"][:3]:
         prompt, span = render(tokenizer, dialogue, [*history, {"role": "user", "content": turn["user"]}], config)
         assert tokenizer.decode(prompt[span[0] : span[-1] + 1]).strip() == dialogue.instruction
         generated = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=10,
