@@ -28,11 +28,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from bench_common import comparison, interleaved, main, median
 from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from bench_common import comparison, interleaved, main, median
 from gatt.attention import masked_attention
 
 Attention = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -43,7 +43,9 @@ LENGTH = 2048
 
 def eager(length: int, device: str) -> Attention:
     """Hugging Face eager attention with the additive causal mask its models build (made once, outside timing)."""
-    mask = torch.full((length, length), torch.finfo(torch.float32).min, device=device).triu(1)[None, None]  # (1, 1, T, T)
+    mask = torch.full((length, length), torch.finfo(torch.float32).min, device=device).triu(1)[
+        None, None
+    ]  # (1, 1, T, T)
     module = SimpleNamespace(num_key_value_groups=1, training=True)
     return lambda q, k, v: eager_attention_forward(module, q, k, v, mask, scaling=q.shape[-1] ** -0.5)[0]
 
@@ -82,6 +84,7 @@ def timed(fn: Attention, qkv: list[Tensor], grad: Tensor) -> Callable[[], float]
         if qkv[0].is_cuda:
             torch.cuda.synchronize()
         return time.perf_counter() - start
+
     return round_
 
 
@@ -115,17 +118,30 @@ def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
     repeats = 5 if quick else 11
     seconds = interleaved({name: timed(sides[name], qkv, grad) for name in ("fast", "sdpa")}, repeats=repeats)
     fast_ms, sdpa_ms = 1e3 * median(seconds["fast"]), 1e3 * median(seconds["sdpa"])
-    speed = comparison(1e3 / fast_ms, 1e3 / sdpa_ms, unit="passes/s", goal=0.95,
-                       settings={**settings, "repeats": repeats}, ms={"ours": fast_ms, "theirs": sdpa_ms})
+    speed = comparison(
+        1e3 / fast_ms,
+        1e3 / sdpa_ms,
+        unit="passes/s",
+        goal=0.95,
+        settings={**settings, "repeats": repeats},
+        ms={"ours": fast_ms, "theirs": sdpa_ms},
+    )
 
     peaks: dict[int, dict[str, float]] = {}
-    for length in ([LENGTH] if quick else [512, 1024, LENGTH]):
+    for length in [LENGTH] if quick else [512, 1024, LENGTH]:
         qkv, grad = make_inputs(length, device)
         sides = candidates(length, device)
         peaks[length] = {name: peak_bytes(fn, qkv, grad) / MIB for name, fn in sides.items()}
     at = peaks[LENGTH]
-    memory = comparison(at["fast"], at["eager"], unit="peak MiB", goal=4.0, higher_is_better=False, settings=settings,
-                        peak_mib_by_length={str(t): {k: round(v, 1) for k, v in p.items()} for t, p in peaks.items()})
+    memory = comparison(
+        at["fast"],
+        at["eager"],
+        unit="peak MiB",
+        goal=4.0,
+        higher_is_better=False,
+        settings=settings,
+        peak_mib_by_length={str(t): {k: round(v, 1) for k, v in p.items()} for t, p in peaks.items()},
+    )
     return {"attention_vs_sdpa": speed, "attention_memory_vs_eager": memory}
 
 

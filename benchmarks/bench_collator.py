@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from bench_common import comparison, interleaved, main, median
+
 from data_gen.constraints import catalogue
 from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.teacher import OracleTeacher
@@ -41,12 +41,16 @@ def make_records(dialogues: int, min_turns: int, max_turns: int, out: Path) -> l
     """Oracle GAtt dialogues of min_turns to max_turns turns."""
     shutil.rmtree(out, ignore_errors=True)  # synthesis resumes into a folder: start clean
     constraints = [c for c in catalogue() if c.split == "train"]
-    config = SynthesisConfig(num_dialogues=dialogues, min_turns=min_turns, max_turns=max_turns, samples_per_turn=1, probe_prob=0.0)
+    config = SynthesisConfig(
+        num_dialogues=dialogues, min_turns=min_turns, max_turns=max_turns, samples_per_turn=1, probe_prob=0.0
+    )
     synthesize(out, config, OracleTeacher(constraints), constraints, split_user_turns()[0])
     return [json.loads(line) for line in (out / "gatt.jsonl").read_text().splitlines()]
 
 
-def one_pass(records: list[dict], collator: GAttCollator, model: GattForCausalLM, initial: dict, batch: int) -> dict[str, int]:
+def one_pass(
+    records: list[dict], collator: GAttCollator, model: GattForCausalLM, initial: dict, batch: int
+) -> dict[str, int]:
     """Train one pass over the records from `initial` weights; returns the supervised tokens and token slots."""
     model.load_state_dict(initial)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -74,9 +78,17 @@ def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
     records = make_records(dialogues, turns, turns, WORK)
     texts = [m["content"] for r in records for m in r["messages"]] + [r["instruction"] for r in records]
     tokenizer = train_tokenizer(texts, vocab_size=2048, model_max_length=2048)
-    config = GattConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id)
+    config = GattConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     model = GattForCausalLM(config).to(device).train()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
@@ -88,6 +100,7 @@ def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
 
         def round_() -> None:
             counts[name] = one_pass(records, collator, model, initial, batch)
+
         return round_
 
     warm = records[:1]  # a warm-up round on one record per layout: kernels and allocator, not the timed work
@@ -98,14 +111,27 @@ def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
     assert len(tokens) == 1, f"layouts must train on the same supervised tokens, got {counts}"
     supervised = tokens.pop()
     rate = {name: supervised / median(seconds[name]) for name in LAYOUTS}
-    settings = {"dialogues": dialogues, "turns": turns, "rows_per_step": batch, "repeats": repeats,
-                "supervised_tokens": supervised, "model": "embedded size (hidden 128, 4 layers), random init",
-                "device": device}
-    result = comparison(rate["all+pack"], rate["expand+pad"], unit="supervised tokens/s", goal=5.0, settings=settings,
-                        seconds={name: median(seconds[name]) for name in LAYOUTS},
-                        all_pad_tokens_per_s=rate["all+pad"],
-                        supervised_share_of_slots={name: counts[name]["supervised_tokens"] / counts[name]["token_slots"]
-                                          for name in LAYOUTS})
+    settings = {
+        "dialogues": dialogues,
+        "turns": turns,
+        "rows_per_step": batch,
+        "repeats": repeats,
+        "supervised_tokens": supervised,
+        "model": "embedded size (hidden 128, 4 layers), random init",
+        "device": device,
+    }
+    result = comparison(
+        rate["all+pack"],
+        rate["expand+pad"],
+        unit="supervised tokens/s",
+        goal=5.0,
+        settings=settings,
+        seconds={name: median(seconds[name]) for name in LAYOUTS},
+        all_pad_tokens_per_s=rate["all+pad"],
+        supervised_share_of_slots={
+            name: counts[name]["supervised_tokens"] / counts[name]["token_slots"] for name in LAYOUTS
+        },
+    )
     return {"one_pass_vs_expand": result}
 
 

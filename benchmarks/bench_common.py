@@ -40,13 +40,30 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def comparison(ours: float, theirs: float, *, unit: str, goal: float, settings: dict[str, Any],
-               higher_is_better: bool = True, **extra: Any) -> dict[str, Any]:
+def comparison(
+    ours: float,
+    theirs: float,
+    *,
+    unit: str,
+    goal: float,
+    settings: dict[str, Any],
+    higher_is_better: bool = True,
+    **extra: Any,
+) -> dict[str, Any]:
     """One benchmark's result. `ours`/`theirs` are raw figures in `unit`; the ratio is ours' speed over theirs
     (for a figure where lower is better, such as seconds or bytes, theirs / ours)."""
     ratio = ours / theirs if higher_is_better else theirs / ours
-    return {"ratio": round(ratio, 4), "ours": ours, "theirs": theirs, "unit": unit,
-            "higher_is_better": higher_is_better, "goal": goal, "met": ratio >= goal, "settings": settings, **extra}
+    return {
+        "ratio": round(ratio, 4),
+        "ours": ours,
+        "theirs": theirs,
+        "unit": unit,
+        "higher_is_better": higher_is_better,
+        "goal": goal,
+        "met": ratio >= goal,
+        "settings": settings,
+        **extra,
+    }
 
 
 def main(run: Callable[[bool, str], dict[str, dict[str, Any]]], doc: str) -> None:

@@ -34,8 +34,8 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-
 from bench_common import comparison, interleaved, main, median
+
 from data_gen.constraints import catalogue
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import split_user_turns
@@ -56,9 +56,17 @@ def build_model(device: str) -> tuple[GattForCausalLM, Any]:
     corpus = base_corpus(2000, seed=0, catalogue=catalogue(), user_pool=split_user_turns()[0])
     tokenizer = train_tokenizer((m["content"] for r in corpus for m in r["messages"]), vocab_size=2048)
     config = GattConfig(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=4096, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True,
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
     )
     torch.manual_seed(0)
     return GattForCausalLM(config).to(device).eval(), tokenizer
@@ -88,14 +96,18 @@ def check_identical(ours: Sequence[dict], theirs: Sequence[dict]) -> float:
     """The share of identical replies, which must be all of them (AssertionError naming the first difference)."""
     difference = first_difference(ours, theirs)
     if difference is not None:
-        raise AssertionError(f"greedy replies differ ({100 * identical_share(ours, theirs):.1f}% identical); first: {difference}")
+        raise AssertionError(
+            f"greedy replies differ ({100 * identical_share(ours, theirs):.1f}% identical); first: {difference}"
+        )
     return identical_share(ours, theirs)
 
 
 def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
     size = QUICK if quick else FULL
     model, tokenizer = build_model(device)
-    plan = plan_dialogues(load_eval_constraints(), load_eval_turns(), dialogues=size["dialogues"], turns=size["turns"], seed=0)
+    plan = plan_dialogues(
+        load_eval_constraints(), load_eval_turns(), dialogues=size["dialogues"], turns=size["turns"], seed=0
+    )
     batch = size["batch_size"]
     batches = [plan[i : i + batch] for i in range(0, len(plan), batch)]
     config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=batch)
@@ -106,7 +118,9 @@ def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
     detect_language("warm-up")
     warm = rollout(model, tokenizer, plan, config, progress=False)
     short = [replace(d, turns=d.turns[:3]) for d in plan[:2]]
-    check_identical([replace_turns(t, 3) for t in warm[:2]], reference_rollout(model, tokenizer, short, config, progress=False))
+    check_identical(
+        [replace_turns(t, 3) for t in warm[:2]], reference_rollout(model, tokenizer, short, config, progress=False)
+    )
 
     transcripts: dict[str, list[list[dict]]] = {name: [] for name in SIDES}  # per side: each round's transcripts
     turns: dict[str, list[int]] = {name: [] for name in SIDES}
@@ -124,6 +138,7 @@ def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
             if len(transcripts["ours"]) == len(transcripts["theirs"]):  # both sides have done this round: compare now
                 check_identical(transcripts["ours"][-1], transcripts["theirs"][-1])
             return seconds
+
         return round_
 
     seconds = interleaved({name: side(name) for name in SIDES}, repeats=size["repeats"], warmup=0)
@@ -132,20 +147,32 @@ def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
     rate = {name: median([t / s for t, s in zip(turns[name], seconds[name])]) for name in SIDES}
     threads = torch.get_num_threads()
     settings = {
-        "dialogues": size["dialogues"], "turns": size["turns"], "max_new_tokens": size["max_new_tokens"],
-        "dialogues_per_batch": batch, "round": f"one batch of {batch} dialogues x {size['turns']} turns per side",
-        "repeats": size["repeats"], "warmup": "ours over every dialogue, theirs over 2 dialogues x 3 turns", "greedy": True,
+        "dialogues": size["dialogues"],
+        "turns": size["turns"],
+        "max_new_tokens": size["max_new_tokens"],
+        "dialogues_per_batch": batch,
+        "round": f"one batch of {batch} dialogues x {size['turns']} turns per side",
+        "repeats": size["repeats"],
+        "warmup": "ours over every dialogue, theirs over 2 dialogues x 3 turns",
+        "greedy": True,
         "model": "GattForCausalLM, random init (hidden 128, 4 layers, 4/2 heads, vocab 2048)",
-        "params": sum(p.numel() for p in model.parameters()), "device": device, "threads": threads,
+        "params": sum(p.numel() for p in model.parameters()),
+        "device": device,
+        "threads": threads,
     }
     result = comparison(
-        rate["ours"], rate["theirs"], unit="turns/s", goal=3.0, settings=settings,
+        rate["ours"],
+        rate["theirs"],
+        unit="turns/s",
+        goal=3.0,
+        settings=settings,
         identical_replies=identical_share(every["ours"], every["theirs"]),
         turns_per_round=turns["ours"],
         seconds={name: [round(s, 3) for s in seconds[name]] for name in SIDES},
         # CPU time the process got / (wall x threads), per side: well below 1 means other processes competed
         cpu_share={name: round(sum(cpu[name]) / (sum(seconds[name]) * threads), 3) for name in SIDES}
-        if device == "cpu" else None,
+        if device == "cpu"
+        else None,
     )
     return {"rollout_vs_hf_generate": result}
 

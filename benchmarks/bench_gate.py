@@ -37,7 +37,11 @@ from gatt.pretrained import load_smollm2
 LABELLED = Path(__file__).parent / "data" / "gate_labelled.jsonl"
 
 
-REASONS = ("empty", "loop", "repeat")  # a reader's `why` naming none of these is off topic (refusal, filler, word salad)
+REASONS = (
+    "empty",
+    "loop",
+    "repeat",
+)  # a reader's `why` naming none of these is off topic (refusal, filler, word salad)
 
 
 def reader_reason(row: dict[str, Any]) -> str:
@@ -54,8 +58,9 @@ def _turn(user: str, reply: str, on_topic: list[dict[str, Any]], where: str, lik
     return GateTurn(user, reply, "chat", checks)
 
 
-def load_items(path: Path, others: int = 3, seed: int = 0, likelihood_only: bool = False
-               ) -> tuple[list[dict[str, Any]], list[GateItem]]:
+def load_items(
+    path: Path, others: int = 3, seed: int = 0, likelihood_only: bool = False
+) -> tuple[list[dict[str, Any]], list[GateItem]]:
     """The labelled rows and their gate items; `likelihood_only` drops every on-topic check, so the
     likelihood contrast judges every reply (and no near copy is excused by a topic change)."""
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -66,8 +71,13 @@ def load_items(path: Path, others: int = 3, seed: int = 0, likelihood_only: bool
         rng = random.Random(f"{seed}-{row['id']}")
         contrast = rng.sample([q for q in questions if q != row["user"]], others)
         earlier = tuple(_turn(e[0], e[1], e[2] if len(e) > 2 else [], where, likelihood_only) for e in row["earlier"])
-        items.append(GateItem(_turn(row["user"], row["reply"], row.get("on_topic", []), where, likelihood_only), earlier,
-                              tuple(contrast)))
+        items.append(
+            GateItem(
+                _turn(row["user"], row["reply"], row.get("on_topic", []), where, likelihood_only),
+                earlier,
+                tuple(contrast),
+            )
+        )
     return rows, items
 
 
@@ -84,14 +94,19 @@ def breakdown(rows: list[dict[str, Any]], verdicts: list, key) -> dict[str, dict
     groups: dict[str, list[bool]] = {}
     for row, verdict in zip(rows, verdicts):
         groups.setdefault(key(row), []).append(verdict.passed == (row["label"] == "answer"))
-    return {name: {"agreement": round(sum(agree) / len(agree), 4), "n": len(agree)} for name, agree in sorted(groups.items())}
+    return {
+        name: {"agreement": round(sum(agree) / len(agree), 4), "n": len(agree)}
+        for name, agree in sorted(groups.items())
+    }
 
 
 def tables(rows: list[dict[str, Any]], verdicts: list) -> dict[str, Any]:
-    return {**agreement(rows, verdicts),
-            "per_family": breakdown(rows, verdicts, lambda row: row.get("family", "none")),
-            "per_language": breakdown(rows, verdicts, lambda row: row.get("language", "English")),
-            "per_reason": breakdown(rows, verdicts, reader_reason)}
+    return {
+        **agreement(rows, verdicts),
+        "per_family": breakdown(rows, verdicts, lambda row: row.get("family", "none")),
+        "per_language": breakdown(rows, verdicts, lambda row: row.get("language", "English")),
+        "per_reason": breakdown(rows, verdicts, reader_reason),
+    }
 
 
 def main() -> None:
@@ -116,12 +131,12 @@ def main() -> None:
     result: dict[str, Any] = {
         "labelled": args.labelled.name,
         "gate": "GateConfig.strict() (python -m gatt.evaluate --strict-gate): a near copy is a repeat whatever "
-                "its topic word; on-topic checks and the likelihood contrast under SmolLM2-135M-Instruct both",
+        "its topic word; on-topic checks and the likelihood contrast under SmolLM2-135M-Instruct both",
         "config": asdict(strict),
         **tabled["strict"],
         "other_gates": {
             "default": "GateConfig(): on-topic checks where a turn has them (near copies with a new topic word "
-                       "pass), the likelihood contrast only without them",
+            "pass), the likelihood contrast only without them",
             "likelihood_only": "every reply judged by the likelihood contrast, on-topic checks dropped",
             "topic_words_strict_repeats": "on-topic checks alone, near copies with a new topic word are repeats",
             **{name: table for name, table in tabled.items() if name != "strict"},
@@ -135,8 +150,15 @@ def main() -> None:
         result["relevance_sum_sweep"][str(threshold)] = agreement(rows, swept)["agreement"]
     for row, verdict in zip(rows, judged["strict"]):
         if verdict.passed != (row["label"] == "answer"):
-            result["disagreements"].append({"id": row["id"], "label": row["label"], "why": row["why"],
-                                            "gate": verdict.to_dict(), "reply": row["reply"][:120]})
+            result["disagreements"].append(
+                {
+                    "id": row["id"],
+                    "label": row["label"],
+                    "why": row["why"],
+                    "gate": verdict.to_dict(),
+                    "reply": row["reply"][:120],
+                }
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(args.out.name + ".tmp")
     tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-
 from bench_attention import MIB, Attention, make_inputs, peak_bytes, timed
 from bench_common import comparison, interleaved, main, median
+from torch import Tensor
+
 from gatt.attention import linformer_attention, masked_attention
 
 SHAPE = {"batch": 1, "heads": 8, "head_dim": 64}  # B, H, D: T=4096 full attention holds (1, 8, 4096, 4096) fp32 weights
@@ -71,10 +71,24 @@ def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
         ms[length] = {name: 1e3 * median(s) for name, s in seconds.items()}
         del qkv, grad
     at = peaks[LENGTH]
-    settings = {**SHAPE, "k": PROJECTED, "n": LENGTH, "length": LENGTH, "causal": False, "dtype": "float32",
-                "pass": "forward + backward", "repeats": repeats, "device": device}
+    settings = {
+        **SHAPE,
+        "k": PROJECTED,
+        "n": LENGTH,
+        "length": LENGTH,
+        "causal": False,
+        "dtype": "float32",
+        "pass": "forward + backward",
+        "repeats": repeats,
+        "device": device,
+    }
     memory = comparison(
-        at["linformer"], at["full"], unit="peak MiB", goal=4.0, higher_is_better=False, settings=settings,
+        at["linformer"],
+        at["full"],
+        unit="peak MiB",
+        goal=4.0,
+        higher_is_better=False,
+        settings=settings,
         peak_mib_by_length={str(t): {k: round(v, 1) for k, v in p.items()} for t, p in peaks.items()},
         ms_by_length={str(t): {k: round(v, 1) for k, v in m.items()} for t, m in ms.items()},
         time_ratio_full_over_linformer={str(t): round(m["full"] / m["linformer"], 2) for t, m in ms.items()},

@@ -63,42 +63,115 @@ def timed(command: list[str], log: Path) -> float:
     return seconds
 
 
-def synthesis(demo: Path, work: Path, processes: int, shares: int, sizes: dict[str, int], extra: list[str]) -> dict[str, Any]:
+def synthesis(
+    demo: Path, work: Path, processes: int, shares: int, sizes: dict[str, int], extra: list[str]
+) -> dict[str, Any]:
     """The demo's GAtt-data stage (its base model as teacher, k=2, 48 tokens) on `shares` shards."""
     shard = sizes["dialogues_per_shard"]
     dialogues = shares * shard
     out = work / f"synthesis-{processes}"
-    seconds = timed([*launcher(processes), "-m", "data_gen", "gatt", "--teacher", str(demo / "base" / "final"),
-                     "--num-dialogues", str(dialogues), "--min-turns", "2", "--max-turns", str(sizes["max_turns"]),
-                     "--samples-per-turn", "2", "--max-new-tokens", "48", "--batch-size", str(shard),
-                     "--shard-size", str(shard), "--seed", "0", *extra, "--out", str(out)], work / f"synthesis-{processes}.log")
+    seconds = timed(
+        [
+            *launcher(processes),
+            "-m",
+            "data_gen",
+            "gatt",
+            "--teacher",
+            str(demo / "base" / "final"),
+            "--num-dialogues",
+            str(dialogues),
+            "--min-turns",
+            "2",
+            "--max-turns",
+            str(sizes["max_turns"]),
+            "--samples-per-turn",
+            "2",
+            "--max-new-tokens",
+            "48",
+            "--batch-size",
+            str(shard),
+            "--shard-size",
+            str(shard),
+            "--seed",
+            "0",
+            *extra,
+            "--out",
+            str(out),
+        ],
+        work / f"synthesis-{processes}.log",
+    )
     summary = json.loads((out / "gatt.summary.json").read_text())
-    return {"seconds": round(seconds, 1), "dialogues": dialogues, "candidates": summary["candidates"],
-            "dialogues_per_s": round(dialogues / seconds, 3), "candidates_per_s": round(summary["candidates"] / seconds, 2)}
+    return {
+        "seconds": round(seconds, 1),
+        "dialogues": dialogues,
+        "candidates": summary["candidates"],
+        "dialogues_per_s": round(dialogues / seconds, 3),
+        "candidates_per_s": round(summary["candidates"] / seconds, 2),
+    }
 
 
 def training(demo: Path, work: Path, processes: int, sizes: dict[str, int]) -> dict[str, Any]:
     """The demo's GAtt fine-tune (its saved config: batch 16, base records replayed) for a few steps."""
     out = work / f"training-{processes}"
     steps = sizes["train_steps"]
-    seconds = timed([*launcher(processes), str(ROOT / "recipes" / "train_gatt.py"), "--config",
-                     str(demo / GATT / "config.yaml"), f"output_dir={out}", f"max_steps={steps}", "save_every=0",
-                     "eval_every=0", "log_every=1", "warmup_steps=0"], work / f"training-{processes}.log")
+    seconds = timed(
+        [
+            *launcher(processes),
+            str(ROOT / "recipes" / "train_gatt.py"),
+            "--config",
+            str(demo / GATT / "config.yaml"),
+            f"output_dir={out}",
+            f"max_steps={steps}",
+            "save_every=0",
+            "eval_every=0",
+            "log_every=1",
+            "warmup_steps=0",
+        ],
+        work / f"training-{processes}.log",
+    )
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     records = steps * yaml.safe_load((demo / GATT / "config.yaml").read_text())["batch_size"]
     tokens = sum(m["supervised_tokens"] for m in metrics if "supervised_tokens" in m)
-    return {"seconds": round(seconds, 1), "steps": steps, "records": records, "records_per_s": round(records / seconds, 2),
-            "supervised_tokens_per_s": round(tokens / seconds, 1)}
+    return {
+        "seconds": round(seconds, 1),
+        "steps": steps,
+        "records": records,
+        "records_per_s": round(records / seconds, 2),
+        "supervised_tokens_per_s": round(tokens / seconds, 1),
+    }
 
 
-def evaluation(demo: Path, work: Path, processes: int, shares: int, sizes: dict[str, int], extra: list[str]) -> dict[str, Any]:
+def evaluation(
+    demo: Path, work: Path, processes: int, shares: int, sizes: dict[str, int], extra: list[str]
+) -> dict[str, Any]:
     """The demo's report stage on its GAtt model: `shares` rollout batches of 30-turn dialogues."""
     out = work / f"evaluation-{processes}"
     dialogues = shares * sizes["eval_dialogues"]
-    seconds = timed([*launcher(processes), "-m", "gatt.evaluate", "--model", f"gatt={demo / GATT / 'final'}",
-                     "--turns", str(sizes["eval_turns"]), "--dialogues", str(dialogues), "--no-instruction-dialogues", "0",
-                     "--batch-size", str(sizes["eval_dialogues"]), "--max-new-tokens", "48", "--seed", "0", *extra,
-                     "--out", str(out)], work / f"evaluation-{processes}.log")
+    seconds = timed(
+        [
+            *launcher(processes),
+            "-m",
+            "gatt.evaluate",
+            "--model",
+            f"gatt={demo / GATT / 'final'}",
+            "--turns",
+            str(sizes["eval_turns"]),
+            "--dialogues",
+            str(dialogues),
+            "--no-instruction-dialogues",
+            "0",
+            "--batch-size",
+            str(sizes["eval_dialogues"]),
+            "--max-new-tokens",
+            "48",
+            "--seed",
+            "0",
+            *extra,
+            "--out",
+            str(out),
+        ],
+        work / f"evaluation-{processes}.log",
+    )
     replies = sum(len(json.loads(line)["turns"]) for line in (out / "transcripts.jsonl").read_text().splitlines())
     return {"seconds": round(seconds, 1), "replies": replies, "replies_per_s": round(replies / seconds, 2)}
 
@@ -108,33 +181,53 @@ HEADLINE = {"synthesis": "dialogues_per_s", "training": "records_per_s", "evalua
 
 def markdown(result: dict[str, Any]) -> str:
     counts = result["processes"]
-    lines = ["| stage | " + " | ".join(f"{p} process{'es' * (p > 1)}" for p in counts) + " | speed-up |",
-             "|---" * (len(counts) + 2) + "|"]
+    lines = [
+        "| stage | " + " | ".join(f"{p} process{'es' * (p > 1)}" for p in counts) + " | speed-up |",
+        "|---" * (len(counts) + 2) + "|",
+    ]
     for stage, key in HEADLINE.items():
         runs = result["stages"][stage]
         cells = [f"{runs[str(p)][key]} {key.replace('_per_s', '/s')} ({runs[str(p)]['seconds']} s)" for p in counts]
         speedup = runs[str(counts[-1])][key] / runs[str(counts[0])][key]
         lines.append(f"| {stage} | " + " | ".join(cells) + f" | {speedup:.2f}x |")
     machine = result["machine"]
-    lines.append(f"\n{machine['cpu']}, {machine['threads']} CPUs, {machine['fp32_matmul_gflops']} GFLOP/s fp32 matmul, "
-                 f"torch {machine['torch']}; models of {result['demo']}, sizes {result['sizes']}"
-                 + (f", `{result['stage_args']}`" if result["stage_args"] else "") + ".")
+    lines.append(
+        f"\n{machine['cpu']}, {machine['threads']} CPUs, {machine['fp32_matmul_gflops']} GFLOP/s fp32 matmul, "
+        f"torch {machine['torch']}; models of {result['demo']}, sizes {result['sizes']}"
+        + (f", `{result['stage_args']}`" if result["stage_args"] else "")
+        + "."
+    )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--demo", type=Path, default=ROOT / "runs" / "demo", help="a `make demo` output folder (its models)")
+    parser.add_argument(
+        "--demo", type=Path, default=ROOT / "runs" / "demo", help="a `make demo` output folder (its models)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "scaling", help="where scaling.json/md go")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2], help="process counts to compare")
-    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-scaling",
-                        help="scratch folder for the stages' outputs and logs (emptied first)")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=ROOT / "runs" / "bench-scaling",
+        help="scratch folder for the stages' outputs and logs (emptied first)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the wiring in about a minute")
-    parser.add_argument("--size", action="append", default=[], metavar="KEY=N",
-                        help=f"override a size ({', '.join(FULL)}), e.g. max_turns=6 for a slow teacher")
-    parser.add_argument("--stage-args", default="", metavar="'ARGS'",
-                        help="more arguments for the synthesis and evaluation commands, e.g. "
-                             "'--constraints recipes/data/smollm2_constraints.yaml --repetition-penalty 1.2'")
+    parser.add_argument(
+        "--size",
+        action="append",
+        default=[],
+        metavar="KEY=N",
+        help=f"override a size ({', '.join(FULL)}), e.g. max_turns=6 for a slow teacher",
+    )
+    parser.add_argument(
+        "--stage-args",
+        default="",
+        metavar="'ARGS'",
+        help="more arguments for the synthesis and evaluation commands, e.g. "
+        "'--constraints recipes/data/smollm2_constraints.yaml --repetition-penalty 1.2'",
+    )
     args = parser.parse_args(argv)
     for needed in ("base/final", f"{GATT}/final", f"{GATT}/config.yaml"):
         if not (args.demo / needed).exists():
@@ -158,8 +251,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         stages["evaluation"][str(processes)] = evaluation(args.demo, work, processes, shares, sizes, extra)
         for stage in HEADLINE:
             print(f"   {stage}: {stages[stage][str(processes)]}", flush=True)
-    result = {"demo": str(args.demo), "processes": args.processes, "sizes": sizes, "stage_args": args.stage_args,
-              "machine": machine_calibration(), "stages": stages}
+    result = {
+        "demo": str(args.demo),
+        "processes": args.processes,
+        "sizes": sizes,
+        "stage_args": args.stage_args,
+        "machine": machine_calibration(),
+        "stages": stages,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     for name, text in (("scaling.json", json.dumps(result, indent=2) + "\n"), ("scaling.md", markdown(result))):
         tmp = args.out / f".{name}.tmp"

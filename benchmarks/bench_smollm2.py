@@ -52,12 +52,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
-from transformers.generation import TopPLogitsWarper
-
 from bench_common import comparison, main
 from bench_eval import check_identical, identical_share
 from bench_teacher import SAMPLING, draw, generate_turn, no_end_of_turn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.generation import TopPLogitsWarper
+
 from data_gen.synthesis import SynthesisConfig, _Dialogue
 from data_gen.teacher import ModelTeacher
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
@@ -71,10 +71,24 @@ from gatt.numerics import bf16_is_native, for_inference
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "recipes" / "data" / "smollm2_constraints.yaml"
-FULL = {"dialogues": 64, "turns": 20, "max_new_tokens": 64, "reference_dialogues": 2,
-        "teacher_batch": 16, "teacher_reference_dialogues": 1, "k": 4}
-QUICK = {"dialogues": 8, "turns": 4, "max_new_tokens": 32, "reference_dialogues": 1,
-         "teacher_batch": 8, "teacher_reference_dialogues": 1, "k": 4}
+FULL = {
+    "dialogues": 64,
+    "turns": 20,
+    "max_new_tokens": 64,
+    "reference_dialogues": 2,
+    "teacher_batch": 16,
+    "teacher_reference_dialogues": 1,
+    "k": 4,
+}
+QUICK = {
+    "dialogues": 8,
+    "turns": 4,
+    "max_new_tokens": 32,
+    "reference_dialogues": 1,
+    "teacher_batch": 8,
+    "teacher_reference_dialogues": 1,
+    "k": 4,
+}
 REPORT = {"repetition_penalty": 1.2, "measure_attention": True}  # the demo's report decoding, the probe on
 Loader = Callable[[], tuple[PreTrainedModel, PreTrainedTokenizerBase]]
 
@@ -112,8 +126,10 @@ class OnePassScorer(RelevanceScorer):
 
     @torch.no_grad()
     def _score(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, int]]:
-        rows = [(self._prompt(q), self.tokenizer(r, add_special_tokens=False)["input_ids"][: self.max_reply_tokens])
-                for q, r in pairs]
+        rows = [
+            (self._prompt(q), self.tokenizer(r, add_special_tokens=False)["input_ids"][: self.max_reply_tokens])
+            for q, r in pairs
+        ]
         order = sorted((i for i in range(len(rows)) if rows[i][1]), key=lambda i: len(rows[i][0]) + len(rows[i][1]))
         out: list[tuple[float, int]] = [(0.0, 0)] * len(rows)
         for start in range(0, len(order), self.batch_size):
@@ -125,8 +141,12 @@ class OnePassScorer(RelevanceScorer):
                 sequence = rows[i][0] + rows[i][1]
                 ids[b, : len(sequence)], mask[b, : len(sequence)] = torch.tensor(sequence), 1
             first = min(len(rows[i][0]) for i in batch) - 1
-            logits = self.model(input_ids=ids, attention_mask=mask, logits_to_keep=torch.arange(first, width - 1)).logits
-            logp = logits.float().log_softmax(-1).gather(-1, ids[:, first + 1 :, None])[..., 0]  # (B, P): log p of each next token
+            logits = self.model(
+                input_ids=ids, attention_mask=mask, logits_to_keep=torch.arange(first, width - 1)
+            ).logits
+            logp = (
+                logits.float().log_softmax(-1).gather(-1, ids[:, first + 1 :, None])[..., 0]
+            )  # (B, P): log p of each next token
             for b, i in enumerate(batch):
                 prompt, target = rows[i]
                 begin = len(prompt) - 1 - first
@@ -144,19 +164,25 @@ def adherence_per_turn(transcripts: Sequence[dict]) -> dict[int, float]:
     return {n: sum(v) / len(v) for n, v in sorted(by_turn.items())}
 
 
-def gate_verdicts(transcripts: Sequence[dict], plan: list[EvalDialogue], scorer: RelevanceScorer) -> tuple[list[dict], float]:
+def gate_verdicts(
+    transcripts: Sequence[dict], plan: list[EvalDialogue], scorer: RelevanceScorer
+) -> tuple[list[dict], float]:
     """The gate's verdict on every reply of (a copy of) `transcripts`, and the seconds judging took."""
     judged = copy.deepcopy(list(transcripts))
     _, seconds = timed(apply_gate, judged, plan, AnswerGate(GateConfig(), scorer))
     return [turn["gate"] for t in judged for turn in t["turns"]], seconds
 
 
-def rollout_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: list[EvalDialogue],
-                 size: dict[str, int]) -> dict[str, dict[str, Any]]:
+def rollout_rows(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: list[EvalDialogue], size: dict[str, int]
+) -> dict[str, dict[str, Any]]:
     """The report rollouts in three modes (all dialogues in one batch each), the gate over them, the scorer's share."""
     config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=len(plan), **REPORT)
-    modes = {"before": (model, replace(config, shrink=False)), "exact": (model, config),
-             "bf16": (for_inference(copy.deepcopy(model), "bf16"), config)}
+    modes = {
+        "before": (model, replace(config, shrink=False)),
+        "exact": (model, config),
+        "bf16": (for_inference(copy.deepcopy(model), "bf16"), config),
+    }
     for side, side_config in modes.values():
         rollout(side, tokenizer, plan[:1], side_config, progress=False)  # warm-up: kernels, lingua's models
     transcripts, seconds = {}, {}
@@ -173,33 +199,63 @@ def rollout_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pla
     # check, so the gate judges relevance by the likelihood contrast (the built-in turns never need it). Each scorer
     # starts with nothing cached.
     own_messages = [replace(d, turns=tuple(replace(t, on_topic=()) for t in d.turns)) for d in plan]
-    scorers = {"before": OnePassScorer(model, tokenizer), "exact": RelevanceScorer(model, tokenizer),
-               "bf16": RelevanceScorer(for_inference(copy.deepcopy(model), "bf16"), tokenizer)}
+    scorers = {
+        "before": OnePassScorer(model, tokenizer),
+        "exact": RelevanceScorer(model, tokenizer),
+        "bf16": RelevanceScorer(for_inference(copy.deepcopy(model), "bf16"), tokenizer),
+    }
     verdicts, judge_seconds = {}, {}
     for name, scorer in scorers.items():
         verdicts[name], judge_seconds[name] = gate_verdicts(transcripts["exact"], own_messages, scorer)
     adherence = {name: adherence_per_turn(transcripts[name]) for name in ("exact", "bf16")}
     fp32_gflops, fp32_ceiling = gemm_ceiling(model, torch.float32)
     bf16_gflops, bf16_ceiling = gemm_ceiling(model, torch.bfloat16)
-    settings = {"dialogues": len(plan), "turns": size["turns"], "max_new_tokens": size["max_new_tokens"],
-                "dialogues_per_batch": len(plan), **REPORT, "greedy": True, "constraints": CONSTRAINTS.name,
-                "user_turns": "built-in held-out pool", "order": "before, exact, bf16, one after another",
-                "bf16_is_native": bf16_is_native(), "threads": torch.get_num_threads()}
+    settings = {
+        "dialogues": len(plan),
+        "turns": size["turns"],
+        "max_new_tokens": size["max_new_tokens"],
+        "dialogues_per_batch": len(plan),
+        **REPORT,
+        "greedy": True,
+        "constraints": CONSTRAINTS.name,
+        "user_turns": "built-in held-out pool",
+        "order": "before, exact, bf16, one after another",
+        "bf16_is_native": bf16_is_native(),
+        "threads": torch.get_num_threads(),
+    }
     rollout_row = comparison(
-        rate["bf16"], rate["before"], unit="tokens/s", goal=2.0, settings=settings,
-        value=round(rate["bf16"], 2), baseline=round(rate["before"], 2), mode="bf16",
-        ceiling_share=round(rate["bf16"] / bf16_ceiling, 3), ceiling_tokens_per_s=round(bf16_ceiling, 1),
-        bf16_matmul_gflops=bf16_gflops, fp32_matmul_gflops=fp32_gflops,
-        baseline_ceiling_share=round(rate["before"] / fp32_ceiling, 3), fp32_ceiling_tokens_per_s=round(fp32_ceiling, 1),
-        exact={"tokens_per_s": round(rate["exact"], 2), "ratio": round(rate["exact"] / rate["before"], 3),
-               "ceiling_share": round(rate["exact"] / fp32_ceiling, 3),
-               "identical_to_before": round(identical_share(transcripts["exact"], transcripts["before"]), 4)},
+        rate["bf16"],
+        rate["before"],
+        unit="tokens/s",
+        goal=2.0,
+        settings=settings,
+        value=round(rate["bf16"], 2),
+        baseline=round(rate["before"], 2),
+        mode="bf16",
+        ceiling_share=round(rate["bf16"] / bf16_ceiling, 3),
+        ceiling_tokens_per_s=round(bf16_ceiling, 1),
+        bf16_matmul_gflops=bf16_gflops,
+        fp32_matmul_gflops=fp32_gflops,
+        baseline_ceiling_share=round(rate["before"] / fp32_ceiling, 3),
+        fp32_ceiling_tokens_per_s=round(fp32_ceiling, 1),
+        exact={
+            "tokens_per_s": round(rate["exact"], 2),
+            "ratio": round(rate["exact"] / rate["before"], 3),
+            "ceiling_share": round(rate["exact"] / fp32_ceiling, 3),
+            "identical_to_before": round(identical_share(transcripts["exact"], transcripts["before"]), 4),
+        },
         agreement=round(identical_share(transcripts["bf16"], transcripts["exact"]), 4),
         adherence_per_turn=adherence,
-        adherence_max_diff_points=round(100 * max((abs(adherence["exact"][n] - adherence["bf16"].get(n, 0.0))
-                                                   for n in adherence["exact"]), default=0.0), 1),
+        adherence_max_diff_points=round(
+            100
+            * max(
+                (abs(adherence["exact"][n] - adherence["bf16"].get(n, 0.0)) for n in adherence["exact"]), default=0.0
+            ),
+            1,
+        ),
         adherence_mean={name: round(sum(v.values()) / len(v), 4) if v else None for name, v in adherence.items()},
-        tokens=tokens, seconds={name: round(s, 6) for name, s in seconds.items()},
+        tokens=tokens,
+        seconds={name: round(s, 6) for name, s in seconds.items()},
     )
     share = {name: judge_seconds[name] / (seconds["exact"] + judge_seconds[name]) for name in judge_seconds}
     relevance = {name: [v["relevance"] for v in verdicts[name] if v["relevance"] is not None] for name in verdicts}
@@ -208,36 +264,60 @@ def rollout_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pla
         """How `name`'s verdicts and contrasts compare with the exact scorer's, and its share of the report."""
         same = sum(a["failed"] == b["failed"] for a, b in zip(verdicts["exact"], verdicts[name]))
         diffs = [abs(a - b) for a, b in zip(relevance["exact"], relevance[name])]
-        return {"share": round(share[name], 4), "seconds": round(judge_seconds[name], 6),
-                "verdicts_identical": round(same / max(len(verdicts["exact"]), 1), 4),
-                "relevance_max_abs_diff": round(max(diffs, default=0.0), 4),
-                "relevance_mean_abs_diff": round(sum(diffs) / max(len(diffs), 1), 4)}
+        return {
+            "share": round(share[name], 4),
+            "seconds": round(judge_seconds[name], 6),
+            "verdicts_identical": round(same / max(len(verdicts["exact"]), 1), 4),
+            "relevance_max_abs_diff": round(max(diffs, default=0.0), 4),
+            "relevance_mean_abs_diff": round(sum(diffs) / max(len(diffs), 1), 4),
+        }
 
-    scorer_row = {"value": round(share["exact"], 4), "unit": "share of wall time", "higher_is_better": False,
-                  "goal": 0.15, "met": share["exact"] <= 0.15, "settings": settings,
-                  "before": against_exact("before"), "bf16": against_exact("bf16"),
-                  "ratio_over_before": round(judge_seconds["before"] / judge_seconds["exact"], 3),
-                  "replies_scored": len(relevance["exact"]),
-                  "seconds": {"rollouts": round(seconds["exact"], 6), "answer_gate": round(judge_seconds["exact"], 6)}}
+    scorer_row = {
+        "value": round(share["exact"], 4),
+        "unit": "share of wall time",
+        "higher_is_better": False,
+        "goal": 0.15,
+        "met": share["exact"] <= 0.15,
+        "settings": settings,
+        "before": against_exact("before"),
+        "bf16": against_exact("bf16"),
+        "ratio_over_before": round(judge_seconds["before"] / judge_seconds["exact"], 3),
+        "replies_scored": len(relevance["exact"]),
+        "seconds": {"rollouts": round(seconds["exact"], 6), "answer_gate": round(judge_seconds["exact"], 6)},
+    }
     return {"smollm2_rollout_tokens_per_s": rollout_row, "smollm2_report_scorer_share": scorer_row}
 
 
-def generate_row(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: list[EvalDialogue],
-                 size: dict[str, int]) -> dict[str, Any]:
+def generate_row(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: list[EvalDialogue], size: dict[str, int]
+) -> dict[str, Any]:
     """Ours over all dialogues (one batch) vs generate() per turn on the first R, greedy, identical replies."""
     config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=len(plan))
     subset = plan[: size["reference_dialogues"]]
     ours, ours_seconds = timed(rollout, model, tokenizer, plan, config, progress=False)
     theirs, theirs_seconds = timed(reference_rollout, model, tokenizer, subset, config, progress=False)
     check_identical(ours[: len(subset)], theirs)
-    rate = {"ours": sum(len(t["turns"]) for t in ours) / ours_seconds,
-            "theirs": sum(len(t["turns"]) for t in theirs) / theirs_seconds}
-    return comparison(rate["ours"], rate["theirs"], unit="turns/s", goal=3.0, settings={
-        "dialogues": {"ours": len(plan), "theirs": len(subset)}, "turns": size["turns"],
-        "max_new_tokens": size["max_new_tokens"], "greedy": True, "repetition_penalty": 1.0, "measure_attention": False,
-        "theirs": "reference_rollout: generate() per turn on the re-encoded history, one dialogue at a time"},
+    rate = {
+        "ours": sum(len(t["turns"]) for t in ours) / ours_seconds,
+        "theirs": sum(len(t["turns"]) for t in theirs) / theirs_seconds,
+    }
+    return comparison(
+        rate["ours"],
+        rate["theirs"],
+        unit="turns/s",
+        goal=3.0,
+        settings={
+            "dialogues": {"ours": len(plan), "theirs": len(subset)},
+            "turns": size["turns"],
+            "max_new_tokens": size["max_new_tokens"],
+            "greedy": True,
+            "repetition_penalty": 1.0,
+            "measure_attention": False,
+            "theirs": "reference_rollout: generate() per turn on the re-encoded history, one dialogue at a time",
+        },
         identical_replies=identical_share(ours[: len(subset)], theirs),
-        seconds={"ours": round(ours_seconds, 1), "theirs": round(theirs_seconds, 1)})
+        seconds={"ours": round(ours_seconds, 1), "theirs": round(theirs_seconds, 1)},
+    )
 
 
 def top_p_ms(model: PreTrainedModel, size: dict[str, int]) -> dict[str, float]:
@@ -246,7 +326,10 @@ def top_p_ms(model: PreTrainedModel, size: dict[str, int]) -> dict[str, float]:
     generator = torch.Generator().manual_seed(0)
     scores = torch.randn(size["teacher_batch"] * size["k"], model.config.vocab_size, generator=generator) * 3 / 0.7
     out = {}
-    for name, warper in (("ours", NucleusWarper(SAMPLING["top_p"])), ("hugging_face", TopPLogitsWarper(SAMPLING["top_p"]))):
+    for name, warper in (
+        ("ours", NucleusWarper(SAMPLING["top_p"])),
+        ("hugging_face", TopPLogitsWarper(SAMPLING["top_p"])),
+    ):
         times = [timed(warper, None, scores)[1] for _ in range(21)][1:]
         out[name] = round(1000 * sorted(times)[len(times) // 2], 2)
     return out
@@ -254,13 +337,19 @@ def top_p_ms(model: PreTrainedModel, size: dict[str, int]) -> dict[str, float]:
 
 def teacher_row(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, size: dict[str, int]) -> dict[str, Any]:
     """Our batched teacher over N dialogues vs generate(num_return_sequences=k) per turn on the first R'."""
-    config = SynthesisConfig(num_dialogues=size["dialogues"], min_turns=size["turns"], max_turns=size["turns"],
-                             samples_per_turn=size["k"], seed=0)
+    config = SynthesisConfig(
+        num_dialogues=size["dialogues"],
+        min_turns=size["turns"],
+        max_turns=size["turns"],
+        samples_per_turn=size["k"],
+        seed=0,
+    )
     with tempfile.TemporaryDirectory() as tmp, no_end_of_turn():
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        teacher = ModelTeacher(tmp, max_new_tokens=size["max_new_tokens"], device="cpu",
-                               batch_size=size["teacher_batch"], **SAMPLING)
+        teacher = ModelTeacher(
+            tmp, max_new_tokens=size["max_new_tokens"], device="cpu", batch_size=size["teacher_batch"], **SAMPLING
+        )
 
     def synthesise(turn: Callable[[ModelTeacher, list[_Dialogue], int], None], dialogues: list[_Dialogue]) -> float:
         """Every turn of each batch of dialogues, one batch after another: the caches of all 64 dialogues x 4
@@ -281,19 +370,37 @@ def teacher_row(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, size
         ours_seconds = synthesise(ours_turn, draw(config))
         subset = draw(config)[: size["teacher_reference_dialogues"]]
         theirs_seconds = synthesise(generate_turn, subset)
-    rate = {"ours": config.num_dialogues * config.max_turns / ours_seconds,
-            "theirs": len(subset) * config.max_turns / theirs_seconds}
-    return comparison(rate["ours"], rate["theirs"], unit="turns/s", goal=4.0, top_p_ms=top_p_ms(model, size), settings={
-        "dialogues": {"ours": config.num_dialogues, "theirs": len(subset)}, "turns": config.max_turns, "k": config.samples_per_turn,
-        "max_new_tokens": size["max_new_tokens"], "every_candidate": "exactly max_new_tokens tokens", **SAMPLING,
-        "dialogues_per_batch": size["teacher_batch"],
-        "theirs": "model.generate(num_return_sequences=k, do_sample=True, top_k=0, min_new_tokens=max_new_tokens) "
-                  "per dialogue and turn"},
-        seconds={"ours": round(ours_seconds, 1), "theirs": round(theirs_seconds, 1)})
+    rate = {
+        "ours": config.num_dialogues * config.max_turns / ours_seconds,
+        "theirs": len(subset) * config.max_turns / theirs_seconds,
+    }
+    return comparison(
+        rate["ours"],
+        rate["theirs"],
+        unit="turns/s",
+        goal=4.0,
+        top_p_ms=top_p_ms(model, size),
+        settings={
+            "dialogues": {"ours": config.num_dialogues, "theirs": len(subset)},
+            "turns": config.max_turns,
+            "k": config.samples_per_turn,
+            "max_new_tokens": size["max_new_tokens"],
+            "every_candidate": "exactly max_new_tokens tokens",
+            **SAMPLING,
+            "dialogues_per_batch": size["teacher_batch"],
+            "theirs": "model.generate(num_return_sequences=k, do_sample=True, top_k=0, min_new_tokens=max_new_tokens) "
+            "per dialogue and turn",
+        },
+        seconds={"ours": round(ours_seconds, 1), "theirs": round(theirs_seconds, 1)},
+    )
 
 
-ROWS = ("smollm2_rollout_tokens_per_s", "smollm2_report_scorer_share", "smollm2_rollout_vs_hf_generate",
-        "smollm2_teacher_vs_hf_generate")
+ROWS = (
+    "smollm2_rollout_tokens_per_s",
+    "smollm2_report_scorer_share",
+    "smollm2_rollout_vs_hf_generate",
+    "smollm2_teacher_vs_hf_generate",
+)
 
 
 def run(quick: bool, device: str, load: Loader = load_model, only: Sequence[str] = ROWS) -> dict[str, dict[str, Any]]:
@@ -303,8 +410,14 @@ def run(quick: bool, device: str, load: Loader = load_model, only: Sequence[str]
     size = QUICK if quick else FULL
     model, tokenizer = load()
     model.eval()
-    plan = plan_dialogues(load_eval_constraints(CONSTRAINTS), load_eval_turns(), dialogues=size["dialogues"],
-                          turns=size["turns"], seed=0, probe_every=6)
+    plan = plan_dialogues(
+        load_eval_constraints(CONSTRAINTS),
+        load_eval_turns(),
+        dialogues=size["dialogues"],
+        turns=size["turns"],
+        seed=0,
+        probe_every=6,
+    )
     results: dict[str, dict[str, Any]] = {}
     if {"smollm2_rollout_tokens_per_s", "smollm2_report_scorer_share"} & set(only):
         results.update(rollout_rows(model, tokenizer, plan, size))

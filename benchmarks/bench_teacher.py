@@ -40,9 +40,9 @@ from typing import Any
 from unittest import mock
 
 import torch
+from bench_common import comparison, interleaved, main, median
 
 import gatt.generation
-from bench_common import comparison, interleaved, main, median
 from data_gen.constraints import ConstraintSampler, catalogue
 from data_gen.synthesis import SynthesisConfig, _Dialogue, draw_dialogue
 from data_gen.teacher import ModelTeacher
@@ -76,9 +76,17 @@ def build_teacher_dir(path: Path) -> Path:
     corpus = base_corpus(2000, seed=0, catalogue=catalogue(), user_pool=split_user_turns()[0])
     tok = train_tokenizer((m["content"] for r in corpus for m in r["messages"]), vocab_size=2048)
     config = GattConfig(
-        vocab_size=len(tok), hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
-        num_key_value_heads=4, max_position_embeddings=4096, pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=True,
+        vocab_size=len(tok),
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=True,
     )
     torch.manual_seed(0)
     GattForCausalLM(config).save_pretrained(path)
@@ -122,8 +130,14 @@ def generate_candidates(teacher: ModelTeacher, messages: list[dict[str, str]], k
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     input_ids = torch.tensor([ids], device=model.device)
     output = model.generate(
-        input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, num_return_sequences=k,
-        top_k=0, **SAMPLING, max_new_tokens=teacher.max_new_tokens, min_new_tokens=teacher.max_new_tokens,
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        do_sample=True,
+        num_return_sequences=k,
+        top_k=0,
+        **SAMPLING,
+        max_new_tokens=teacher.max_new_tokens,
+        min_new_tokens=teacher.max_new_tokens,
         pad_token_id=tokenizer.pad_token_id,
     )
     return output[:, len(ids) :].tolist()
@@ -155,8 +169,9 @@ def synthesis(teacher: ModelTeacher, turn: Turn, config: SynthesisConfig) -> tup
     return seconds, cpu_seconds, dialogues
 
 
-def compare(teachers: dict[str, ModelTeacher], turns: dict[str, Turn], config: SynthesisConfig, repeats: int
-            ) -> tuple[dict[str, float], dict[str, list[float]], dict[str, float]]:
+def compare(
+    teachers: dict[str, ModelTeacher], turns: dict[str, Turn], config: SynthesisConfig, repeats: int
+) -> tuple[dict[str, float], dict[str, list[float]], dict[str, float]]:
     """Turns/s of each side (median round), the rounds' seconds, and the CPU share each side got."""
     cpu: dict[str, float] = dict.fromkeys(turns, 0.0)
 
@@ -165,6 +180,7 @@ def compare(teachers: dict[str, ModelTeacher], turns: dict[str, Turn], config: S
             seconds, cpu_seconds, _ = synthesis(teachers[name], turns[name], config)
             cpu[name] += cpu_seconds
             return seconds
+
         return round_
 
     warm = SynthesisConfig(num_dialogues=2, min_turns=1, max_turns=1, samples_per_turn=config.samples_per_turn)
@@ -180,37 +196,67 @@ def compare(teachers: dict[str, ModelTeacher], turns: dict[str, Turn], config: S
 
 def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
     size = QUICK if quick else FULL
-    config = SynthesisConfig(num_dialogues=size["dialogues"], min_turns=size["turns"], max_turns=size["turns"],
-                             samples_per_turn=size["k"], seed=SEED)
+    config = SynthesisConfig(
+        num_dialogues=size["dialogues"],
+        min_turns=size["turns"],
+        max_turns=size["turns"],
+        samples_per_turn=size["k"],
+        seed=SEED,
+    )
     with tempfile.TemporaryDirectory() as tmp, no_end_of_turn():
         model_dir = build_teacher_dir(Path(tmp) / "teacher")
         teacher = ModelTeacher(model_dir, max_new_tokens=size["max_new_tokens"], device=device, **SAMPLING)
         settings = {
-            "dialogues": size["dialogues"], "turns": size["turns"], "k": size["k"], "max_new_tokens": size["max_new_tokens"],
-            "every_candidate": "exactly max_new_tokens tokens", **SAMPLING,
-            "round": "one side's synthesis of every dialogue", "repeats": size["repeats"],
+            "dialogues": size["dialogues"],
+            "turns": size["turns"],
+            "k": size["k"],
+            "max_new_tokens": size["max_new_tokens"],
+            "every_candidate": "exactly max_new_tokens tokens",
+            **SAMPLING,
+            "round": "one side's synthesis of every dialogue",
+            "repeats": size["repeats"],
             "warmup": "2 dialogues x 1 turn, each side",
             "model": "GattForCausalLM, random init (hidden 256, 4 layers, 8/4 heads, vocab 2048)",
-            "params": sum(p.numel() for p in teacher.model.parameters()), "device": device,
+            "params": sum(p.numel() for p in teacher.model.parameters()),
+            "device": device,
             "threads": torch.get_num_threads(),
         }
-        rate, seconds, share = compare({"ours": teacher, "theirs": teacher},
-                                       {"ours": batched_turn, "theirs": generate_turn}, config, size["repeats"])
-        results = {"teacher_vs_hf_generate": comparison(
-            rate["ours"], rate["theirs"], unit="turns/s", goal=4.0,
-            settings={**settings, "theirs": "model.generate(num_return_sequences=k, do_sample=True, top_k=0, "
-                                            "min_new_tokens=max_new_tokens) per dialogue and turn"},
-            seconds={name: [round(s, 3) for s in v] for name, v in seconds.items()},
-            cpu_share=share if device == "cpu" else None,
-        )}
+        rate, seconds, share = compare(
+            {"ours": teacher, "theirs": teacher},
+            {"ours": batched_turn, "theirs": generate_turn},
+            config,
+            size["repeats"],
+        )
+        results = {
+            "teacher_vs_hf_generate": comparison(
+                rate["ours"],
+                rate["theirs"],
+                unit="turns/s",
+                goal=4.0,
+                settings={
+                    **settings,
+                    "theirs": "model.generate(num_return_sequences=k, do_sample=True, top_k=0, "
+                    "min_new_tokens=max_new_tokens) per dialogue and turn",
+                },
+                seconds={name: [round(s, 3) for s in v] for name, v in seconds.items()},
+                cpu_share=share if device == "cpu" else None,
+            )
+        }
         if device == "cpu" and not results["teacher_vs_hf_generate"]["met"]:
             results["teacher_vs_hf_generate"]["finding"] = FINDING
         if device == "cuda":
             single = ModelTeacher(model_dir, max_new_tokens=size["max_new_tokens"], device=device, **SAMPLING)
-            rate, seconds, share = compare({"batched": teacher, "single": single},
-                                           {"batched": batched_turn, "single": sequential_turn}, config, size["repeats"])
+            rate, seconds, share = compare(
+                {"batched": teacher, "single": single},
+                {"batched": batched_turn, "single": sequential_turn},
+                config,
+                size["repeats"],
+            )
             results["teacher_batched_vs_single"] = comparison(
-                rate["batched"], rate["single"], unit="turns/s", goal=4.0,
+                rate["batched"],
+                rate["single"],
+                unit="turns/s",
+                goal=4.0,
                 settings={**settings, "theirs": "the same teacher, one dialogue per sample call (batch_size=1)"},
                 seconds={name: [round(s, 3) for s in v] for name, v in seconds.items()},
             )

@@ -105,14 +105,16 @@ TRL_SETTINGS = ("padding_free", "padded", "bfd")
 SAME_RECORDS = ("padding_free", "padded")  # the settings that train our records at every step (eligible as theirs)
 TRL_NOTES = {
     "padding_free": "padding_free=True: the batch flattened into one row, position_ids restarting per dialogue, no "
-                    "attention mask; correct: GattForCausalLM attends within each dialogue's segment",
+    "attention mask; correct: GattForCausalLM attends within each dialogue's segment",
     "padded": "rows padded to the batch's longest with an attention mask; correct on any model",
     "bfd": "packing=True, packing_strategy='bfd': dialogues best-fit packed into rows of max_length before training "
-           "(padding-free rows); correct likewise; it packs across steps, so its steps train other records and token "
-           "counts than ours: timed and recorded, not eligible as theirs",
+    "(padding-free rows); correct likewise; it packs across steps, so its steps train other records and token "
+    "counts than ours: timed and recorded, not eligible as theirs",
 }
-SKIPPED = ("not timed on this model, to stay in budget: padding_free computes a subset of the positions padded "
-           "computes, and bfd the same positions, with the same kernels (both timed on the embedded model)")
+SKIPPED = (
+    "not timed on this model, to stay in budget: padding_free computes a subset of the positions padded "
+    "computes, and bfd the same positions, with the same kernels (both timed on the embedded model)"
+)
 
 
 @dataclass(frozen=True)
@@ -141,12 +143,38 @@ def plans(quick: bool) -> list[Plan]:
     ~100-170 tokens/s there (a step of 2 dialogues of 2-24 turns: ~15 s), so its batch is 2 records (the recipe's
     is 8) and it takes dialogues of 2-6 turns (quick) or 2-8 turns (full)."""
     if quick:
-        return [Plan("embedded", 40, 8, 2, 24, batch=8, steps_per_round=1, warmup=1, repeats=3, max_length=2048),
-                Plan("smollm2-135m-lora", 12, 4, 2, 6, batch=2, steps_per_round=1, warmup=1, repeats=2, max_length=2048,
-                     trl_settings=("padding_free",))]
-    return [Plan("embedded", 96, 16, 2, 24, batch=32, steps_per_round=1, warmup=1, repeats=5, max_length=2048),
-            Plan("smollm2-135m-lora", 24, 4, 2, 8, batch=2, steps_per_round=1, warmup=1, repeats=4, max_length=2048,
-                 trl_settings=("padding_free",))]
+        return [
+            Plan("embedded", 40, 8, 2, 24, batch=8, steps_per_round=1, warmup=1, repeats=3, max_length=2048),
+            Plan(
+                "smollm2-135m-lora",
+                12,
+                4,
+                2,
+                6,
+                batch=2,
+                steps_per_round=1,
+                warmup=1,
+                repeats=2,
+                max_length=2048,
+                trl_settings=("padding_free",),
+            ),
+        ]
+    return [
+        Plan("embedded", 96, 16, 2, 24, batch=32, steps_per_round=1, warmup=1, repeats=5, max_length=2048),
+        Plan(
+            "smollm2-135m-lora",
+            24,
+            4,
+            2,
+            8,
+            batch=2,
+            steps_per_round=1,
+            warmup=1,
+            repeats=4,
+            max_length=2048,
+            trl_settings=("padding_free",),
+        ),
+    ]
 
 
 # -- data ------------------------------------------------------------------------------------------
@@ -170,8 +198,10 @@ def plan_records(plan: Plan) -> list[dict[str, Any]]:
     chosen = [r for r in pool_records() if plan.min_turns <= len(r["messages"]) // 2 <= plan.max_turns]
     wanted = plan.dialogues + plan.eval_dialogues
     if len(chosen) < wanted:
-        raise ValueError(f"{plan.name}: the pool has {len(chosen)} dialogues of {plan.min_turns}-{plan.max_turns} turns, "
-                         f"{wanted} wanted")
+        raise ValueError(
+            f"{plan.name}: the pool has {len(chosen)} dialogues of {plan.min_turns}-{plan.max_turns} turns, "
+            f"{wanted} wanted"
+        )
     return chosen[:wanted]
 
 
@@ -241,7 +271,7 @@ class OurSide:
 class _Pause(TrainerCallback):
     """Hands control back to the benchmark before the first step and after every `steps`-th step."""
 
-    def __init__(self, side: "TrlSide") -> None:
+    def __init__(self, side: TrlSide) -> None:
         self.side = side
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -329,8 +359,9 @@ class TrlSide:
 
 
 @torch.no_grad()
-def eval_loss(model: torch.nn.Module, collator: GAttCollator, records: list[dict[str, Any]], device: str,
-              batch: int = 1) -> float:
+def eval_loss(
+    model: torch.nn.Module, collator: GAttCollator, records: list[dict[str, Any]], device: str, batch: int = 1
+) -> float:
     """Mean next-token cross-entropy over the supervised tokens of `records` (full logits; one record a batch: no padding)."""
     was_training = model.training
     model.eval()
@@ -339,7 +370,9 @@ def eval_loss(model: torch.nn.Module, collator: GAttCollator, records: list[dict
     for i in range(0, len(records), batch):
         inputs = {k: v.to(device) for k, v in collator(records[i : i + batch]).items()}
         with autocast:
-            logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).logits
+            logits = model(
+                input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False
+            ).logits
         targets = inputs["labels"][:, 1:]  # (B, T-1): position t predicts token t+1
         total += float(F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), reduction="sum"))
         count += int((targets != IGNORE_INDEX).sum())
@@ -368,28 +401,66 @@ def model_source(plan: Plan, work: Path, train: list[dict[str, Any]]) -> dict[st
     if plan.name == "embedded":
         recipe = yaml.safe_load((ROOT / "recipes" / "configs" / "base_tiny.yaml").read_text())
         folder = work / "tokenizer"  # trained on the training records' texts, as a run from scratch trains its own
-        recipe_config = TrainConfig(output_dir=str(work), max_steps=1, train_file="", model_config=recipe["model_config"],
-                                    tokenizer_vocab_size=recipe["tokenizer_vocab_size"])
+        recipe_config = TrainConfig(
+            output_dir=str(work),
+            max_steps=1,
+            train_file="",
+            model_config=recipe["model_config"],
+            tokenizer_vocab_size=recipe["tokenizer_vocab_size"],
+        )
         build_tokenizer(recipe_config, train, folder)
-        return {"model_config": recipe["model_config"], "tokenizer": str(folder), "learning_rate": recipe["learning_rate"],
-                "weight_decay": recipe["weight_decay"], "min_lr_ratio": recipe["min_lr_ratio"]}
+        return {
+            "model_config": recipe["model_config"],
+            "tokenizer": str(folder),
+            "learning_rate": recipe["learning_rate"],
+            "weight_decay": recipe["weight_decay"],
+            "min_lr_ratio": recipe["min_lr_ratio"],
+        }
     from gatt.pretrained import export_smollm2
 
     recipe = yaml.safe_load((ROOT / "recipes" / "configs" / "smollm2_135m_gatt.yaml").read_text())
     folder = export_smollm2(WORK / "smollm2-135m-instruct")
-    return {"model": str(folder), **{k: recipe[k] for k in ("learning_rate", "weight_decay", "min_lr_ratio", "lora_r",
-                                                              "lora_alpha", "lora_dropout", "lora_targets")}}
+    return {
+        "model": str(folder),
+        **{
+            k: recipe[k]
+            for k in (
+                "learning_rate",
+                "weight_decay",
+                "min_lr_ratio",
+                "lora_r",
+                "lora_alpha",
+                "lora_dropout",
+                "lora_targets",
+            )
+        },
+    }
 
 
 def our_trainer(plan: Plan, work: Path, source: dict[str, Any], seed: int, device: str) -> Trainer:
     config = TrainConfig(
-        output_dir=str(work / f"ours-seed{seed}"), max_steps=plan.total_steps, train_file=str(work / "train.jsonl"),
-        eval_file=str(work / "eval.jsonl"), seed=seed, mode="all", instruction_placement="system",
-        max_length=plan.max_length, packing=True, padding_free=True, batch_size=plan.batch, gradient_accumulation_steps=1,
-        warmup_steps=warmup_steps(plan), max_grad_norm=1.0, eval_every=0, **source)
+        output_dir=str(work / f"ours-seed{seed}"),
+        max_steps=plan.total_steps,
+        train_file=str(work / "train.jsonl"),
+        eval_file=str(work / "eval.jsonl"),
+        seed=seed,
+        mode="all",
+        instruction_placement="system",
+        max_length=plan.max_length,
+        packing=True,
+        padding_free=True,
+        batch_size=plan.batch,
+        gradient_accumulation_steps=1,
+        warmup_steps=warmup_steps(plan),
+        max_grad_norm=1.0,
+        eval_every=0,
+        **source,
+    )
     config.validate()
-    precision = {"ACCELERATE_MIXED_PRECISION": "bf16" if device == "cuda" else "no",
-                 "ACCELERATE_USE_CPU": str(device == "cpu").lower()}
+    precision = {
+        "ACCELERATE_MIXED_PRECISION": "bf16" if device == "cuda" else "no",
+        "ACCELERATE_USE_CPU": str(device == "cpu").lower(),
+    }
     with mock.patch.dict(os.environ, precision):
         return Trainer(config)
 
@@ -398,8 +469,15 @@ def warmup_steps(plan: Plan) -> int:
     return max(1, round(0.1 * plan.total_steps))
 
 
-def trl_trainer(plan: Plan, setting: str, work: Path, config: TrainConfig, collator: GAttCollator,
-                records: list[dict[str, Any]], device: str) -> Any:
+def trl_trainer(
+    plan: Plan,
+    setting: str,
+    work: Path,
+    config: TrainConfig,
+    collator: GAttCollator,
+    records: list[dict[str, Any]],
+    device: str,
+) -> Any:
     """SFTTrainer for one candidate setting on the rows our trainer draws, in its order (`config`: our run's).
 
     The model is built as ours is (`gatt.train.build_model`), without LoRA: TRL wraps it from `peft_config`.
@@ -423,27 +501,54 @@ def trl_trainer(plan: Plan, setting: str, work: Path, config: TrainConfig, colla
         extra = {"max_length": plan.max_length, "train_sampling_strategy": "sequential"}
     elif setting == "padding_free":  # TRL refuses max_length without packing here; every record fits (checked)
         extra = {"padding_free": True, "max_length": None, "train_sampling_strategy": "sequential"}
-    elif setting == "bfd":  # rows of max_length packed from the whole run's records; the run's rows spread over its steps
+    elif (
+        setting == "bfd"
+    ):  # rows of max_length packed from the whole run's records; the run's rows spread over its steps
         extra = {"packing": True, "packing_strategy": "bfd", "max_length": plan.max_length}
         batch = math.ceil(bfd_rows(collator, ordered, plan.max_length) / plan.total_steps)
     else:
         raise ValueError(f"unknown TRL setting {setting!r}")
     args = SFTConfig(
-        output_dir=str(work / f"trl-{setting}"), max_steps=plan.total_steps, per_device_train_batch_size=batch,
-        gradient_accumulation_steps=1, learning_rate=config.learning_rate, weight_decay=config.weight_decay,
-        lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": config.min_lr_ratio},
-        warmup_steps=config.warmup_steps, max_grad_norm=config.max_grad_norm, seed=config.seed,
-        assistant_only_loss=True, chat_template_path=str(template_path) if template_path else None,
-        activation_checkpointing=False, bf16=device == "cuda", use_cpu=device == "cpu",
-        logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
-        dataloader_pin_memory=device == "cuda", **extra)
+        output_dir=str(work / f"trl-{setting}"),
+        max_steps=plan.total_steps,
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1,
+        learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay,
+        lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr_rate": config.min_lr_ratio},
+        warmup_steps=config.warmup_steps,
+        max_grad_norm=config.max_grad_norm,
+        seed=config.seed,
+        assistant_only_loss=True,
+        chat_template_path=str(template_path) if template_path else None,
+        activation_checkpointing=False,
+        bf16=device == "cuda",
+        use_cpu=device == "cpu",
+        logging_strategy="no",
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_pin_memory=device == "cuda",
+        **extra,
+    )
     model = build_model(dataclasses.replace(config, lora_r=0), collator.tokenizer)
     peft_config = None
     if config.lora_r > 0:
-        peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                                 target_modules=list(config.lora_targets), task_type="CAUSAL_LM")
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(trl_rows(collator, ordered)),
-                         processing_class=tokenizer, peft_config=peft_config)
+        peft_config = LoraConfig(
+            r=config.lora_r,
+            lora_alpha=config.lora_alpha,
+            lora_dropout=config.lora_dropout,
+            target_modules=list(config.lora_targets),
+            task_type="CAUSAL_LM",
+        )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(trl_rows(collator, ordered)),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
     assert not trainer.args.activation_checkpointing
     if setting == "bfd":
         assert math.ceil(len(trainer.train_dataset) / batch) <= plan.total_steps, "bfd: TRL packed other rows"
@@ -512,7 +617,9 @@ def bench_model(plan: Plan, device: str) -> dict[str, Any]:
             load_trainable(trainer.model, initial)
             sides[setting] = TrlSide(trainer, plan.steps_per_round, device)
     threads = {name: side.threads for name, side in sides.items()}
-    threads.update({f"{name} (worker)": side.worker_threads for name, side in sides.items() if isinstance(side, TrlSide)})
+    threads.update(
+        {f"{name} (worker)": side.worker_threads for name, side in sides.items() if isinstance(side, TrlSide)}
+    )
     assert len(set(threads.values())) == 1, f"sides must use the same torch threads: {threads}"
 
     phases = {"set_up_s": time.perf_counter() - started}
@@ -545,29 +652,66 @@ def bench_model(plan: Plan, device: str) -> dict[str, Any]:
 
     # Every candidate is correct on this model (docstring); theirs is the fastest that trains our records at every step.
     best = max((s for s in plan.trl_settings if s in SAME_RECORDS), key=lambda s: rate[s])
-    tried = {s: {"supervised_tokens_per_s": round(rate[s], 1), "ratio_ours_over_this": round(rate["ours"] / rate[s], 3),
-                 "eval_loss": round(losses[s], 4), "eval_agrees": abs(losses["ours"] - losses[s]) <= tolerance,
-                 "correct": True, "same_records_per_step": s in SAME_RECORDS, "what": TRL_NOTES[s],
-                 ("rows_per_step" if s == "bfd" else "records_per_step"): sides[s].trainer.args.per_device_train_batch_size,
-                 "seconds": [round(x, 3) for x in seconds[s]], "supervised_tokens": timed[s]}
-             for s in plan.trl_settings}
-    tried.update({s: {"measured": False, "correct": True, "what": TRL_NOTES[s], "why_not": SKIPPED}
-                  for s in TRL_SETTINGS if s not in plan.trl_settings})
+    tried = {
+        s: {
+            "supervised_tokens_per_s": round(rate[s], 1),
+            "ratio_ours_over_this": round(rate["ours"] / rate[s], 3),
+            "eval_loss": round(losses[s], 4),
+            "eval_agrees": abs(losses["ours"] - losses[s]) <= tolerance,
+            "correct": True,
+            "same_records_per_step": s in SAME_RECORDS,
+            "what": TRL_NOTES[s],
+            ("rows_per_step" if s == "bfd" else "records_per_step"): sides[s].trainer.args.per_device_train_batch_size,
+            "seconds": [round(x, 3) for x in seconds[s]],
+            "supervised_tokens": timed[s],
+        }
+        for s in plan.trl_settings
+    }
+    tried.update(
+        {
+            s: {"measured": False, "correct": True, "what": TRL_NOTES[s], "why_not": SKIPPED}
+            for s in TRL_SETTINGS
+            if s not in plan.trl_settings
+        }
+    )
     settings = {
-        "model": plan.name, "records": len(train), "held_out_records": len(held_out),
-        "turns": f"{plan.min_turns}-{plan.max_turns}", "batch_records_per_step": plan.batch,
-        "steps_per_round": plan.steps_per_round, "warmup_rounds": plan.warmup, "rounds": plan.repeats,
-        "total_steps": plan.total_steps, "lr": ours.config.learning_rate, "warmup_steps": ours.config.warmup_steps,
-        "weight_decay": ours.config.weight_decay, "max_length": plan.max_length, "trl_setting": best,
-        "lora": {k: source[k] for k in ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")} if "lora_r" in source else None,
-        "trl_optimizer": str(sides[best].trainer.args.optim), "threads": threads["ours"], "device": device,
+        "model": plan.name,
+        "records": len(train),
+        "held_out_records": len(held_out),
+        "turns": f"{plan.min_turns}-{plan.max_turns}",
+        "batch_records_per_step": plan.batch,
+        "steps_per_round": plan.steps_per_round,
+        "warmup_rounds": plan.warmup,
+        "rounds": plan.repeats,
+        "total_steps": plan.total_steps,
+        "lr": ours.config.learning_rate,
+        "warmup_steps": ours.config.warmup_steps,
+        "weight_decay": ours.config.weight_decay,
+        "max_length": plan.max_length,
+        "trl_setting": best,
+        "lora": {k: source[k] for k in ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")}
+        if "lora_r" in source
+        else None,
+        "trl_optimizer": str(sides[best].trainer.args.optim),
+        "threads": threads["ours"],
+        "device": device,
     }
     agree = abs(losses["ours"] - losses[best]) <= tolerance
     result = comparison(
-        rate["ours"], rate[best], unit=UNIT, goal=GOAL, settings=settings,
-        eval_loss={"ours": round(losses["ours"], 4), "theirs": round(losses[best], 4), "agree": agree,
-                   "tolerance": round(tolerance, 4), "noise_ours_seed1": round(losses["ours, seed 1"], 4)},
-        trl_settings_tried=tried, seconds={"ours": [round(x, 3) for x in seconds["ours"]]},
+        rate["ours"],
+        rate[best],
+        unit=UNIT,
+        goal=GOAL,
+        settings=settings,
+        eval_loss={
+            "ours": round(losses["ours"], 4),
+            "theirs": round(losses[best], 4),
+            "agree": agree,
+            "tolerance": round(tolerance, 4),
+            "noise_ours_seed1": round(losses["ours, seed 1"], 4),
+        },
+        trl_settings_tried=tried,
+        seconds={"ours": [round(x, 3) for x in seconds["ours"]]},
         supervised_tokens_per_round=timed["ours"],
         phases={k: round(v, 1) for k, v in phases.items()},
     )
@@ -585,14 +729,31 @@ def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
     import transformers
     import trl
 
-    settings = {"mode": "all", "packing (ours)": True, "instruction_placement": "system", "assistant_only_loss (TRL)": True,
-                "optimizer": "AdamW, cosine schedule with min lr, grad clip 1.0", "device": device,
-                "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
-                "trl": trl.__version__, "quick": quick}
-    return {"train_vs_trl": {
-        "ratio": ratio, "ours": {k: round(r["ours"], 1) for k, r in per_model.items()},
-        "theirs": {k: round(r["theirs"], 1) for k, r in per_model.items()}, "unit": UNIT, "goal": GOAL,
-        "met": all(r["met"] for r in per_model.values()), "settings": settings, "per_model": per_model}}
+    settings = {
+        "mode": "all",
+        "packing (ours)": True,
+        "instruction_placement": "system",
+        "assistant_only_loss (TRL)": True,
+        "optimizer": "AdamW, cosine schedule with min lr, grad clip 1.0",
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        "quick": quick,
+    }
+    return {
+        "train_vs_trl": {
+            "ratio": ratio,
+            "ours": {k: round(r["ours"], 1) for k, r in per_model.items()},
+            "theirs": {k: round(r["theirs"], 1) for k, r in per_model.items()},
+            "unit": UNIT,
+            "goal": GOAL,
+            "met": all(r["met"] for r in per_model.values()),
+            "settings": settings,
+            "per_model": per_model,
+        }
+    }
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ def outcome(turn: dict[str, Any]) -> str:
     return "passed" if gate["passed"] else gate["failed"][0]
 
 
-def candidate_rows(transcripts: list[dict[str, Any]], dialogues: list[EvalDialogue]) -> list[tuple[str, dict[str, Any]]]:
+def candidate_rows(
+    transcripts: list[dict[str, Any]], dialogues: list[EvalDialogue]
+) -> list[tuple[str, dict[str, Any]]]:
     """(cell, row) for every judged chat reply of the transcripts."""
     by_id = {d.id: d for d in dialogues}
     rows = []
@@ -56,9 +58,15 @@ def candidate_rows(transcripts: list[dict[str, Any]], dialogues: list[EvalDialog
             row = {
                 "id": f"{transcript['model']}.{dialogue.id}.{number}",
                 "source": SOURCES.get(transcript["model"], transcript["model"]),
-                "instruction": dialogue.instruction, "family": family, "language": language,
-                "user": planned.user, "reply": turn["reply"], "earlier": list(earlier),
-                "on_topic": [check.to_dict() for check in planned.on_topic], "label": "", "why": "",
+                "instruction": dialogue.instruction,
+                "family": family,
+                "language": language,
+                "user": planned.user,
+                "reply": turn["reply"],
+                "earlier": list(earlier),
+                "on_topic": [check.to_dict() for check in planned.on_topic],
+                "label": "",
+                "why": "",
             }
             earlier.append([planned.user, turn["reply"], row["on_topic"]])
             if planned.kind == "chat":
@@ -90,9 +98,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
-    dialogues = plan_dialogues(load_eval_constraints(args.constraints), load_eval_turns(args.user_turns),
-                               dialogues=args.dialogues, turns=args.turns, seed=args.seed,
-                               short_prob=args.short_prob, probe_every=0)
+    dialogues = plan_dialogues(
+        load_eval_constraints(args.constraints),
+        load_eval_turns(args.user_turns),
+        dialogues=args.dialogues,
+        turns=args.turns,
+        seed=args.seed,
+        short_prob=args.short_prob,
+        probe_every=0,
+    )
     lines = (args.run / "transcripts.jsonl").read_text(encoding="utf-8").splitlines()
     transcripts = [json.loads(line) for line in lines if line.strip()]
     drawn = draw(candidate_rows(transcripts, dialogues), args.per_cell, args.seed)

@@ -21,8 +21,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's gatt
 
-from gatt.cli import exit_on_bad_input  # noqa: E402
 from run import write_json  # noqa: E402  (benchmarks/run.py: whole under a temporary name, then renamed)
+
+from gatt.cli import exit_on_bad_input  # noqa: E402
 
 # The stage a process runs, by its command line (recipes/demo.py's stage commands), first match.
 STAGES: list[tuple[str, str]] = [
@@ -51,7 +52,10 @@ CATEGORIES: list[tuple[str, tuple[str | tuple[str, ...], ...]]] = [
     ("optimizer", ("torch/optim/",)),
     ("checks (language detector)", ("gatt/checks.py", "lingua/")),
     ("answer gate", ("gatt/gate.py", "gatt/eval/judge.py")),
-    ("tokenizer and chat template", ("apply_chat_template (", "tokenization_utils", "tokenizers/", "render (gatt/eval")),
+    (
+        "tokenizer and chat template",
+        ("apply_chat_template (", "tokenization_utils", "tokenizers/", "render (gatt/eval"),
+    ),
     ("collator and packing", ("gatt/collator.py",)),
     ("training forward", ("Trainer.train_step (",)),
     ("report and plots", ("gatt/eval/report.py", "matplotlib/")),
@@ -98,17 +102,25 @@ def profile(raw: str, rate: float) -> dict[str, Any]:
     stages = {}
     for stage, by_category in counts.items():
         total = sum(by_category.values())
-        stages[stage] = {"sampled_seconds": round(total / rate),
-                         "share": {c: round(n / total, 3) for c, n in by_category.most_common()}}
-    return {"tool": f"py-spy record -r {rate:g} --subprocesses -f raw ({rate:g} samples/s of each process's Python stack)",
-            "stages": stages}
+        stages[stage] = {
+            "sampled_seconds": round(total / rate),
+            "share": {c: round(n / total, 3) for c, n in by_category.most_common()},
+        }
+    return {
+        "tool": f"py-spy record -r {rate:g} --subprocesses -f raw ({rate:g} samples/s of each process's Python stack)",
+        "stages": stages,
+    }
 
 
 def markdown(result: dict[str, Any], stages: list[str]) -> str:
     """A table: one column per stage, the categories as rows (shares of that stage's sampled time)."""
     categories = list(dict.fromkeys(c for s in stages for c in result["stages"][s]["share"]))
-    lines = ["| where the time goes | " + " | ".join(f"{s} ({result['stages'][s]['sampled_seconds']} s)" for s in stages) + " |",
-             "|---|" + "---:|" * len(stages)]
+    lines = [
+        "| where the time goes | "
+        + " | ".join(f"{s} ({result['stages'][s]['sampled_seconds']} s)" for s in stages)
+        + " |",
+        "|---|" + "---:|" * len(stages),
+    ]
     for category in categories:
         cells = [f"{result['stages'][s]['share'].get(category, 0):.0%}" for s in stages]
         lines.append(f"| {category} | " + " | ".join(cells) + " |")
@@ -116,8 +128,12 @@ def markdown(result: dict[str, Any], stages: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python benchmarks/profile_stages.py", description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/profile_stages.py",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("raw", type=Path, help="py-spy's raw output (record --subprocesses -f raw)")
     parser.add_argument("--rate", type=float, default=5.0, help="the sampling rate it was recorded at (-r; default 5)")
     parser.add_argument("--json", type=Path, metavar="OUT.json", help="write the shares here")
@@ -130,7 +146,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.markdown:
             unknown = [s for s in args.markdown if s not in result["stages"]]
             if unknown:
-                raise ValueError(f"--markdown: no samples of {', '.join(unknown)}; stages: {', '.join(result['stages'])}")
+                raise ValueError(
+                    f"--markdown: no samples of {', '.join(unknown)}; stages: {', '.join(result['stages'])}"
+                )
             print(markdown(result, args.markdown), end="")
         else:
             print(json.dumps(result, indent=2))

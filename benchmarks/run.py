@@ -99,7 +99,11 @@ def run(keys: list[str], quick: bool, device: str) -> dict[str, Any]:
         print(f"== {name} ({', '.join(k for k in keys if (BENCHMARKS.get(k) or GPU_ONLY.get(k)) == name)})", flush=True)
         start = time.perf_counter()
         module = importlib.import_module(name)
-        wanted = {"only": [k for k in keys if BENCHMARKS.get(k) == name]} if "only" in inspect.signature(module.run).parameters else {}
+        wanted = (
+            {"only": [k for k in keys if BENCHMARKS.get(k) == name]}
+            if "only" in inspect.signature(module.run).parameters
+            else {}
+        )
         results = module.run(quick, device, **wanted)  # a module that can run some of its rows runs only those
         payload["seconds"][name] = round(time.perf_counter() - start, 1)
         payload.update({key: value for key, value in results.items() if key in keys})
@@ -125,13 +129,35 @@ def table_rows(payload: dict[str, Any]) -> list[list[str]]:
             r = payload[key]
             met = "met" if r["met"] else "MISSED"
             if "ratio" not in r:  # a share to stay under (smollm2_report_scorer_share)
-                rows.append([key, LABELS[key], f"{r['value']:.1%}", "-", r["unit"], f"{r['value']:.1%}", "",
-                             f"<= {r['goal']:.0%}", met])
+                rows.append(
+                    [
+                        key,
+                        LABELS[key],
+                        f"{r['value']:.1%}",
+                        "-",
+                        r["unit"],
+                        f"{r['value']:.1%}",
+                        "",
+                        f"<= {r['goal']:.0%}",
+                        met,
+                    ]
+                )
                 continue
             # the headline ratio; a per-model benchmark (its headline the lowest) lists each model's beside it
             per_model = ", ".join(f"{model}: {m['ratio']:.2f}x" for model, m in r.get("per_model", {}).items())
-            rows.append([key, LABELS[key], side(r, "ours"), side(r, "theirs"), r["unit"], f"{r['ratio']:.2f}x",
-                         f"({per_model})" if per_model else "", f">= {r['goal']:g}x", met])
+            rows.append(
+                [
+                    key,
+                    LABELS[key],
+                    side(r, "ours"),
+                    side(r, "theirs"),
+                    r["unit"],
+                    f"{r['ratio']:.2f}x",
+                    f"({per_model})" if per_model else "",
+                    f">= {r['goal']:g}x",
+                    met,
+                ]
+            )
     return rows
 
 
@@ -152,7 +178,15 @@ def markdown(payload: dict[str, Any], gpu: dict[str, Any] | None = None) -> str:
         header.append(f"ratio, {gpu['machine'].get('gpu', 'GPU')}")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for key, label, ours, theirs, unit, ratio, per_model, goal, met in table_rows(payload):
-        cells = [f"`{key}`", label, ours, theirs, unit, f"**{ratio}** ({met}) {per_model}".rstrip(), goal.replace(">=", "≥")]
+        cells = [
+            f"`{key}`",
+            label,
+            ours,
+            theirs,
+            unit,
+            f"**{ratio}** ({met}) {per_model}".rstrip(),
+            goal.replace(">=", "≥"),
+        ]
         if gpu:
             cells.append(f"{gpu[key]['ratio']:.2f}x" if key in gpu else "-")
         lines.append("| " + " | ".join(cells) + " |")
@@ -178,28 +212,50 @@ def merge_into(path: Path, payload: dict[str, Any], keys: list[str]) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python benchmarks/run.py", description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small sizes, fewer repeats: under 10 minutes on 2 CPU cores")
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/run.py",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes, fewer repeats: under 10 minutes on 2 CPU cores"
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where models run (default: cpu)")
-    parser.add_argument("--json", type=Path, metavar="OUT.json",
-                        help="write every result, with the machine, to this file (with --only, merged into an existing one)")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        metavar="OUT.json",
+        help="write every result, with the machine, to this file (with --only, merged into an existing one)",
+    )
     parser.add_argument("--only", nargs="+", metavar="KEY", help="run only these benchmarks (keys above)")
-    parser.add_argument("--markdown", nargs="?", const=COMMITTED, type=Path, metavar="JSON",
-                        help=f"print the benchmarks page's table from a results file (default {COMMITTED}; its _gpu twin adds a column)")
+    parser.add_argument(
+        "--markdown",
+        nargs="?",
+        const=COMMITTED,
+        type=Path,
+        metavar="JSON",
+        help=f"print the benchmarks page's table from a results file (default {COMMITTED}; its _gpu twin adds a column)",
+    )
     args = parser.parse_args(argv)
     with exit_on_bad_input():
         if args.markdown:
             if not args.markdown.is_file():
-                raise FileNotFoundError(f"{args.markdown}: no such results file (python benchmarks/run.py --json {args.markdown})")
+                raise FileNotFoundError(
+                    f"{args.markdown}: no such results file (python benchmarks/run.py --json {args.markdown})"
+                )
             gpu_path = args.markdown.with_name(args.markdown.stem + "_gpu.json")
             gpu = json.loads(gpu_path.read_text()) if gpu_path.is_file() else None
             print(markdown(json.loads(args.markdown.read_text()), gpu), end="")
             return
-        keys = args.only or ([*BENCHMARKS] if args.device == "cpu" else [*(k for k in BENCHMARKS if k not in CPU_ONLY), *GPU_ONLY])
+        keys = args.only or (
+            [*BENCHMARKS] if args.device == "cpu" else [*(k for k in BENCHMARKS if k not in CPU_ONLY), *GPU_ONLY]
+        )
         unknown = [k for k in keys if k not in BENCHMARKS and k not in GPU_ONLY]
         if unknown:
-            raise ValueError(f"--only: unknown benchmark(s) {', '.join(unknown)}; valid: {', '.join([*BENCHMARKS, *GPU_ONLY])}")
+            raise ValueError(
+                f"--only: unknown benchmark(s) {', '.join(unknown)}; valid: {', '.join([*BENCHMARKS, *GPU_ONLY])}"
+            )
         if args.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA device here")
         if args.device == "cuda" and any(k in CPU_ONLY for k in keys):

@@ -35,8 +35,8 @@ from tqdm.auto import tqdm
 
 from data_gen.constraints import catalogue, limit_values
 from data_gen.eval_set import write_eval_set
-from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.pass_rate import PassRateConfig, demonstrations, format_pass_rates, measure_pass_rates
+from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.teacher import TORCH_DTYPES, ModelTeacher, OracleTeacher, Teacher
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import UserTurn, load_user_turns, split_user_turns
@@ -54,9 +54,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     parser.add_argument("--short-prob", type=float, default=0.5, help="chance of the shortened instruction form")
     parser.add_argument(
-        "--heldout-families", nargs="*", default=None, metavar="FAMILY",
+        "--heldout-families",
+        nargs="*",
+        default=None,
+        metavar="FAMILY",
         help="families kept out of GAtt data (every value held out): of the built-in catalogue (default: brevity; "
-             "the base corpus still teaches them) or of --constraints (default: none)",
+        "the base corpus still teaches them) or of --constraints (default: none)",
     )
 
 
@@ -64,49 +67,81 @@ def _dialogues(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-turns", type=int, default=2, help="shortest dialogue kept")
     parser.add_argument("--max-turns", type=int, default=24, help="longest dialogue drawn")
     parser.add_argument("--samples-per-turn", type=int, default=4, help="candidates per turn (k) for rejection")
-    parser.add_argument("--redraws", type=int, default=2,
-                        help="other user messages tried at a turn whose k candidates all fail, before the dialogue ends there")
+    parser.add_argument(
+        "--redraws",
+        type=int,
+        default=2,
+        help="other user messages tried at a turn whose k candidates all fail, before the dialogue ends there",
+    )
     _user_turns(parser)
     parser.add_argument("--shard-size", type=int, default=64, help="dialogues per resumable shard")
-    parser.add_argument("--strict-repeats", action="store_true",
-                        help="reject a near copy of an earlier reply even where its topic word changed (the gate "
-                             "lets such template answers pass); a real model's teacher needs it, or the fine-tuned "
-                             "model learns to repeat itself")
+    parser.add_argument(
+        "--strict-repeats",
+        action="store_true",
+        help="reject a near copy of an earlier reply even where its topic word changed (the gate "
+        "lets such template answers pass); a real model's teacher needs it, or the fine-tuned "
+        "model learns to repeat itself",
+    )
     _strict_gate(parser)
 
 
 def _strict_gate(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--strict-gate", action="store_true",
-                        help="the answer gate for a real chat model (gatt.evaluate --strict-gate): --strict-repeats, "
-                             "and a reply to a turn with topic words must pass the likelihood contrast too")
+    parser.add_argument(
+        "--strict-gate",
+        action="store_true",
+        help="the answer gate for a real chat model (gatt.evaluate --strict-gate): --strict-repeats, "
+        "and a reply to a turn with topic words must pass the likelihood contrast too",
+    )
 
 
 def _user_turns(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--user-turns", type=Path, help="your dialogues (JSONL/Parquet/datasets folder) or a .txt of messages")
-    parser.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad input dialogues: stop, or count and skip")
+    parser.add_argument(
+        "--user-turns", type=Path, help="your dialogues (JSONL/Parquet/datasets folder) or a .txt of messages"
+    )
+    parser.add_argument(
+        "--on-error", choices=["raise", "skip"], default="raise", help="bad input dialogues: stop, or count and skip"
+    )
 
 
 def _teacher(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--teacher", required=True, help="'oracle' (the toy world's responder) or a causal LM directory")
+    parser.add_argument(
+        "--teacher", required=True, help="'oracle' (the toy world's responder) or a causal LM directory"
+    )
     add_sampler_arguments(parser)  # a model teacher's decoding
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=32, help="prompts per teacher generate() call")
-    parser.add_argument("--device", help="teacher device, e.g. cuda, cuda:1, cpu (default: this process's GPU under "
-                                         "torchrun/accelerate launch, else cuda if available, else cpu)")
-    parser.add_argument("--teacher-dtype", choices=sorted(TORCH_DTYPES), default=None,
-                        help="load the teacher in this dtype (bf16 halves its memory; default: transformers' default)")
-    parser.add_argument("--teacher-numerics", choices=NUMERICS, default="exact",
-                        help="exact (fp32, default); bf16 (faster on a CPU with bf16 instructions); or int8: the teacher's "
-                             "Linear layers dynamically quantised, CPU only. The fast modes draw other candidates "
-                             "(gatt/numerics.py; int8 does not pay on SmolLM2-135M)")
-    parser.add_argument("--teacher-device-map", metavar="MAP",
-                        help="spread a teacher too large for one device over the visible GPUs (e.g. auto, balanced); "
-                             "run one process per machine with it, or give each process its own CUDA_VISIBLE_DEVICES")
+    parser.add_argument(
+        "--device",
+        help="teacher device, e.g. cuda, cuda:1, cpu (default: this process's GPU under "
+        "torchrun/accelerate launch, else cuda if available, else cpu)",
+    )
+    parser.add_argument(
+        "--teacher-dtype",
+        choices=sorted(TORCH_DTYPES),
+        default=None,
+        help="load the teacher in this dtype (bf16 halves its memory; default: transformers' default)",
+    )
+    parser.add_argument(
+        "--teacher-numerics",
+        choices=NUMERICS,
+        default="exact",
+        help="exact (fp32, default); bf16 (faster on a CPU with bf16 instructions); or int8: the teacher's "
+        "Linear layers dynamically quantised, CPU only. The fast modes draw other candidates "
+        "(gatt/numerics.py; int8 does not pay on SmolLM2-135M)",
+    )
+    parser.add_argument(
+        "--teacher-device-map",
+        metavar="MAP",
+        help="spread a teacher too large for one device over the visible GPUs (e.g. auto, balanced); "
+        "run one process per machine with it, or give each process its own CUDA_VISIBLE_DEVICES",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The `base`, `gatt` and `eval-set` subcommands."""
-    parser = argparse.ArgumentParser(prog="python -m data_gen", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m data_gen", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     base = commands.add_parser("base", help="write the toy world's base SFT corpus")
     _common(base)
@@ -115,18 +150,31 @@ def build_parser() -> argparse.ArgumentParser:
     _dialogues(gatt)
     _teacher(gatt)
     gatt.add_argument("--constraints", type=Path, help="YAML constraint file (default: the built-in catalogue)")
-    gatt.add_argument("--round", type=int, default=1, metavar="R",
-                      help="expert-iteration round, written into each record's meta; a round after the first draws "
-                           "other dialogues than round 1 from the same seed (recipes/demo.py `rounds`)")
-    gatt.add_argument("--demonstration", action="store_true",
-                      help="open the teacher's prompt with one exchange of each constraint whose reply passed the checks "
-                           "and the gate in a separate draw (richer context distillation: the record keeps only the "
-                           "dialogue); kept in DIR/gatt.shards/demonstrations.json for a resumed run")
-    gatt.add_argument("--values-per-family", type=int, metavar="K",
-                      help="use at most K train values of each family (a fixed-seed draw): the data-variety knob "
-                           "(default: every train value)")
+    gatt.add_argument(
+        "--round",
+        type=int,
+        default=1,
+        metavar="R",
+        help="expert-iteration round, written into each record's meta; a round after the first draws "
+        "other dialogues than round 1 from the same seed (recipes/demo.py `rounds`)",
+    )
+    gatt.add_argument(
+        "--demonstration",
+        action="store_true",
+        help="open the teacher's prompt with one exchange of each constraint whose reply passed the checks "
+        "and the gate in a separate draw (richer context distillation: the record keeps only the "
+        "dialogue); kept in DIR/gatt.shards/demonstrations.json for a resumed run",
+    )
+    gatt.add_argument(
+        "--values-per-family",
+        type=int,
+        metavar="K",
+        help="use at most K train values of each family (a fixed-seed draw): the data-variety knob "
+        "(default: every train value)",
+    )
     replay = commands.add_parser(
-        "replay", help="write the teacher's own gated answers to dialogues without instruction (replay data)",
+        "replay",
+        help="write the teacher's own gated answers to dialogues without instruction (replay data)",
         description="Dialogues without an instruction, each reply the teacher's own answer that passes the answer "
         "gate (best of --samples-per-turn). Mixed into a GAtt fine-tune (replay_file=...), they keep the model "
         "answering as it did. Writes DIR/replay.jsonl and DIR/replay.summary.json; resumes like `gatt`.",
@@ -135,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     _dialogues(replay)
     _teacher(replay)
     pass_rate = commands.add_parser(
-        "pass-rate", help="measure each constraint's one-turn pass rate with the instruction in view",
+        "pass-rate",
+        help="measure each constraint's one-turn pass rate with the instruction in view",
         description="For each constraint, --prompts user turns (a probe-only persona: its probe questions) with the "
         "instruction appended, --samples candidates each: the share passing the checks, the checks and the answer "
         "gate, and the share of prompts where one of the k passes both (what best-of-k rejection keeps). "
@@ -147,19 +196,25 @@ def build_parser() -> argparse.ArgumentParser:
     pass_rate.add_argument("--samples", type=int, default=2, help="candidates per prompt (k)")
     pass_rate.add_argument("--seed", type=int, default=0)
     _strict_gate(pass_rate)
-    pass_rate.add_argument("--demonstration", action="store_true",
-                           help="precede each prompt with one exchange of the same constraint whose reply passed the "
-                                "checks and the gate in a separate draw: does a richer teacher context raise the rate?")
+    pass_rate.add_argument(
+        "--demonstration",
+        action="store_true",
+        help="precede each prompt with one exchange of the same constraint whose reply passed the "
+        "checks and the gate in a separate draw: does a richer teacher context raise the rate?",
+    )
     _user_turns(pass_rate)
     _teacher(pass_rate)
     eval_set = commands.add_parser(
-        "eval-set", help="write the built-in evaluation set (constraints with splits, held-out user turns)",
+        "eval-set",
+        help="write the built-in evaluation set (constraints with splits, held-out user turns)",
         description="Write DIR/constraints.yaml (the catalogue, each constraint tagged train or heldout) and "
         "DIR/user_turns.jsonl (the held-out user turns with on-topic checks), the files gatt's evaluation "
         "uses by default. Regenerate the shipped copy with --out gatt/eval/builtin.",
     )
     eval_set.add_argument("--out", type=Path, required=True, help="output folder")
-    eval_set.add_argument("--seed", type=int, default=0, help="catalogue and user-turn split seed (the shipped set uses 0)")
+    eval_set.add_argument(
+        "--seed", type=int, default=0, help="catalogue and user-turn split seed (the shipped set uses 0)"
+    )
     return parser
 
 
@@ -177,17 +232,31 @@ def run_base(args: argparse.Namespace) -> dict:
             turns += sum(m["role"] == "assistant" for m in record["messages"])
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
     os.replace(tmp, path)
-    return {"records": args.num_dialogues, "kinds": dict(sorted(kinds.items())), "assistant_turns": turns, "path": str(path)}
+    return {
+        "records": args.num_dialogues,
+        "kinds": dict(sorted(kinds.items())),
+        "assistant_turns": turns,
+        "path": str(path),
+    }
 
 
 def make_teacher(args: argparse.Namespace, constraints: list[Constraint]) -> Teacher:
     if args.teacher == "oracle":
         return OracleTeacher(constraints)
     check_model_folder(args.teacher, "--teacher", hint=" ('oracle' is the toy world's responder)")
-    return ModelTeacher(args.teacher, temperature=args.temperature, top_p=args.top_p,
-                        repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
-                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, device=args.device,
-                        dtype=args.teacher_dtype, device_map=args.teacher_device_map, numerics=args.teacher_numerics)
+    return ModelTeacher(
+        args.teacher,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        no_repeat_ngram_size=args.no_repeat_ngram_size,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        device=args.device,
+        dtype=args.teacher_dtype,
+        device_map=args.teacher_device_map,
+        numerics=args.teacher_numerics,
+    )
 
 
 def _constraints(args: argparse.Namespace) -> list[Constraint]:
@@ -205,21 +274,36 @@ def _user_pool(args: argparse.Namespace) -> list[UserTurn]:
 def run_gatt(args: argparse.Namespace) -> dict:
     """Write DIR/gatt.jsonl, or DIR/replay.jsonl without constraints (resuming), and return its summary."""
     name = args.command
-    constraints = [] if name == "replay" else [c for c in _constraints(args) if c.split == "train"]  # held-out values never enter GAtt data
+    constraints = (
+        [] if name == "replay" else [c for c in _constraints(args) if c.split == "train"]
+    )  # held-out values never enter GAtt data
     if getattr(args, "values_per_family", None) is not None:
         constraints = limit_values(constraints, args.values_per_family, seed=args.seed)
     if name == "replay" and args.teacher == "oracle":
         raise ValueError("replay data are a model's own answers: --teacher must be a model directory")
     teacher = make_teacher(args, constraints)
     config = SynthesisConfig(
-        num_dialogues=args.num_dialogues, min_turns=args.min_turns, max_turns=args.max_turns,
-        samples_per_turn=args.samples_per_turn, redraws=args.redraws, seed=args.seed, short_prob=args.short_prob,
-        shard_size=args.shard_size, strict_repeats=args.strict_repeats, strict_gate=args.strict_gate,
-        demonstration=getattr(args, "demonstration", False), round=getattr(args, "round", 1),
+        num_dialogues=args.num_dialogues,
+        min_turns=args.min_turns,
+        max_turns=args.max_turns,
+        samples_per_turn=args.samples_per_turn,
+        redraws=args.redraws,
+        seed=args.seed,
+        short_prob=args.short_prob,
+        shard_size=args.shard_size,
+        strict_repeats=args.strict_repeats,
+        strict_gate=args.strict_gate,
+        demonstration=getattr(args, "demonstration", False),
+        round=getattr(args, "round", 1),
     )
     pool = _user_pool(args)
-    demonstrate = partial(demonstrations, teacher, [c for c in constraints if c.split == "train"], pool, PassRateConfig(
-        prompts=8, samples=args.samples_per_turn, seed=args.seed, strict_gate=args.strict_gate))
+    demonstrate = partial(
+        demonstrations,
+        teacher,
+        [c for c in constraints if c.split == "train"],
+        pool,
+        PassRateConfig(prompts=8, samples=args.samples_per_turn, seed=args.seed, strict_gate=args.strict_gate),
+    )
     summary = synthesize(args.out, config, teacher, constraints, pool, name=name, demonstrate=demonstrate)
     return {**summary, "path": str(args.out / f"{name}.jsonl")}
 
@@ -227,12 +311,21 @@ def run_gatt(args: argparse.Namespace) -> dict:
 def run_pass_rate(args: argparse.Namespace) -> dict:
     """Write the pass-rate JSON atomically, print its table, return it."""
     constraints = _constraints(args)
-    config = PassRateConfig(prompts=args.prompts, samples=args.samples, seed=args.seed, strict_gate=args.strict_gate,
-                            demonstration=args.demonstration)
+    config = PassRateConfig(
+        prompts=args.prompts,
+        samples=args.samples,
+        seed=args.seed,
+        strict_gate=args.strict_gate,
+        demonstration=args.demonstration,
+    )
     result = measure_pass_rates(make_teacher(args, constraints), constraints, _user_pool(args), config)
     result["settings"].update(
-        constraints=str(args.constraints or "built-in"), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_p=args.top_p, repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+        constraints=str(args.constraints or "built-in"),
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        no_repeat_ngram_size=args.no_repeat_ngram_size,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(f".{args.out.name}.tmp")

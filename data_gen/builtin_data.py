@@ -31,8 +31,17 @@ SECTIONS = {
     "topic_keywords.yaml": ("keywords",),
     "phrasings.yaml": ("phrasings",),
     "catalogue.yaml": ("hobbies", "languages", "figures", "sign_off_words"),
-    "toy_world.yaml": ("topic_replies", "generic_reply", "figure_line", "hobby_line", "speak_line",
-                       "assistant_line", "no_hobby_line", "help_line", "hobby_emoji"),
+    "toy_world.yaml": (
+        "topic_replies",
+        "generic_reply",
+        "figure_line",
+        "hobby_line",
+        "speak_line",
+        "assistant_line",
+        "no_hobby_line",
+        "help_line",
+        "hobby_emoji",
+    ),
 }
 
 
@@ -92,7 +101,9 @@ def _mapping(value: Any, where: str, convert: Convert[T], keys: Sequence[str] | 
     if not isinstance(value, dict) or not value:
         raise DataFileError(f"{where}: expected a non-empty mapping, got {value!r}")
     if keys is not None and list(value) != list(keys):
-        raise DataFileError(f"{where}: expected the keys {', '.join(keys)} in this order, got {', '.join(map(str, value))}")
+        raise DataFileError(
+            f"{where}: expected the keys {', '.join(keys)} in this order, got {', '.join(map(str, value))}"
+        )
     for key in value:
         if not isinstance(key, str):
             raise DataFileError(f"{where}: expected string keys, got {key!r}")

@@ -45,10 +45,15 @@ def _hobby(value: str) -> Constraint:
         name=f"hobby:{value}",
         instruction=f"You enjoy {value}, and you mention it in every answer.",
         short=f"Hobby: {value}",
-        paraphrases=(f"Your favorite hobby is {value}. Bring it up in each reply.",
-                     f"You are a big fan of {value}: talk about it whenever you answer."),
+        paraphrases=(
+            f"Your favorite hobby is {value}. Bring it up in each reply.",
+            f"You are a big fan of {value}: talk about it whenever you answer.",
+        ),
         checks=(mentions,),
-        probes=(Probe("What is your favorite hobby?", (mentions,)), Probe("What do you do in your free time?", (mentions,))),
+        probes=(
+            Probe("What is your favorite hobby?", (mentions,)),
+            Probe("What do you do in your free time?", (mentions,)),
+        ),
         family="hobby",
         value=value,
     )
@@ -75,8 +80,10 @@ def _figure(value: str) -> Constraint:
         name=f"figure:{value}",
         instruction=f"Act as {value}, and say who you are in every answer.",
         short=f"Figure: {value}",
-        paraphrases=(f"You are {value}. Introduce yourself in each reply.",
-                     f"Pretend to be {value} and give your name every time you answer."),
+        paraphrases=(
+            f"You are {value}. Introduce yourself in each reply.",
+            f"Pretend to be {value} and give your name every time you answer.",
+        ),
         checks=(names,),
         probes=(Probe("Who are you?", (names,)), Probe("What is your name?", (names,))),
         family="figure",
@@ -134,7 +141,9 @@ def split_values(values: Sequence[str], heldout_fraction: float, seed: int) -> s
     return set(random.Random(seed).sample(sorted(values), count))
 
 
-def catalogue(*, heldout_fraction: float = 0.25, seed: int = 0, heldout_families: Sequence[str] = ("brevity",)) -> list[Constraint]:
+def catalogue(
+    *, heldout_fraction: float = 0.25, seed: int = 0, heldout_families: Sequence[str] = ("brevity",)
+) -> list[Constraint]:
     """Every catalogue constraint, tagged split="train" or "heldout" (held-out values and whole held-out families)."""
     unknown = set(heldout_families) - set(FAMILIES)
     if unknown:

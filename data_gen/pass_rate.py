@@ -33,7 +33,9 @@ class PassRateConfig:
     relevance_others: int = 3  # contrast questions where a turn has no on-topic check
     chunk: int = 64  # prompts per teacher call (progress is shown per call)
     strict_gate: bool = False  # judge with the real-model gate (GateConfig.strict()), as the report's --strict-gate
-    demonstration: bool = False  # precede each prompt with one passing exchange of the same constraint (`demonstrations`)
+    demonstration: bool = (
+        False  # precede each prompt with one passing exchange of the same constraint (`demonstrations`)
+    )
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or self.samples < 1:
@@ -57,8 +59,9 @@ Case = tuple[Constraint, UserTurn, str]  # the constraint, the user turn, the in
 Demonstration = list[dict[str, str]]  # an earlier exchange put before the user turn in the teacher's prompt
 
 
-def _cases(constraints: Sequence[Constraint], user_pool: Sequence[UserTurn], config: PassRateConfig,
-           rng: random.Random) -> list[Case]:
+def _cases(
+    constraints: Sequence[Constraint], user_pool: Sequence[UserTurn], config: PassRateConfig, rng: random.Random
+) -> list[Case]:
     cases: list[Case] = []
     for c in constraints:
         questions = [UserTurn(p.question, None) for p in c.probes] if not c.checks else list(user_pool)
@@ -67,20 +70,33 @@ def _cases(constraints: Sequence[Constraint], user_pool: Sequence[UserTurn], con
     return cases
 
 
-def _sample_and_judge(teacher: Teacher, cases: Sequence[Case], user_pool: Sequence[UserTurn], config: PassRateConfig,
-                      rng: random.Random, demonstrations: dict[str, Demonstration]) -> list[list[tuple[str, bool, bool]]]:
+def _sample_and_judge(
+    teacher: Teacher,
+    cases: Sequence[Case],
+    user_pool: Sequence[UserTurn],
+    config: PassRateConfig,
+    rng: random.Random,
+    demonstrations: dict[str, Demonstration],
+) -> list[list[tuple[str, bool, bool]]]:
     """Per case, each candidate with whether it passes the checks, and the checks and the gate."""
-    requests = [TurnRequest([*demonstrations.get(c.name, []),
-                             {"role": "user", "content": with_instruction(turn.text, instruction)}], turn, [c])
-                for c, turn, instruction in cases]
+    requests = [
+        TurnRequest(
+            [*demonstrations.get(c.name, []), {"role": "user", "content": with_instruction(turn.text, instruction)}],
+            turn,
+            [c],
+        )
+        for c, turn, instruction in cases
+    ]
     teacher.seed(config.seed)
     sampled: list[list[str]] = []
     for start in tqdm(range(0, len(requests), config.chunk), desc="pass rates", unit="call"):
         sampled += teacher.sample(requests[start : start + config.chunk], config.samples)
     gate = AnswerGate(gate_config(strict_gate=config.strict_gate), scorer=teacher.scorer)
     items, owners = [], []
-    checked = [[passes_all(candidate, turn_checks([c], turn)) for candidate in candidates]
-               for (c, turn, _), candidates in zip(cases, sampled)]
+    checked = [
+        [passes_all(candidate, turn_checks([c], turn)) for candidate in candidates]
+        for (c, turn, _), candidates in zip(cases, sampled)
+    ]
     for case, ((c, turn, _), candidates) in enumerate(zip(cases, sampled)):
         pool = [t.text for t in user_pool if _key(t) != _key(turn)]
         others = tuple(rng.sample(pool, min(config.relevance_others, len(pool))))
@@ -89,12 +105,15 @@ def _sample_and_judge(teacher: Teacher, cases: Sequence[Case], user_pool: Sequen
                 items.append(GateItem(gate_turn([c], turn, candidate), (), others))
                 owners.append((case, j))
     gated = {owner for owner, verdict in zip(owners, gate.judge(items)) if verdict.passed}
-    return [[(candidate, checked[case][j], (case, j) in gated) for j, candidate in enumerate(candidates)]
-            for case, candidates in enumerate(sampled)]
+    return [
+        [(candidate, checked[case][j], (case, j) in gated) for j, candidate in enumerate(candidates)]
+        for case, candidates in enumerate(sampled)
+    ]
 
 
-def demonstrations(teacher: Teacher, constraints: Sequence[Constraint], user_pool: Sequence[UserTurn],
-                   config: PassRateConfig) -> dict[str, Demonstration]:
+def demonstrations(
+    teacher: Teacher, constraints: Sequence[Constraint], user_pool: Sequence[UserTurn], config: PassRateConfig
+) -> dict[str, Demonstration]:
     """Per constraint, one exchange from a separate draw (seed + 1) whose reply passes the checks and the gate:
     the reminded user turn and that reply, to put before the teacher's prompt (richer context distillation)."""
     rng = random.Random(f"demonstrations-{config.seed}")
@@ -104,8 +123,10 @@ def demonstrations(teacher: Teacher, constraints: Sequence[Constraint], user_poo
     for (c, turn, instruction), candidates in zip(cases, _sample_and_judge(teacher, cases, user_pool, draw, rng, {})):
         reply = next((text for text, _, gated in candidates if gated), None)
         if reply is not None and c.name not in found:
-            found[c.name] = [{"role": "user", "content": with_instruction(turn.text, instruction)},
-                             {"role": "assistant", "content": reply}]
+            found[c.name] = [
+                {"role": "user", "content": with_instruction(turn.text, instruction)},
+                {"role": "assistant", "content": reply},
+            ]
     return found
 
 
@@ -126,8 +147,18 @@ def measure_pass_rates(
     judged = _sample_and_judge(teacher, cases, user_pool, config, rng, demos)
     rows: dict[str, dict[str, Any]] = {}
     for (c, _, _), candidates in zip(cases, judged):
-        row = rows.setdefault(c.name, {"family": c.family, "split": c.split, "prompts": 0, "candidates": 0,
-                                        "checks": 0, "checks_and_gate": 0, "any_passed": 0})
+        row = rows.setdefault(
+            c.name,
+            {
+                "family": c.family,
+                "split": c.split,
+                "prompts": 0,
+                "candidates": 0,
+                "checks": 0,
+                "checks_and_gate": 0,
+                "any_passed": 0,
+            },
+        )
         row["prompts"] += 1
         row["candidates"] += len(candidates)
         row["checks"] += sum(checks for _, checks, _ in candidates)
@@ -135,10 +166,15 @@ def measure_pass_rates(
         row["any_passed"] += any(gated for _, _, gated in candidates)
     families = sorted({row["family"] for row in rows.values()})
     return {
-        "settings": {**asdict(config), "teacher": teacher.name,
-                     **({"demonstrated": sorted(demos)} if config.demonstration else {})},
+        "settings": {
+            **asdict(config),
+            "teacher": teacher.name,
+            **({"demonstrated": sorted(demos)} if config.demonstration else {}),
+        },
         "per_family": {f: _rates([r for r in rows.values() if r["family"] == f]) for f in families},
-        "per_constraint": {name: {"family": r["family"], "split": r["split"], **_rates([r])} for name, r in rows.items()},
+        "per_constraint": {
+            name: {"family": r["family"], "split": r["split"], **_rates([r])} for name, r in rows.items()
+        },
     }
 
 
@@ -147,5 +183,7 @@ def format_pass_rates(result: dict[str, Any]) -> str:
     k = result["settings"]["samples"]
     lines = [f"| family | candidates | checks | checks and gate | best of {k} |", "|---|---|---|---|---|"]
     for family, r in result["per_family"].items():
-        lines.append(f"| {family} | {r['candidates']} | {r['checks']:.0%} | {r['checks_and_gate']:.0%} | {r['best_of_k']:.0%} |")
+        lines.append(
+            f"| {family} | {r['candidates']} | {r['checks']:.0%} | {r['checks_and_gate']:.0%} | {r['best_of_k']:.0%} |"
+        )
     return "\n".join(lines)

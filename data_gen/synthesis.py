@@ -56,8 +56,12 @@ class SynthesisConfig:
     redraws: int = 2  # other user messages tried at a turn whose candidates all fail, before it ends the dialogue
     relevance_others: int = 3  # other questions a reply is contrasted with where the turn has no on-topic check
     strict_repeats: bool = False  # reject a near copy of an earlier reply even where its topic word changed
-    strict_gate: bool = False  # the real-model gate (GateConfig.strict()): strict repeats, topic words and the contrast both
-    demonstration: bool = False  # the teacher's prompt opens with a passing exchange of each constraint (not the record's)
+    strict_gate: bool = (
+        False  # the real-model gate (GateConfig.strict()): strict repeats, topic words and the contrast both
+    )
+    demonstration: bool = (
+        False  # the teacher's prompt opens with a passing exchange of each constraint (not the record's)
+    )
     round: int = 1  # the expert-iteration round (recipes/demo.py `rounds`): each round draws its own dialogues
 
     @property
@@ -130,8 +134,9 @@ def turn_checks(constraints: Sequence[Constraint], turn: UserTurn) -> list[Check
     return checks
 
 
-def draw_dialogue(index: int, config: SynthesisConfig, sampler: ConstraintSampler | None,
-                  user_pool: Sequence[UserTurn]) -> _Dialogue:
+def draw_dialogue(
+    index: int, config: SynthesisConfig, sampler: ConstraintSampler | None, user_pool: Sequence[UserTurn]
+) -> _Dialogue:
     """Constraints, instruction form and user turns of dialogue `index`, from (seed, index) alone (no sampler:
     a dialogue without instruction)."""
     rng = random.Random(f"{config.draw_key}-{index}")
@@ -162,8 +167,9 @@ def redraw_turn(dialogue: _Dialogue, config: SynthesisConfig, user_pool: Sequenc
     dialogue.turns[turn] = _chat_turn(rng, others, avoid={_key(t) for t in dialogue.turns[:turn]})
 
 
-def _gate_items(dialogue: _Dialogue, candidates: Sequence[str], config: SynthesisConfig,
-                user_pool: Sequence[UserTurn]) -> list[GateItem]:
+def _gate_items(
+    dialogue: _Dialogue, candidates: Sequence[str], config: SynthesisConfig, user_pool: Sequence[UserTurn]
+) -> list[GateItem]:
     """One gate item per candidate of the dialogue's current turn, with its earlier turns and contrast questions."""
     turn = dialogue.turns[len(dialogue.replies)]
     earlier = tuple(gate_turn(dialogue.constraints, t, reply) for t, reply in zip(dialogue.turns, dialogue.replies))
@@ -174,8 +180,12 @@ def _gate_items(dialogue: _Dialogue, candidates: Sequence[str], config: Synthesi
 
 
 def synthesize_shard(
-    dialogues: list[_Dialogue], teacher: Teacher, config: SynthesisConfig, user_pool: Sequence[UserTurn],
-    stats: Counter, progress: tqdm | None = None,
+    dialogues: list[_Dialogue],
+    teacher: Teacher,
+    config: SynthesisConfig,
+    user_pool: Sequence[UserTurn],
+    stats: Counter,
+    progress: tqdm | None = None,
 ) -> None:
     """Run every dialogue of a shard to its end, one batched teacher call per turn."""
     k = config.samples_per_turn
@@ -186,8 +196,10 @@ def synthesize_shard(
         requests = [d.request() for d in active]
         sampled = teacher.sample(requests, k)
         # Candidates that pass the checks go to the answer gate, all dialogues' in one batch.
-        passing = [[c for c in candidates if passes_all(c, turn_checks(d.constraints, r.turn))]
-                   for d, r, candidates in zip(active, requests, sampled)]
+        passing = [
+            [c for c in candidates if passes_all(c, turn_checks(d.constraints, r.turn))]
+            for d, r, candidates in zip(active, requests, sampled)
+        ]
         items = [item for d, p in zip(active, passing) for item in _gate_items(d, p, config, user_pool)]
         verdicts = iter(gate.judge(items))
         for dialogue, candidates, checked in zip(active, sampled, passing):
@@ -235,8 +247,13 @@ def to_record(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -
         ],
         "messages": messages,
         "sampled_with_instruction": [True] * len(dialogue.replies),
-        "meta": {"teacher": teacher_name, "seed": config.seed, "round": config.round, "k": config.samples_per_turn,
-                 "ended": dialogue.ended},
+        "meta": {
+            "teacher": teacher_name,
+            "seed": config.seed,
+            "round": config.round,
+            "k": config.samples_per_turn,
+            "ended": dialogue.ended,
+        },
     }
 
 
@@ -269,8 +286,12 @@ def synthesize(
     out_dir = Path(out_dir)
     shard_dir = out_dir / f"{name}.shards"
     shard_dir.mkdir(parents=True, exist_ok=True)
-    settings = {"config": asdict(config), "teacher": teacher.name, "constraints": [c.name for c in constraints],
-                "user_pool": len(user_pool)}
+    settings = {
+        "config": asdict(config),
+        "teacher": teacher.name,
+        "constraints": [c.name for c in constraints],
+        "user_pool": len(user_pool),
+    }
     _check_settings(shard_dir / "settings.json", settings)
     demonstrations = _demonstrations(shard_dir / "demonstrations.json", demonstrate) if config.demonstration else {}
     # Families drawn alike: a family with few values (all caps) gets as much GAtt data as the hobbies.
@@ -279,8 +300,12 @@ def synthesize(
     state = process_state()
     mine = my_items(num_shards, state)
     where = f" (process {state.process_index} of {state.num_processes})" if state.num_processes > 1 else ""
-    progress = tqdm(total=sum(len(_shard_indices(s, config)) for s in mine), desc=f"{name} synthesis{where}",
-                    unit="dialogue", disable=not state.is_local_main_process)
+    progress = tqdm(
+        total=sum(len(_shard_indices(s, config)) for s in mine),
+        desc=f"{name} synthesis{where}",
+        unit="dialogue",
+        disable=not state.is_local_main_process,
+    )
     for shard in mine:
         path = _shard_path(shard_dir, shard)
         indices = _shard_indices(shard, config)
@@ -306,8 +331,9 @@ def synthesize(
     return json.loads((out_dir / f"{name}.summary.json").read_text())
 
 
-def _demonstrations(path: Path, demonstrate: Callable[[], dict[str, list[dict[str, str]]]] | None
-                    ) -> dict[str, list[dict[str, str]]]:
+def _demonstrations(
+    path: Path, demonstrate: Callable[[], dict[str, list[dict[str, str]]]] | None
+) -> dict[str, list[dict[str, str]]]:
     """The demonstrations kept at `path`, or `demonstrate()`'s, written there first."""
     if path.exists():
         return json.loads(path.read_text())
@@ -330,8 +356,13 @@ def _shard_indices(shard: int, config: SynthesisConfig) -> range:
 def _shard_entry(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -> dict[str, Any]:
     """A kept record, or the bookkeeping of a dropped dialogue (so the summary can count it)."""
     kept = len(dialogue.replies) >= config.min_turns
-    entry: dict[str, Any] = {"kept": kept, "families": sorted(c.family for c in dialogue.constraints),
-                             "ended": dialogue.ended, "turns": len(dialogue.replies), "planned": len(dialogue.turns)}
+    entry: dict[str, Any] = {
+        "kept": kept,
+        "families": sorted(c.family for c in dialogue.constraints),
+        "ended": dialogue.ended,
+        "turns": len(dialogue.replies),
+        "planned": len(dialogue.turns),
+    }
     if kept:
         entry["record"] = to_record(dialogue, teacher_name, config)
     return entry
@@ -356,10 +387,14 @@ def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str, processes
     for shard in range(num_shards):
         path = _shard_path(shard_dir, shard)
         if not path.exists():
-            raise FileNotFoundError(f"{path} is missing after every process finished: processes on several "
-                                    "machines need --out on a filesystem they all write to")
+            raise FileNotFoundError(
+                f"{path} is missing after every process finished: processes on several "
+                "machines need --out on a filesystem they all write to"
+            )
         made = json.loads(path.with_suffix(".stats.json").read_text())
-        made = made if "counts" in made else {"process": 0, "counts": made}  # a shard written before processes were recorded
+        made = (
+            made if "counts" in made else {"process": 0, "counts": made}
+        )  # a shard written before processes were recorded
         stats.update(made["counts"])
         lines = path.read_text(encoding="utf-8").splitlines()
         per_rank += [0] * (made["process"] + 1 - len(per_rank))
@@ -390,11 +425,14 @@ def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str, processes
         "gate_failed": {reason: stats[f"gate_{reason}"] for reason in REASONS},
         "yield_per_family": {f: round(kept[f] / attempted[f], 4) for f in sorted(attempted)},
         # Candidates that passed the checks and the gate, of all the teacher wrote in that family's dialogues.
-        "pass_rate_per_family": {f: round(stats[f"passed:{f}"] / max(stats[f"candidates:{f}"], 1), 4)
-                                 for f in sorted(attempted)},
+        "pass_rate_per_family": {
+            f: round(stats[f"passed:{f}"] / max(stats[f"candidates:{f}"], 1), 4) for f in sorted(attempted)
+        },
         "turns": {
-            "min": min(lengths, default=0), "median": statistics.median(lengths) if lengths else 0,
-            "max": max(lengths, default=0), "histogram": dict(sorted(Counter(lengths).items())),
+            "min": min(lengths, default=0),
+            "median": statistics.median(lengths) if lengths else 0,
+            "max": max(lengths, default=0),
+            "histogram": dict(sorted(Counter(lengths).items())),
         },
     }
     _write_atomic(out_dir / f"{name}.summary.json", json.dumps(summary, indent=2))

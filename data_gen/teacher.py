@@ -22,8 +22,12 @@ from gatt.gate import RelevanceScorer
 from gatt.generation import ChatBatch, Sampler
 from gatt.numerics import for_inference
 
-
-TORCH_DTYPES: dict[str, torch.dtype | str] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "auto": "auto"}
+TORCH_DTYPES: dict[str, torch.dtype | str] = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "auto": "auto",
+}
 
 
 @dataclass(frozen=True)
@@ -113,9 +117,15 @@ class ModelTeacher:
         self.scorer = RelevanceScorer(self.model, self.tokenizer)  # the teacher judges its own candidates' relevance
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         self.max_prompt = getattr(self.model.config, "max_position_embeddings", 2048) - max_new_tokens
-        self.sampler = Sampler(do_sample=True, temperature=temperature, top_p=top_p, seed=seed,
-                               repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-                               device=self.device)
+        self.sampler = Sampler(
+            do_sample=True,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            repetition_penalty=repetition_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+            device=self.device,
+        )
         self._groups: list[tuple[ChatBatch, list[Any]]] = []  # dialogues under way: a batch and its dialogues
         self._candidates: dict[Any, list[str]] = {}  # each dialogue's candidates of its last turn
 

@@ -25,6 +25,7 @@ from data_gen import builtin_data
 from data_gen.constraints import LANGUAGES, ConstraintSampler, instruction_text
 from data_gen.user_turns import TOPICS, UserTurn
 from gatt.checks import Constraint
+
 # How both the base corpus and GAtt synthesis attach an instruction to a user message (the eval's upper bound too).
 from gatt.collator import append_instruction as with_instruction
 

@@ -23,12 +23,24 @@ from pathlib import Path
 
 from data_gen import builtin_data
 from gatt.checks import Check
+
 # Re-exported: data_gen's callers read a user's dialogues from here.
 from gatt.dialogues import DIALOGUE_FORMATS, ROLES, OnError, load_dialogues, load_user_texts, validate_messages
 
 __all__ = [
-    "DIALOGUE_FORMATS", "LANGUAGE_CODES", "PHRASINGS", "ROLES", "TOPICS", "TOPIC_KEYWORDS", "UserTurn",
-    "all_user_turns", "load_dialogues", "load_user_turns", "on_topic_check", "sample_user_turns", "split_user_turns",
+    "DIALOGUE_FORMATS",
+    "LANGUAGE_CODES",
+    "PHRASINGS",
+    "ROLES",
+    "TOPICS",
+    "TOPIC_KEYWORDS",
+    "UserTurn",
+    "all_user_turns",
+    "load_dialogues",
+    "load_user_turns",
+    "on_topic_check",
+    "sample_user_turns",
+    "split_user_turns",
     "validate_messages",
 ]
 

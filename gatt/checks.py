@@ -272,12 +272,16 @@ class Constraint:
         # Checks built in code learn which constraint they belong to, so a failing python check names it.
         where = f"constraint {self.name!r}"
         object.__setattr__(self, "checks", tuple(_with_origin(c, where) for c in self.checks))
-        probes = tuple(Probe(p.question, tuple(_with_origin(c, f"{where} probe {p.question!r}") for c in p.checks))
-                       for p in self.probes)
+        probes = tuple(
+            Probe(p.question, tuple(_with_origin(c, f"{where} probe {p.question!r}") for c in p.checks))
+            for p in self.probes
+        )
         object.__setattr__(self, "probes", probes)
         object.__setattr__(self, "paraphrases", tuple(self.paraphrases))
         if not self.checks and not self.probes:
-            raise ValueError(f"{where}: needs checks, probes, or both (a persona without checks is scored on its probes)")
+            raise ValueError(
+                f"{where}: needs checks, probes, or both (a persona without checks is scored on its probes)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The constraint-file entry form, with family, value and split."""
@@ -322,8 +326,10 @@ class Constraint:
         if not isinstance(paraphrases, list) or not all(isinstance(t, str) and t.strip() for t in paraphrases):
             raise ValueError(f"{where}: 'paraphrases' must be a list of non-empty strings, got {paraphrases!r}")
         if not checks and not probes:
-            raise ValueError(f"{where}: needs a non-empty 'checks' list, 'probes', or both "
-                             "(a persona with `checks: []` is scored on its probes)")
+            raise ValueError(
+                f"{where}: needs a non-empty 'checks' list, 'probes', or both "
+                "(a persona with `checks: []` is scored on its probes)"
+            )
         return cls(
             name=name,
             instruction=_require_text(spec, "instruction", where),
@@ -373,14 +379,17 @@ def passes_all(reply: str, checks: Iterable[Check]) -> bool:
     return all(check.passes(reply) for check in checks)
 
 
-def hold_out_families(constraints: Sequence[Constraint], families: Sequence[str], source: str = "constraints"
-                      ) -> list[Constraint]:
+def hold_out_families(
+    constraints: Sequence[Constraint], families: Sequence[str], source: str = "constraints"
+) -> list[Constraint]:
     """The constraints with every value of `families` held out (split `heldout`): kept out of the GAtt data and
     reported as held-out families, e.g. a family the teacher cannot write (README: the real-model result)."""
     known = {c.family for c in constraints}
     if unknown := sorted(set(families) - known):
-        raise ValueError(f"{source}: no constraint of family {', '.join(map(repr, unknown))} to hold out; "
-                         f"families: {', '.join(sorted(known))}")
+        raise ValueError(
+            f"{source}: no constraint of family {', '.join(map(repr, unknown))} to hold out; "
+            f"families: {', '.join(sorted(known))}"
+        )
     return [replace(c, split="heldout") if c.family in families else c for c in constraints]
 
 

@@ -64,7 +64,9 @@ class GAttCollator:
         self.padding_free = padding_free
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if instruction_placement == "system" and not supports_system(tokenizer):
-            logger.warning("the chat template has no system role: the instruction goes in front of the first user message")
+            logger.warning(
+                "the chat template has no system role: the instruction goes in front of the first user message"
+            )
             instruction_placement = "first_user"
         self.instruction_placement = instruction_placement
         self.uses_generation_marks = bool(re.search(r"\{%-?\s*generation\s*-?%\}", tokenizer.chat_template))
@@ -98,7 +100,9 @@ class GAttCollator:
             start = len(render(messages[:i], tokenize=False, add_generation_prompt=True))
             end = len(render(messages[: i + 1], tokenize=False))
             if not full.startswith(render(messages[: i + 1], tokenize=False)):
-                raise ValueError("the chat template does not render dialogue prefixes as prefixes; add {% generation %} marks")
+                raise ValueError(
+                    "the chat template does not render dialogue prefixes as prefixes; add {% generation %} marks"
+                )
             end = start + len(full[start:end].rstrip())  # the reply and its end-of-turn token, not the newline after
             char_spans.append((start, end))
         encoded = self.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
@@ -211,7 +215,9 @@ class GAttCollator:
             rows.append(examples)
         else:
             for e in examples:
-                row = next((r for r in rows if sum(len(x.input_ids) for x in r) + len(e.input_ids) <= self.max_length), None)
+                row = next(
+                    (r for r in rows if sum(len(x.input_ids) for x in r) + len(e.input_ids) <= self.max_length), None
+                )
                 if row is None:
                     rows.append([e])
                 else:
@@ -277,4 +283,3 @@ def _runs(mask: Sequence[int]) -> list[tuple[int, int]]:
             spans.append((start, i))
             start = None
     return spans
-

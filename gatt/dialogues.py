@@ -15,7 +15,7 @@ from typing import Any, Literal
 logger = logging.getLogger(__name__)
 
 DIALOGUE_FORMATS = (
-    ".jsonl (one {\"messages\": [...]} object per line), .parquet (a `messages` column), "
+    '.jsonl (one {"messages": [...]} object per line), .parquet (a `messages` column), '
     "or a folder written by datasets' save_to_disk (a `messages` column)"
 )
 TEXT_FORMAT = ".txt (one message per line)"
@@ -48,8 +48,7 @@ def validate_messages(messages: object) -> None:
                 raise ValueError(f"{where}: role 'system' is only allowed as the first message")
         elif role != expected:
             raise ValueError(
-                f"{where}: role {role!r} where {expected!r} was expected"
-                " (roles must alternate user/assistant)"
+                f"{where}: role {role!r} where {expected!r} was expected (roles must alternate user/assistant)"
             )
         else:
             expected = "assistant" if role == "user" else "user"

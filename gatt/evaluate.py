@@ -19,9 +19,9 @@ same report.json as one process.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 import functools
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -47,9 +47,9 @@ from gatt.modeling import GattForCausalLM
 from gatt.numerics import NUMERICS, Numerics, for_inference
 
 
-
-def load_model(path: str | Path, *, attention: bool, device: str | None = None,
-               numerics: str = "exact") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_model(
+    path: str | Path, *, attention: bool, device: str | None = None, numerics: str = "exact"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A chat model directory (or a .gguf file) and its tokenizer; with `attention`, on attention that returns weights;
     in `numerics` (gatt/numerics.py: exact, bf16, or int8 on CPU)."""
     path = Path(path)
@@ -111,7 +111,8 @@ def evaluate(
         attention = config.measure_attention or name in split
         # loaded at first use: not at all when every column of this model was read from the cache
         model_and_tokenizer = functools.cache(
-            functools.partial(load_model, path, attention=attention, device=device, numerics=numerics))
+            functools.partial(load_model, path, attention=attention, device=device, numerics=numerics)
+        )
 
         def key(column: str, column_config: RolloutConfig, path: str = path) -> str:
             return fingerprint(path, column, dialogues, column_config, numerics=numerics, device=device)
@@ -123,18 +124,30 @@ def evaluate(
         own = cache.column(name, key(name, config), own_rollout)
         transcripts += own
         variants = [(name + REPEAT_SUFFIX, replace(config, repeat_instruction=True))] if name in repeat else []
-        variants += [(split_column(name, strength, split[name]), replace(config, split_softmax=strength))
-                     for strength in split.get(name, [])]
+        variants += [
+            (split_column(name, strength, split[name]), replace(config, split_softmax=strength))
+            for strength in split.get(name, [])
+        ]
         for column, column_config in variants:
-            transcripts += cache.column(column, key(column, column_config),
-                                        lambda c=column, cc=column_config, loaded=model_and_tokenizer, own=own:
-                                        variant(c, *loaded(), own, dialogues, cc))
+            transcripts += cache.column(
+                column,
+                key(column, column_config),
+                lambda c=column, cc=column_config, loaded=model_and_tokenizer, own=own: variant(
+                    c, *loaded(), own, dialogues, cc
+                ),
+            )
         model_and_tokenizer.cache_clear()
     return transcripts
 
 
-def variant(column: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, own: list[dict[str, Any]],
-            dialogues: list[EvalDialogue], config: RolloutConfig) -> list[dict[str, Any]]:
+def variant(
+    column: str,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    own: list[dict[str, Any]],
+    dialogues: list[EvalDialogue],
+    config: RolloutConfig,
+) -> list[dict[str, Any]]:
     """A model's transcripts under another way of giving the instruction (repeated, boosted), as `column`.
 
     A dialogue without instruction is the same either way: it gets the model's own transcript, not a
@@ -174,9 +187,17 @@ def needs_relevance_model(dialogues: list[EvalDialogue]) -> bool:
     return any(turn.kind == "chat" and not turn.on_topic for d in dialogues for turn in d.turns)
 
 
-def judge(transcripts: list[dict[str, Any]], dialogues: list[EvalDialogue], *, relevance_model: str | None,
-          others: int, seed: int, device: str | None = None, numerics: Numerics | str = "exact",
-          gate: GateConfig = GateConfig()) -> None:
+def judge(
+    transcripts: list[dict[str, Any]],
+    dialogues: list[EvalDialogue],
+    *,
+    relevance_model: str | None,
+    others: int,
+    seed: int,
+    device: str | None = None,
+    numerics: Numerics | str = "exact",
+    gate: GateConfig = GateConfig(),
+) -> None:
     """Apply the answer gate to every transcript, loading the relevance scorer (in `numerics`) only where a turn needs it."""
     scorer = None
     if relevance_model is not None and (gate.relevance_both or needs_relevance_model(dialogues)):
@@ -193,59 +214,117 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: python -m gatt.evaluate --model base=runs/demo/base/final --model gatt=runs/demo/gatt/final "
         "--turns 30 --dialogues 64 --seed 0 --out runs/demo/report --repeat-instruction base --split-softmax base:0.5",
     )
-    parser.add_argument("--model", action="append", required=True, metavar="NAME=DIR",
-                        help="a model under test: a chat-model directory (or .gguf file); repeat for several")
+    parser.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="NAME=DIR",
+        help="a model under test: a chat-model directory (or .gguf file); repeat for several",
+    )
     parser.add_argument("--turns", type=int, default=24, help="turns per dialogue (default: 24)")
     parser.add_argument("--dialogues", type=int, default=64, help="dialogues with an instruction (default: 64)")
-    parser.add_argument("--no-instruction-dialogues", type=int, default=None,
-                        help="dialogues without instruction, for the no-regression score (default: dialogues / 4)")
+    parser.add_argument(
+        "--no-instruction-dialogues",
+        type=int,
+        default=None,
+        help="dialogues without instruction, for the no-regression score (default: dialogues / 4)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="dialogue plan and sampling seed; same seed -> same report")
     parser.add_argument("--out", type=Path, required=True, help="output folder")
-    parser.add_argument("--constraints", type=Path, help="constraint YAML with split tags (default: the built-in catalogue)")
-    parser.add_argument("--user-turns", type=Path,
-                        help="user messages: .txt (one a line), .jsonl ({'content', 'checks'} or 'messages'), .parquet "
-                             "or a datasets folder (default: the built-in held-out pool)")
-    parser.add_argument("--heldout-families", nargs="*", default=[], metavar="FAMILY",
-                        help="families held out as a whole (every value split heldout): reported with the held-out "
-                             "family, not with the trained values (e.g. those the GAtt data left out: data_gen "
-                             "--heldout-families)")
-    parser.add_argument("--repeat-instruction", nargs="*", metavar="NAME", default=None,
-                        help="also evaluate the upper bound with the instruction appended to every user turn, as "
-                             "NAME+repeat, for the named models (no names: all)")
-    parser.add_argument("--split-softmax", action="append", default=[], metavar="NAME:STRENGTH",
-                        help="also evaluate NAME with split-softmax (Li et al. 2024: every head's attention on the "
-                             "instruction boosted at inference, no fine-tuning) as NAME+split; STRENGTH in [0, 1], "
-                             "0: no change; several comma-separated strengths give NAME+split@STRENGTH columns")
-    parser.add_argument("--placement", choices=["system", "first_user"], default="system",
-                        help="where turn one gives the instruction (default: system)")
-    parser.add_argument("--probe-every", type=int, default=4, help="a probe every N turns from turn 2; 0: none (default: 4)")
-    parser.add_argument("--short-prob", type=float, default=0.5, help="chance of the instruction's short form (default: 0.5)")
+    parser.add_argument(
+        "--constraints", type=Path, help="constraint YAML with split tags (default: the built-in catalogue)"
+    )
+    parser.add_argument(
+        "--user-turns",
+        type=Path,
+        help="user messages: .txt (one a line), .jsonl ({'content', 'checks'} or 'messages'), .parquet "
+        "or a datasets folder (default: the built-in held-out pool)",
+    )
+    parser.add_argument(
+        "--heldout-families",
+        nargs="*",
+        default=[],
+        metavar="FAMILY",
+        help="families held out as a whole (every value split heldout): reported with the held-out "
+        "family, not with the trained values (e.g. those the GAtt data left out: data_gen "
+        "--heldout-families)",
+    )
+    parser.add_argument(
+        "--repeat-instruction",
+        nargs="*",
+        metavar="NAME",
+        default=None,
+        help="also evaluate the upper bound with the instruction appended to every user turn, as "
+        "NAME+repeat, for the named models (no names: all)",
+    )
+    parser.add_argument(
+        "--split-softmax",
+        action="append",
+        default=[],
+        metavar="NAME:STRENGTH",
+        help="also evaluate NAME with split-softmax (Li et al. 2024: every head's attention on the "
+        "instruction boosted at inference, no fine-tuning) as NAME+split; STRENGTH in [0, 1], "
+        "0: no change; several comma-separated strengths give NAME+split@STRENGTH columns",
+    )
+    parser.add_argument(
+        "--placement",
+        choices=["system", "first_user"],
+        default="system",
+        help="where turn one gives the instruction (default: system)",
+    )
+    parser.add_argument(
+        "--probe-every", type=int, default=4, help="a probe every N turns from turn 2; 0: none (default: 4)"
+    )
+    parser.add_argument(
+        "--short-prob", type=float, default=0.5, help="chance of the instruction's short form (default: 0.5)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64, help="reply length limit (default: 64)")
     parser.add_argument("--batch-size", type=int, default=32, help="dialogues rolled out together (default: 32)")
     parser.add_argument("--sample", action="store_true", help="sample (seeded) instead of greedy decoding")
     add_sampler_arguments(parser)
     parser.add_argument("--no-attention", action="store_true", help="skip the attention-to-instruction probe")
-    parser.add_argument("--numerics", choices=NUMERICS, default="exact",
-                        help="how the models under test compute their replies: exact (fp32, default); bf16 (weights "
-                             "and activations, attention in fp32: faster rollouts on a CPU with bf16 instructions, "
-                             "slower on one without); int8 (dynamic quantisation of the Linear layers, CPU only). "
-                             "The fast modes write other replies (gatt/numerics.py, README: measured)")
-    parser.add_argument("--relevance-numerics", choices=NUMERICS, default="exact",
-                        help="how the relevance scorer computes its likelihoods (default: exact); bf16 scores about "
-                             "3x faster on a CPU with bf16 instructions, contrasts a few tenths of a nat apart "
-                             "(SmolLM2: 99.5%% of verdicts identical)")
-    parser.add_argument("--relevance-model", metavar="DIR",
-                        help="chat model whose likelihoods judge whether a reply answers a user turn that has no "
-                             "on-topic checks (default: the first --model; 'none': do not judge those turns' topic)")
-    parser.add_argument("--strict-gate", action="store_true",
-                        help="the answer gate for a real chat model (GateConfig.strict(), README: the gate audit): a "
-                             "near copy of an earlier reply is a repeat even where its topic word changed, and a reply "
-                             "to a turn with on-topic checks must also pass the likelihood contrast (a topic word in "
-                             "word salad is not an answer)")
-    parser.add_argument("--relevance-others", type=int, default=3,
-                        help="other questions each reply is contrasted with in the relevance test (default: 3)")
-    parser.add_argument("--device", help="cpu, cuda, ... (default: this process's GPU under torchrun/accelerate launch, "
-                                         "else cuda if available, else cpu)")
+    parser.add_argument(
+        "--numerics",
+        choices=NUMERICS,
+        default="exact",
+        help="how the models under test compute their replies: exact (fp32, default); bf16 (weights "
+        "and activations, attention in fp32: faster rollouts on a CPU with bf16 instructions, "
+        "slower on one without); int8 (dynamic quantisation of the Linear layers, CPU only). "
+        "The fast modes write other replies (gatt/numerics.py, README: measured)",
+    )
+    parser.add_argument(
+        "--relevance-numerics",
+        choices=NUMERICS,
+        default="exact",
+        help="how the relevance scorer computes its likelihoods (default: exact); bf16 scores about "
+        "3x faster on a CPU with bf16 instructions, contrasts a few tenths of a nat apart "
+        "(SmolLM2: 99.5%% of verdicts identical)",
+    )
+    parser.add_argument(
+        "--relevance-model",
+        metavar="DIR",
+        help="chat model whose likelihoods judge whether a reply answers a user turn that has no "
+        "on-topic checks (default: the first --model; 'none': do not judge those turns' topic)",
+    )
+    parser.add_argument(
+        "--strict-gate",
+        action="store_true",
+        help="the answer gate for a real chat model (GateConfig.strict(), README: the gate audit): a "
+        "near copy of an earlier reply is a repeat even where its topic word changed, and a reply "
+        "to a turn with on-topic checks must also pass the likelihood contrast (a topic word in "
+        "word salad is not an answer)",
+    )
+    parser.add_argument(
+        "--relevance-others",
+        type=int,
+        default=3,
+        help="other questions each reply is contrasted with in the relevance test (default: 3)",
+    )
+    parser.add_argument(
+        "--device",
+        help="cpu, cuda, ... (default: this process's GPU under torchrun/accelerate launch, "
+        "else cuda if available, else cpu)",
+    )
     return parser
 
 
@@ -268,16 +347,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     no_instruction = args.dialogues // 4 if args.no_instruction_dialogues is None else args.no_instruction_dialogues
     constraints = load_eval_constraints(args.constraints)
     if args.heldout_families:
-        constraints = hold_out_families(constraints, args.heldout_families, str(args.constraints or "built-in constraints"))
+        constraints = hold_out_families(
+            constraints, args.heldout_families, str(args.constraints or "built-in constraints")
+        )
     dialogues = plan_dialogues(
-        constraints, load_eval_turns(args.user_turns), dialogues=args.dialogues,
-        turns=args.turns, seed=args.seed, no_instruction=no_instruction, short_prob=args.short_prob,
+        constraints,
+        load_eval_turns(args.user_turns),
+        dialogues=args.dialogues,
+        turns=args.turns,
+        seed=args.seed,
+        no_instruction=no_instruction,
+        short_prob=args.short_prob,
         probe_every=args.probe_every,
     )
     config = RolloutConfig(
-        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, do_sample=args.sample,
-        temperature=args.temperature, top_p=args.top_p, seed=args.seed, placement=args.placement,
-        repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        do_sample=args.sample,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        placement=args.placement,
+        repetition_penalty=args.repetition_penalty,
+        no_repeat_ngram_size=args.no_repeat_ngram_size,
         measure_attention=not args.no_attention,
     )
     relevance_model = next(iter(models.values())) if args.relevance_model is None else args.relevance_model
@@ -285,33 +377,56 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if relevance_model is not None:
         check_model_folder(relevance_model, "--relevance-model")
     cache = RolloutCache(Path(args.out) / "rollouts", write=process_state().is_main_process)
-    transcripts = evaluate(models, dialogues, config, repeat=repeat, split=split, device=args.device,
-                           numerics=args.numerics, cache=cache)
+    transcripts = evaluate(
+        models, dialogues, config, repeat=repeat, split=split, device=args.device, numerics=args.numerics, cache=cache
+    )
     if not process_state().is_main_process:
         return {}  # every process rolled out its share and has every transcript; process 0 judges and reports
     gate = GateConfig.strict() if args.strict_gate else GateConfig()
-    judge(transcripts, dialogues, relevance_model=relevance_model, others=args.relevance_others, seed=args.seed,
-          device=args.device, numerics=args.relevance_numerics, gate=gate)
-    contrast = (f"likelihood contrast under {relevance_model} with {args.relevance_others} other questions "
-                f"(>= {gate.relevance_sum} nats and >= {gate.relevance_mean} nats/token)")
+    judge(
+        transcripts,
+        dialogues,
+        relevance_model=relevance_model,
+        others=args.relevance_others,
+        seed=args.seed,
+        device=args.device,
+        numerics=args.relevance_numerics,
+        gate=gate,
+    )
+    contrast = (
+        f"likelihood contrast under {relevance_model} with {args.relevance_others} other questions "
+        f"(>= {gate.relevance_sum} nats and >= {gate.relevance_mean} nats/token)"
+    )
     settings = {
-        "models": models, "repeat_instruction": repeat, **({"split_softmax": split} if split else {}),
-        "turns": args.turns, "dialogues": args.dialogues, "no_instruction_dialogues": no_instruction, "seed": args.seed,
+        "models": models,
+        "repeat_instruction": repeat,
+        **({"split_softmax": split} if split else {}),
+        "turns": args.turns,
+        "dialogues": args.dialogues,
+        "no_instruction_dialogues": no_instruction,
+        "seed": args.seed,
         "constraints": str(args.constraints or "built-in"),
         **({"heldout_families": args.heldout_families} if args.heldout_families else {}),
         "user_turns": str(args.user_turns or "built-in held-out pool"),
-        "placement": args.placement, "probe_every": args.probe_every, "short_prob": args.short_prob,
-        "max_new_tokens": args.max_new_tokens, "decoding": "sample" if args.sample else "greedy",
+        "placement": args.placement,
+        "probe_every": args.probe_every,
+        "short_prob": args.short_prob,
+        "max_new_tokens": args.max_new_tokens,
+        "decoding": "sample" if args.sample else "greedy",
         **({"numerics": args.numerics} if args.numerics != "exact" else {}),
         **({"relevance_numerics": args.relevance_numerics} if args.relevance_numerics != "exact" else {}),
         **({"temperature": args.temperature, "top_p": args.top_p} if args.sample else {}),
         **({"repetition_penalty": args.repetition_penalty} if args.repetition_penalty != 1.0 else {}),
         **({"no_repeat_ngram_size": args.no_repeat_ngram_size} if args.no_repeat_ngram_size else {}),
         "answer_gate": {
-            "repeat_share": gate.repeat_share, "loop_distinct": gate.loop_distinct,
-            "relevance": (f"on-topic checks and {contrast}" if gate.relevance_both and relevance_model
-                          else "on-topic checks; without them "
-                          + (contrast if relevance_model and needs_relevance_model(dialogues) else "not judged")),
+            "repeat_share": gate.repeat_share,
+            "loop_distinct": gate.loop_distinct,
+            "relevance": (
+                f"on-topic checks and {contrast}"
+                if gate.relevance_both and relevance_model
+                else "on-topic checks; without them "
+                + (contrast if relevance_model and needs_relevance_model(dialogues) else "not judged")
+            ),
             **({} if gate.topic_change_exempts else {"near_copies_with_a_new_topic_word": "repeats"}),
         },
         "versions": package_versions(),

@@ -62,7 +62,7 @@ class GateConfig:
     relevance_both: bool = False
 
     @classmethod
-    def strict(cls) -> "GateConfig":
+    def strict(cls) -> GateConfig:
         """The gate for a real chat model (README: the gate audit): a near copy is a repeat whatever its topic
         word, and a reply with on-topic checks must pass the likelihood contrast too."""
         return cls(topic_change_exempts=False, relevance_both=True)
@@ -139,8 +139,15 @@ def repeated_share(reply: str, earlier: str) -> float:
 class RelevanceScorer:
     """Log-likelihoods of replies after single-turn questions, from a chat model, batched."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, batch_size: int = 16,
-                 max_reply_tokens: int = GateConfig.relevance_tokens, progress: bool = False) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        batch_size: int = 16,
+        max_reply_tokens: int = GateConfig.relevance_tokens,
+        progress: bool = False,
+    ) -> None:
         """`progress`: a progress bar over the batches of a call that has several (a report's whole gate)."""
         if not tokenizer.chat_template:
             raise ValueError("the relevance scorer needs a chat model (a tokenizer with a chat template)")
@@ -152,8 +159,9 @@ class RelevanceScorer:
     def _prompt(self, question: str) -> list[int]:
         if question not in self._prompts:
             chat = [{"role": "user", "content": question}]
-            self._prompts[question] = list(self.tokenizer.apply_chat_template(
-                chat, add_generation_prompt=True, tokenize=True, return_dict=False))
+            self._prompts[question] = list(
+                self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
+            )
         return self._prompts[question]
 
     def log_likelihoods(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, int]]:
@@ -168,7 +176,9 @@ class RelevanceScorer:
 
         A pair costs its reply tokens only: the prompt (the chat template's system turn and the question,
         about as long as a scored reply) is shared by every reply scored against that question."""
-        targets = [self.tokenizer(reply, add_special_tokens=False)["input_ids"][: self.max_reply_tokens] for _, reply in pairs]
+        targets = [
+            self.tokenizer(reply, add_special_tokens=False)["input_ids"][: self.max_reply_tokens] for _, reply in pairs
+        ]
         questions = list(dict.fromkeys(question for question, _ in pairs))
         rank = {question: n for n, question in enumerate(questions)}
         # Pairs of one question together (their prompt's cache is live only while they are scored), similar lengths
@@ -196,13 +206,21 @@ class RelevanceScorer:
         input_ids, mask, positions = _left_padded(ids, width, self._pad)
         cache = DynamicCache()
         device = self.model.device
-        logits = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device),
-                            position_ids=positions.to(device), **cache_kwargs(cache), use_cache=True,
-                            logits_to_keep=1).logits[:, -1]  # (Q, V)
+        logits = self.model(
+            input_ids=input_ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=positions.to(device),
+            **cache_kwargs(cache),
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]  # (Q, V)
         logp = logits.float().log_softmax(-1)
         out = {}
         for b, (question, prompt) in enumerate(zip(questions, ids)):
-            kv = [(layer.keys[b, :, width - len(prompt) :], layer.values[b, :, width - len(prompt) :]) for layer in cache.layers]
+            kv = [
+                (layer.keys[b, :, width - len(prompt) :], layer.values[b, :, width - len(prompt) :])
+                for layer in cache.layers
+            ]
             out[question] = _Prompt(kv, logp[b])  # each layer's (Hkv, P, D) keys and values
         return out
 
@@ -228,8 +246,13 @@ class RelevanceScorer:
             reply_mask[b, : len(tokens)] = 1
         positions = torch.tensor([p.length for p in prompts])[:, None] + torch.arange(length)  # (B, R)
         mask = torch.cat([prompt_mask, reply_mask], dim=1)  # (B, width + R)
-        logits = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                            **cache_kwargs(cache), use_cache=True).logits  # (B, R, V)
+        logits = self.model(
+            input_ids=input_ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=positions.to(device),
+            **cache_kwargs(cache),
+            use_cache=True,
+        ).logits  # (B, R, V)
         predicted = torch.full((batch, length), self._pad, dtype=torch.long)  # the token each position predicts
         for b, tokens in enumerate(targets):
             predicted[b, : len(tokens) - 1] = torch.tensor(tokens[1:], dtype=torch.long)
@@ -259,7 +282,9 @@ def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(tensor, (0, 0, width - tensor.shape[-2], 0))
 
 
-def _left_padded(sequences: Sequence[Sequence[int]], width: int, pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _left_padded(
+    sequences: Sequence[Sequence[int]], width: int, pad: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask, position_ids), each (B, width), for token lists left-padded to `width`."""
     input_ids = torch.full((len(sequences), width), pad, dtype=torch.long)
     mask = torch.zeros(len(sequences), width, dtype=torch.long)
@@ -294,8 +319,13 @@ class AnswerGate:
                 continue
             if repeated_share(turn.reply, earlier.reply) < self.config.repeat_share:
                 continue
-            if self.config.topic_change_exempts and turn.on_topic and earlier.on_topic \
-                    and passes_all(turn.reply, turn.on_topic) and not passes_all(turn.reply, earlier.on_topic):
+            if (
+                self.config.topic_change_exempts
+                and turn.on_topic
+                and earlier.on_topic
+                and passes_all(turn.reply, turn.on_topic)
+                and not passes_all(turn.reply, earlier.on_topic)
+            ):
                 continue  # the checks say it answers its own question and not the earlier one: the topic changed with it
             return index
         return None
@@ -304,7 +334,13 @@ class AnswerGate:
         turn = item.turn
         # With relevance_both, a reply that fails its topic words is off topic already: no contrast to measure.
         by_contrast = not turn.on_topic or (self.config.relevance_both and passes_all(turn.reply, turn.on_topic))
-        return turn.kind == "chat" and by_contrast and self.scorer is not None and bool(item.others) and not is_empty(turn.reply)
+        return (
+            turn.kind == "chat"
+            and by_contrast
+            and self.scorer is not None
+            and bool(item.others)
+            and not is_empty(turn.reply)
+        )
 
     def judge(self, items: Sequence[GateItem]) -> list[Verdict]:
         """One verdict per item; the replies judged by likelihood are scored together, in batches."""
@@ -339,7 +375,9 @@ class AnswerGate:
         """(contrast in nats, reply tokens scored) of the items at `indices`, in one batched pass."""
         if not indices or self.scorer is None:
             return {}
-        pairs = [(question, items[i].turn.reply) for i in indices for question in (items[i].turn.user, *items[i].others)]
+        pairs = [
+            (question, items[i].turn.reply) for i in indices for question in (items[i].turn.user, *items[i].others)
+        ]
         values = iter(self.scorer.log_likelihoods(pairs))
         out = {}
         for i in indices:

@@ -66,7 +66,8 @@ class GrowingLayer(DynamicLayer):
             capacity = max(end, length + length // 4, 64)
             buffers = tuple(
                 torch.cat([old, new.new_empty(*old.shape[:2], capacity - length, old.shape[-1])], dim=-2)
-                if length else new.new_empty(*new.shape[:2], capacity, new.shape[-1])
+                if length
+                else new.new_empty(*new.shape[:2], capacity, new.shape[-1])
                 for old, new in ((self.keys, key_states), (self.values, value_states))
             )
             self._buffers = buffers
@@ -115,7 +116,7 @@ class _Row:
     columns: list[int] = field(default_factory=list)  # the cache column of each fed token
     marked: list[int] = field(default_factory=list)  # cache columns of the tokens the attention probe measures
 
-    def copy(self) -> "_Row":
+    def copy(self) -> _Row:
         return _Row(list(self.fed), list(self.columns), list(self.marked))
 
 
@@ -158,7 +159,9 @@ class NucleusWarper(LogitsProcessor):
         top, index = probs.topk(min(self.candidates, scores.shape[-1]), dim=-1)  # (B, k), most likely first
         keep = top.cumsum(-1) - top < self.top_p  # the mass of the tokens before each is below top_p
         keep[:, 0] = True
-        out = torch.full_like(scores, float("-inf")).scatter(1, index, scores.gather(1, index).masked_fill(~keep, float("-inf")))
+        out = torch.full_like(scores, float("-inf")).scatter(
+            1, index, scores.gather(1, index).masked_fill(~keep, float("-inf"))
+        )
         wide = top.sum(-1) < self.top_p  # (B,): the nucleus reaches past the candidates
         if wide.any():
             out[wide] = self.fallback(input_ids, scores[wide])
@@ -173,9 +176,17 @@ class Sampler:
     greedy loops ("I am a scientist. I am a scientist. ...").
     """
 
-    def __init__(self, *, do_sample: bool, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-                 repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        *,
+        do_sample: bool,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        repetition_penalty: float = 1.0,
+        no_repeat_ngram_size: int = 0,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.do_sample = do_sample
         self.processors = LogitsProcessorList(
             ([RepetitionPenaltyLogitsProcessor(repetition_penalty)] if repetition_penalty != 1.0 else [])
@@ -196,10 +207,18 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
     """The `Sampler` flags every generating command line shares."""
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7)")
     parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default: 0.95)")
-    parser.add_argument("--repetition-penalty", type=float, default=1.0,
-                        help="Hugging Face's repetition penalty over the reply being written; 1.0: off (default)")
-    parser.add_argument("--no-repeat-ngram-size", type=int, default=0,
-                        help="no n-gram of this size twice in one reply; 0: off (default)")
+    parser.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="Hugging Face's repetition penalty over the reply being written; 1.0: off (default)",
+    )
+    parser.add_argument(
+        "--no-repeat-ngram-size",
+        type=int,
+        default=0,
+        help="no n-gram of this size twice in one reply; 0: off (default)",
+    )
 
 
 class ChatBatch:
@@ -220,8 +239,10 @@ class ChatBatch:
         self.shrink = shrink  # drop stopped rows from decoding, compact the cache each turn (False: the older path)
         self.measure_attention = measure_attention
         if split_softmax is not None and not uses_library_attention(model):
-            raise ValueError("split-softmax runs in the library's attention: use a GattForCausalLM, or load the "
-                             "Hugging Face model with attn_implementation=\"gatt\"")
+            raise ValueError(
+                "split-softmax runs in the library's attention: use a GattForCausalLM, or load the "
+                'Hugging Face model with attn_implementation="gatt"'
+            )
         self.split_softmax = split_softmax  # strength: boost the attention on each row's marked tokens
         self.stops = stop_token_ids(model, tokenizer)
         self.tokenizer = tokenizer
@@ -237,7 +258,10 @@ class ChatBatch:
 
     @torch.no_grad()
     def generate(
-        self, prompts: Mapping[Hashable, Sequence[int]], k: int = 1, marked: Mapping[Hashable, Sequence[int]] | None = None
+        self,
+        prompts: Mapping[Hashable, Sequence[int]],
+        k: int = 1,
+        marked: Mapping[Hashable, Sequence[int]] | None = None,
     ) -> dict[Hashable, list[Candidate]]:
         """k candidates for each dialogue in `prompts` (its whole rendered history, ready for the reply).
 
@@ -273,7 +297,9 @@ class ChatBatch:
         for key, tokens, shares in zip(self.keys, replies, attention):
             content = tokens[:-1] if tokens and tokens[-1] in self.stops else tokens
             text = self.tokenizer.decode(content, skip_special_tokens=True).strip()
-            heads = torch.stack(shares).mean(0).tolist() if shares else None  # (steps, layers, heads) -> (layers, heads)
+            heads = (
+                torch.stack(shares).mean(0).tolist() if shares else None
+            )  # (steps, layers, heads) -> (layers, heads)
             out.setdefault(key, []).append(Candidate(text, tokens, heads))
         return out
 
@@ -318,8 +344,13 @@ class ChatBatch:
         device = self.model.device
         self.mask = torch.cat([self.mask, segment_mask.to(device)], dim=1)
         output = self.model(
-            input_ids=input_ids.to(device), attention_mask=self.mask, position_ids=position_ids.to(device),
-            **cache_kwargs(self.cache), use_cache=True, logits_to_keep=1, **self._split_softmax(),
+            input_ids=input_ids.to(device),
+            attention_mask=self.mask,
+            position_ids=position_ids.to(device),
+            **cache_kwargs(self.cache),
+            use_cache=True,
+            logits_to_keep=1,
+            **self._split_softmax(),
         )
         return output.logits[:, -1]
 
@@ -328,7 +359,11 @@ class ChatBatch:
         if self.split_softmax is None:
             return {}
         chosen = self.rows if rows is None else [self.rows[i] for i in rows]
-        return {"split_softmax": SplitSoftmax.from_columns(self.split_softmax, [r.marked for r in chosen], self.model.device)}
+        return {
+            "split_softmax": SplitSoftmax.from_columns(
+                self.split_softmax, [r.marked for r in chosen], self.model.device
+            )
+        }
 
     def _decode(self, logits: Tensor) -> tuple[list[list[int]], list[list[Tensor]]]:
         """One token per row and step until every row has stopped.
@@ -341,10 +376,14 @@ class ChatBatch:
         way (a stopped row from its last logits), so a seeded sampler draws the same tokens."""
         device = self.model.device
         replies: list[list[int]] = [[] for _ in self.rows]
-        attention: list[list[Tensor]] = [[] for _ in self.rows]  # per row: one (layers, heads) share per reply token read
+        attention: list[list[Tensor]] = [
+            [] for _ in self.rows
+        ]  # per row: one (layers, heads) share per reply token read
         finished = [False] * len(self.rows)
         decoding = list(range(len(self.rows)))  # the rows in the cache now, in cache order
-        parked: list[tuple[list[int], list[tuple[Tensor, Tensor]]]] = []  # rows set aside: their indices, each layer's (K, V)
+        parked: list[
+            tuple[list[int], list[tuple[Tensor, Tensor]]]
+        ] = []  # rows set aside: their indices, each layer's (K, V)
         mask = self.mask  # (len(decoding), columns)
         split_softmax = self._split_softmax()  # the rows and their marked columns stay as they are until the reply ends
         reply = torch.zeros(len(self.rows), 0, dtype=torch.long, device=device)  # (B, step): every row's draws
@@ -375,17 +414,24 @@ class ChatBatch:
                     self.rows[i].columns.append(column)
             mask = torch.cat([mask, torch.tensor(feeding, dtype=torch.long, device=device)[:, None]], dim=1)
             output = self.model(
-                input_ids=torch.tensor([tokens[i] if f else self.pad for i, f in zip(decoding, feeding)], device=device)[:, None],
+                input_ids=torch.tensor(
+                    [tokens[i] if f else self.pad for i, f in zip(decoding, feeding)], device=device
+                )[:, None],
                 attention_mask=mask,
                 position_ids=torch.tensor([len(self.rows[i].fed) - 1 for i in decoding], device=device)[:, None],
-                **cache_kwargs(self.cache), use_cache=True, output_attentions=self.measure_attention, **split_softmax,
+                **cache_kwargs(self.cache),
+                use_cache=True,
+                output_attentions=self.measure_attention,
+                **split_softmax,
             )
             if len(decoding) == len(self.rows):
                 logits = output.logits[:, -1]  # (B, V)
             else:
                 logits[decoding] = output.logits[:, -1]  # stopped rows keep their last logits
             if self.measure_attention:
-                shares = marked_shares(output.attentions, [self.rows[i].marked for i in decoding])  # (rows, layers, heads)
+                shares = marked_shares(
+                    output.attentions, [self.rows[i].marked for i in decoding]
+                )  # (rows, layers, heads)
                 for i, feeds, share in zip(decoding, feeding, shares):
                     if feeds:
                         attention[i].append(share)

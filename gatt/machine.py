@@ -23,8 +23,11 @@ def available_cpus() -> int:
 def cpu_name() -> str:
     """The CPU's model name (from /proc/cpuinfo on Linux)."""
     cpuinfo = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-             if line.startswith("model name")] if cpuinfo.exists() else []
+    names = (
+        [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        if cpuinfo.exists()
+        else []
+    )
     return names[0] if names else platform.processor() or platform.machine()
 
 
@@ -61,8 +64,13 @@ def machine_calibration(threads: int | None = None, size: int = 1024, seconds: f
     result depends on (`versions`)."""
     threads = threads or available_cpus()
     torch.set_num_threads(threads)
-    return {"fp32_matmul_gflops": matmul_gflops(torch.float32, size, seconds), "threads": threads,
-            "cpu": cpu_name(), "torch": torch.__version__, "versions": package_versions()}
+    return {
+        "fp32_matmul_gflops": matmul_gflops(torch.float32, size, seconds),
+        "threads": threads,
+        "cpu": cpu_name(),
+        "torch": torch.__version__,
+        "versions": package_versions(),
+    }
 
 
 __all__ = ["TRACKED_PACKAGES", "available_cpus", "cpu_name", "machine_calibration", "matmul_gflops", "package_versions"]

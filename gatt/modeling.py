@@ -233,11 +233,19 @@ class GattModel(GattPreTrainedModel):
         # Packed rows with nothing else to mask: scaled dot-product attention runs segment by segment,
         # with no (T, T) mask at all.
         spans = None
-        if (segment_ids is not None and attention_mask is None and past_length == 0 and not output_attentions
-                and self.config.attention_window is None and self.config.score_function == "scaled_dot"):
+        if (
+            segment_ids is not None
+            and attention_mask is None
+            and past_length == 0
+            and not output_attentions
+            and self.config.attention_window is None
+            and self.config.score_function == "scaled_dot"
+        ):
             spans, mask, is_causal = segment_spans(segment_ids), None, False
         else:
-            mask, is_causal = self._attention_mask(attention_mask, segment_ids, length, key_length, inputs_embeds.device)
+            mask, is_causal = self._attention_mask(
+                attention_mask, segment_ids, length, key_length, inputs_embeds.device
+            )
 
         position_embeddings = self.rotary_emb(position_ids, dtype=inputs_embeds.dtype)  # 2 x (B, T, D)
         hidden_states = inputs_embeds
@@ -290,7 +298,9 @@ class GattModel(GattPreTrainedModel):
         return mask, False
 
 
-def supervised_loss(lm_head: nn.Module, hidden_states: Tensor, labels: Tensor, num_items_in_batch: Tensor | int | None) -> Tensor:
+def supervised_loss(
+    lm_head: nn.Module, hidden_states: Tensor, labels: Tensor, num_items_in_batch: Tensor | int | None
+) -> Tensor:
     """Next-token cross-entropy with the head applied only where there is a target (HF's ForCausalLMLoss, cheaper).
 
     hidden_states: (B, T, D); labels: (B, T), -100 where there is no loss. Position t predicts labels[t + 1].
@@ -351,7 +361,9 @@ class GattForCausalLM(GattPreTrainedModel, GenerationMixin):
         hidden_states = outputs.last_hidden_state
         if skip_logits and labels is not None:
             loss = supervised_loss(self.lm_head, hidden_states, labels, kwargs.get("num_items_in_batch"))
-            return CausalLMOutputWithPast(loss=loss, **cache_kwargs(output_cache(outputs)), attentions=outputs.attentions)
+            return CausalLMOutputWithPast(
+                loss=loss, **cache_kwargs(output_cache(outputs)), attentions=outputs.attentions
+            )
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden_states = hidden_states[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, Tensor):
@@ -365,7 +377,7 @@ class GattForCausalLM(GattPreTrainedModel, GenerationMixin):
         )
 
     @classmethod
-    def from_llama(cls, model_or_path: LlamaForCausalLM | str, **from_pretrained_kwargs: Any) -> "GattForCausalLM":
+    def from_llama(cls, model_or_path: LlamaForCausalLM | str, **from_pretrained_kwargs: Any) -> GattForCausalLM:
         """Convert an in-memory `LlamaForCausalLM`, or load one from a path (e.g. `gguf_file=...`) and convert it."""
         if isinstance(model_or_path, (str, bytes)) or hasattr(model_or_path, "__fspath__"):
             llama = AutoModelForCausalLM.from_pretrained(model_or_path, **from_pretrained_kwargs)

@@ -66,7 +66,7 @@ class SplitSoftmax:
         object.__setattr__(self, "max_column", int(last.max()) if last.numel() else -1)
 
     @classmethod
-    def from_columns(cls, strength: float, columns: Sequence[Sequence[int]], device: Any = None) -> "SplitSoftmax":
+    def from_columns(cls, strength: float, columns: Sequence[Sequence[int]], device: Any = None) -> SplitSoftmax:
         """One list of instruction key columns per batch row (an empty list: no instruction in that row)."""
         width = max((len(c) for c in columns), default=0)
         padded = torch.full((len(columns), max(width, 1)), -1, dtype=torch.long)

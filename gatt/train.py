@@ -55,8 +55,11 @@ def dataclass_from_dict(cls: type[T], values: dict[str, Any], source: str = "con
     unknown = sorted(set(values) - set(names))
     if unknown:
         raise ValueError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(names)}")
-    missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING and f.name not in values]
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in values
+    ]
     if missing:
         raise ValueError(f"{source}: missing required key(s) {', '.join(missing)}")
     return cls(**values)
@@ -93,7 +96,9 @@ class TrainConfig:
     gradient_accumulation_steps: int = 1
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1
-    lr_restarts: int = 0  # > 0: cosine with this many hard restarts to the peak, each cycle ending at 0 (min_lr_ratio unused)
+    lr_restarts: int = (
+        0  # > 0: cosine with this many hard restarts to the peak, each cycle ending at 0 (min_lr_ratio unused)
+    )
     warmup_steps: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -110,7 +115,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any], source: str = "config") -> "TrainConfig":
+    def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
         """Build from a mapping; unknown keys are refused naming them and listing the valid ones."""
         config = dataclass_from_dict(cls, values, source)
         config.validate(source)
@@ -127,12 +132,18 @@ class TrainConfig:
         if self.lr_restarts < 0:
             raise ValueError(f"{source}: lr_restarts must be >= 0, got {self.lr_restarts}")
         if not train_files(self) or not all(isinstance(path, str) and path for path in train_files(self)):
-            raise ValueError(f"{source}: train_file must be a path or a non-empty list of paths, got {self.train_file!r}")
+            raise ValueError(
+                f"{source}: train_file must be a path or a non-empty list of paths, got {self.train_file!r}"
+            )
         if self.replay_ratio < 0 or (self.replay_ratio > 0) != (self.replay_file is not None):
-            raise ValueError(f"{source}: replay needs both `replay_file` and `replay_ratio` > 0, got "
-                             f"{self.replay_file!r} and {self.replay_ratio}")
+            raise ValueError(
+                f"{source}: replay needs both `replay_file` and `replay_ratio` > 0, got "
+                f"{self.replay_file!r} and {self.replay_ratio}"
+            )
         if self.batch_size % self.gradient_accumulation_steps:
-            raise ValueError(f"{source}: batch_size ({self.batch_size}) must be divisible by gradient_accumulation_steps")
+            raise ValueError(
+                f"{source}: batch_size ({self.batch_size}) must be divisible by gradient_accumulation_steps"
+            )
 
 
 def read_yaml_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -171,12 +182,18 @@ def check_input_files(config: TrainConfig) -> None:
         check_model_folder(Path(config.model) / (config.gguf_file or ""), "model", tokenizer=config.tokenizer is None)
     if config.tokenizer is not None:
         check_model_folder(config.tokenizer, "tokenizer")
-    for key, path in [("train_file", p) for p in train_files(config)] + [("replay_file", config.replay_file),
-                                                                        ("eval_file", config.eval_file)]:
+    for key, path in [("train_file", p) for p in train_files(config)] + [
+        ("replay_file", config.replay_file),
+        ("eval_file", config.eval_file),
+    ]:
         if path is None or Path(path).is_file():
             continue
         command = DATA_COMMANDS.get(Path(path).stem) if Path(path).suffix == ".jsonl" else None
-        how = f"; make it first, e.g. `{command.format(dir=Path(path).parent)}` (python -m data_gen --help)" if command else ""
+        how = (
+            f"; make it first, e.g. `{command.format(dir=Path(path).parent)}` (python -m data_gen --help)"
+            if command
+            else ""
+        )
         raise FileNotFoundError(f"{key}: {path} does not exist{how}")
 
 
@@ -240,14 +257,20 @@ def build_tokenizer(config: TrainConfig, records: list[dict[str, Any]], save_dir
         tokenizer.save_pretrained(save_dir)
         return tokenizer
     source = config.tokenizer or config.model
-    return AutoTokenizer.from_pretrained(source, **({"gguf_file": config.gguf_file} if config.gguf_file and not config.tokenizer else {}))
+    return AutoTokenizer.from_pretrained(
+        source, **({"gguf_file": config.gguf_file} if config.gguf_file and not config.tokenizer else {})
+    )
 
 
 def build_model(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
     """Load or create the model; wrap it with LoRA adapters when lora_r > 0."""
     if config.model_config is not None:
-        special = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
-                   "eos_token_id": tokenizer.eos_token_id, "vocab_size": len(tokenizer)}
+        special = {
+            "pad_token_id": tokenizer.pad_token_id,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "vocab_size": len(tokenizer),
+        }
         model = GattForCausalLM(GattConfig(**{**special, **config.model_config}))
     else:
         kwargs = {"gguf_file": config.gguf_file} if config.gguf_file else {}
@@ -257,8 +280,13 @@ def build_model(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> torc
     if config.lora_r > 0:
         from peft import LoraConfig, get_peft_model
 
-        lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                          target_modules=list(config.lora_targets), task_type="CAUSAL_LM")
+        lora = LoraConfig(
+            r=config.lora_r,
+            lora_alpha=config.lora_alpha,
+            lora_dropout=config.lora_dropout,
+            target_modules=list(config.lora_targets),
+            task_type="CAUSAL_LM",
+        )
         model = get_peft_model(model, lora)
     return model
 
@@ -276,8 +304,10 @@ class Trainer:
         world = self.accelerator.num_processes
         if self._sharded() and config.lora_r > 0 and config.merge_lora:
             # merge_and_unload would run on one process's shards: save the adapter, merge it after training.
-            raise ValueError(f"merge_lora=true is not supported under {self.accelerator.distributed_type.value}: set "
-                             "merge_lora=false (the adapter is saved; merge it afterwards with peft's merge_and_unload)")
+            raise ValueError(
+                f"merge_lora=true is not supported under {self.accelerator.distributed_type.value}: set "
+                "merge_lora=false (the adapter is saved; merge it afterwards with peft's merge_and_unload)"
+            )
         if config.batch_size % (config.gradient_accumulation_steps * world):
             raise ValueError(
                 f"batch_size ({config.batch_size}) must be divisible by gradient_accumulation_steps x processes "
@@ -287,10 +317,14 @@ class Trainer:
             # Accelerate steps the DeepSpeed engine inside every backward() unless accelerator.accumulate() is in use;
             # train_step accumulates with no_sync instead, so k micro-batches would be k optimizer steps.
             if config.gradient_accumulation_steps != 1:
-                raise ValueError("gradient_accumulation_steps must be 1 under DeepSpeed (raise batch_size instead), got "
-                                 f"{config.gradient_accumulation_steps}")
+                raise ValueError(
+                    "gradient_accumulation_steps must be 1 under DeepSpeed (raise batch_size instead), got "
+                    f"{config.gradient_accumulation_steps}"
+                )
             # No dataloader is prepared, so Accelerate cannot infer DeepSpeed's micro-batch size: give it (bookkeeping only).
-            self.accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.batch_size // world
+            self.accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = (
+                config.batch_size // world
+            )
         # Several files (every GAtt round's data): one may be empty (a round whose teacher kept no dialogue), not all.
         records = [record for path in train_files(config) for record in read_records(path, allow_empty=True)]
         if not records:
@@ -306,21 +340,32 @@ class Trainer:
             n_eval = int(len(records) * config.eval_fraction) if config.eval_every else 0
             self.eval_records, self.train_records = shuffled[:n_eval], shuffled[n_eval:]
         self.tokenizer = build_tokenizer(config, self.train_records, self.out / "tokenizer")
-        self.collator = GAttCollator(self.tokenizer, mode=config.mode, instruction_placement=config.instruction_placement,
-                                     max_length=config.max_length, packing=config.packing,
-                                     padding_free=config.padding_free)
+        self.collator = GAttCollator(
+            self.tokenizer,
+            mode=config.mode,
+            instruction_placement=config.instruction_placement,
+            max_length=config.max_length,
+            packing=config.packing,
+            padding_free=config.padding_free,
+        )
         fitting = [r for r in self.train_records if self.collator.fits(r)]
         if not fitting:
             raise ValueError(f"{config.train_file}: no record fits max_length={config.max_length}; raise max_length")
         if len(fitting) < len(self.train_records):  # else a process could draw a micro-batch with nothing to train on
-            logger.warning("%d of %d training records do not fit max_length=%d: left out",
-                           len(self.train_records) - len(fitting), len(self.train_records), config.max_length)
+            logger.warning(
+                "%d of %d training records do not fit max_length=%d: left out",
+                len(self.train_records) - len(fitting),
+                len(self.train_records),
+                config.max_length,
+            )
         self.train_records = fitting
         model = build_model(config, self.tokenizer)
         decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
         no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
-        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                                       {"params": no_decay, "weight_decay": 0.0}], lr=config.learning_rate)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=config.learning_rate,
+        )
         if config.lr_restarts:
             scheduler = get_cosine_with_hard_restarts_schedule_with_warmup(
                 optimizer, config.warmup_steps, config.max_steps, num_cycles=config.lr_restarts + 1
@@ -348,7 +393,9 @@ class Trainer:
         batches = []
         for m in range(config.gradient_accumulation_steps):
             chunk = indices[m * micro : (m + 1) * micro][acc.process_index :: acc.num_processes]
-            batches.append({k: v.to(acc.device) for k, v in self.collator([self.train_records[i] for i in chunk]).items()})
+            batches.append(
+                {k: v.to(acc.device) for k, v in self.collator([self.train_records[i] for i in chunk]).items()}
+            )
         return batches
 
     def _global_count(self, value: float) -> torch.Tensor:
@@ -388,7 +435,9 @@ class Trainer:
         acc, total, tokens = self.accelerator, 0.0, 0
         mine = self.eval_records[acc.process_index :: acc.num_processes]
         for start in range(0, len(mine), self.config.batch_size):
-            batch = {k: v.to(acc.device) for k, v in self.collator(mine[start : start + self.config.batch_size]).items()}
+            batch = {
+                k: v.to(acc.device) for k, v in self.collator(mine[start : start + self.config.batch_size]).items()
+            }
             n = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
             with acc.autocast():
                 total += float(self.model(**batch, use_cache=False, **self.loss_kwargs).loss) * n
@@ -417,8 +466,12 @@ class Trainer:
             result = self.train_step(self.state.step)
             self.state.step += 1
             step = self.state.step
-            last = {"step": step, **result, "lr": self.scheduler.get_last_lr()[0],
-                    "elapsed_s": round(time.perf_counter() - started, 3)}
+            last = {
+                "step": step,
+                **result,
+                "lr": self.scheduler.get_last_lr()[0],
+                "elapsed_s": round(time.perf_counter() - started, 3),
+            }
             if config.eval_every and self.eval_records and (step % config.eval_every == 0 or step == config.max_steps):
                 last["eval_loss"] = self.evaluate()
             if step % config.log_every == 0 or step == config.max_steps or "eval_loss" in last:
@@ -498,5 +551,13 @@ def train(config: TrainConfig, resume: bool = False) -> dict[str, Any]:
     return Trainer(config).train(resume=resume)
 
 
-__all__ = ["TrainConfig", "Trainer", "batch_indices", "dataclass_from_dict", "load_config", "read_records", "read_yaml_config",
-           "train"]
+__all__ = [
+    "TrainConfig",
+    "Trainer",
+    "batch_indices",
+    "dataclass_from_dict",
+    "load_config",
+    "read_records",
+    "read_yaml_config",
+    "train",
+]

@@ -29,12 +29,16 @@ def main() -> None:
 
     start = time.perf_counter()
     model, tokenizer = load_smollm2()
-    print(f"loaded {type(model).__name__} ({model.num_parameters() / 1e6:.0f}M parameters) in {time.perf_counter() - start:.0f}s")
+    print(
+        f"loaded {type(model).__name__} ({model.num_parameters() / 1e6:.0f}M parameters) in {time.perf_counter() - start:.0f}s"
+    )
     messages = [{"role": "system", "content": args.instruction}]
     print(f"[system] {args.instruction}")
     for user in USER_TURNS[: args.turns]:
         messages.append({"role": "user", "content": user})
-        inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        inputs = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
         with torch.no_grad():
             output = model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False)
         reply = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True).strip()

@@ -71,7 +71,9 @@ class DemoConfig:
     constraints: str = ""  # YAML with split tags for the GAtt data and the report (default: the built-in catalogue)
     user_turns: str = ""  # your user messages for the teacher, the replay data and the report (default: built-in pools)
     eval_user_turns: str = ""  # other messages for the report (default: user_turns, else the built-in held-out pool)
-    heldout_families: list[str] = field(default_factory=list)  # families kept out of the GAtt data, reported as held out
+    heldout_families: list[str] = field(
+        default_factory=list
+    )  # families kept out of the GAtt data, reported as held out
     base_dialogues: int = 20000
     base_config: str = "recipes/configs/base_tiny.yaml"
     base_run: str = ""  # embedded: a finished run's folder (e.g. runs/demo) whose base data and model this run uses
@@ -86,16 +88,22 @@ class DemoConfig:
     teacher_batch_size: int = 64  # dialogues per teacher batch, and per resumable shard
     teacher_temperature: float = 0.7
     teacher_device: str = ""  # "" : cuda if available
-    teacher_strict_repeats: bool = False  # GAtt and replay data: no near copy of an earlier reply, topic word changed or not
+    teacher_strict_repeats: bool = (
+        False  # GAtt and replay data: no near copy of an earlier reply, topic word changed or not
+    )
     teacher_strict_gate: bool = False  # GAtt and replay data judged by the real-model gate (data_gen --strict-gate)
-    teacher_demonstration: bool = False  # the GAtt teacher's prompt opens with a passing exchange (data_gen --demonstration)
+    teacher_demonstration: bool = (
+        False  # the GAtt teacher's prompt opens with a passing exchange (data_gen --demonstration)
+    )
     repetition_penalty: float = 1.0  # every reply drawn (teacher, replay, report); 1.0: off
     no_repeat_ngram_size: int = 0  # no n-gram twice in one reply, for every reply drawn; 0: off
     numerics: str = "exact"  # how the teacher, replay and report models generate: exact (fp32), bf16 or int8 (CPU; gatt/numerics.py)
     replay_dialogues: int = 0  # smollm2: the model's own instruction-free dialogues replayed in the fine-tune
     replay_max_turns: int = 8
     rounds: int = 1  # GAtt rounds: round r+1's teacher is round r's GAtt model, reminded (expert iteration)
-    rounds_continue: bool = False  # round r+1's student continues from round r's model on its own data (default: base on the union)
+    rounds_continue: bool = (
+        False  # round r+1's student continues from round r's model on its own data (default: base on the union)
+    )
     gatt_config: str = "recipes/configs/gatt_tiny.yaml"
     gatt_overrides: list[str] = field(default_factory=list)
     eval_turns: int = 30
@@ -107,7 +115,9 @@ class DemoConfig:
     eval_baselines: bool = True  # also report `base` and `base+repeat`; false: the GAtt model alone
     eval_strict_gate: bool = False  # the report's answer gate for a real chat model (gatt.evaluate --strict-gate)
     launcher: str = "accelerate"  # "accelerate" (accelerate launch) or "python"
-    mixed_precision: str = "no"  # accelerate launch --mixed_precision: no | bf16 (CPU autocast or a GPU that has it) | fp16
+    mixed_precision: str = (
+        "no"  # accelerate launch --mixed_precision: no | bf16 (CPU autocast or a GPU that has it) | fp16
+    )
 
 
 @dataclass(frozen=True)
@@ -125,8 +135,10 @@ def _flag(name: str, value: str) -> list[str]:
 def stages(config: DemoConfig) -> list[Stage]:
     """The stages of `config.base_model` (two per GAtt round), each a command with its output folder."""
     if config.base_model not in ("embedded", "smollm2") or config.launcher not in ("accelerate", "python"):
-        raise ValueError(f"base_model must be 'embedded' or 'smollm2' and launcher 'accelerate' or 'python', got "
-                         f"{config.base_model!r}, {config.launcher!r}")
+        raise ValueError(
+            f"base_model must be 'embedded' or 'smollm2' and launcher 'accelerate' or 'python', got "
+            f"{config.base_model!r}, {config.launcher!r}"
+        )
     if config.teacher not in ("base", "oracle") or (config.base_model == "smollm2" and config.teacher != "base"):
         raise ValueError(f"teacher must be 'base' (or 'oracle' on the embedded model), got {config.teacher!r}")
     if config.base_model == "smollm2" and config.replay_dialogues < 1:
@@ -142,8 +154,12 @@ def stages(config: DemoConfig) -> list[Stage]:
     precision = config.mixed_precision
     if precision == "bf16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
         precision = "no"  # bf16 where the device has it (a CPU autocasts; an older GPU does not)
-    decoding = ["--repetition-penalty", str(config.repetition_penalty),
-                "--no-repeat-ngram-size", str(config.no_repeat_ngram_size)]
+    decoding = [
+        "--repetition-penalty",
+        str(config.repetition_penalty),
+        "--no-repeat-ngram-size",
+        str(config.no_repeat_ngram_size),
+    ]
     out = Path(config.out)
     data, base, report = out / "data", out / "base", out / "report"
     base_data = data / "base"
@@ -151,77 +167,215 @@ def stages(config: DemoConfig) -> list[Stage]:
         base, base_data = Path(config.base_run) / "base", Path(config.base_run) / "data" / "base"
         for needed in (base / "final", base_data / "base.jsonl"):
             if not needed.exists():
-                raise FileNotFoundError(f"base_run {config.base_run}: no {needed} (run make demo with out={config.base_run} first)")
+                raise FileNotFoundError(
+                    f"base_run {config.base_run}: no {needed} (run make demo with out={config.base_run} first)"
+                )
     python = [sys.executable]
-    train = ([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
-              "--mixed_precision", precision, "--dynamo_backend", "no"] if config.launcher == "accelerate"
-             else python) + [str(ROOT / "recipes" / "train_gatt.py")]
+    train = (
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--num_processes",
+            "1",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            precision,
+            "--dynamo_backend",
+            "no",
+        ]
+        if config.launcher == "accelerate"
+        else python
+    ) + [str(ROOT / "recipes" / "train_gatt.py")]
 
     def teacher(model: str) -> list[str]:
-        return ["--teacher", model,
-                "--max-new-tokens", str(config.teacher_max_new_tokens), "--temperature", str(config.teacher_temperature),
-                "--batch-size", str(config.teacher_batch_size), "--shard-size", str(config.teacher_batch_size), *decoding,
-                *_flag("--device", config.teacher_device), *_flag("--user-turns", config.user_turns),
-                *(["--strict-repeats"] if config.teacher_strict_repeats else []),
-                *(["--strict-gate"] if config.teacher_strict_gate else []),
-                *(["--teacher-numerics", config.numerics] if config.numerics != "exact" else []),
-                "--seed", str(config.seed)]
+        return [
+            "--teacher",
+            model,
+            "--max-new-tokens",
+            str(config.teacher_max_new_tokens),
+            "--temperature",
+            str(config.teacher_temperature),
+            "--batch-size",
+            str(config.teacher_batch_size),
+            "--shard-size",
+            str(config.teacher_batch_size),
+            *decoding,
+            *_flag("--device", config.teacher_device),
+            *_flag("--user-turns", config.user_turns),
+            *(["--strict-repeats"] if config.teacher_strict_repeats else []),
+            *(["--strict-gate"] if config.teacher_strict_gate else []),
+            *(["--teacher-numerics", config.numerics] if config.numerics != "exact" else []),
+            "--seed",
+            str(config.seed),
+        ]
 
     heldout = ["--heldout-families", *config.heldout_families] if config.heldout_families else []
     replay_file = data / "replay" / "replay.jsonl" if config.base_model == "smollm2" else base_data / "base.jsonl"
     rounds: list[Stage] = []
     for r in range(1, config.rounds + 1):
-        rounds.append(Stage(f"gatt-data{round_suffix(r)}", [
-            *python, "-m", "data_gen", "gatt", *teacher(round_teacher(config, r)),
-            *(["--demonstration"] if config.teacher_demonstration else []),
-            "--round", str(r), "--num-dialogues", str(config.gatt_dialogues),
-            "--min-turns", str(config.gatt_min_turns), "--max-turns", str(config.gatt_max_turns),
-            "--samples-per-turn", str(config.samples_per_turn),
-            *([] if config.gatt_values_per_family is None else ["--values-per-family", str(config.gatt_values_per_family)]),
-            *_flag("--constraints", config.constraints), *heldout, "--out", str(gatt_data_dir(out, r))],
-            gatt_data_dir(out, r), True))
+        rounds.append(
+            Stage(
+                f"gatt-data{round_suffix(r)}",
+                [
+                    *python,
+                    "-m",
+                    "data_gen",
+                    "gatt",
+                    *teacher(round_teacher(config, r)),
+                    *(["--demonstration"] if config.teacher_demonstration else []),
+                    "--round",
+                    str(r),
+                    "--num-dialogues",
+                    str(config.gatt_dialogues),
+                    "--min-turns",
+                    str(config.gatt_min_turns),
+                    "--max-turns",
+                    str(config.gatt_max_turns),
+                    "--samples-per-turn",
+                    str(config.samples_per_turn),
+                    *(
+                        []
+                        if config.gatt_values_per_family is None
+                        else ["--values-per-family", str(config.gatt_values_per_family)]
+                    ),
+                    *_flag("--constraints", config.constraints),
+                    *heldout,
+                    "--out",
+                    str(gatt_data_dir(out, r)),
+                ],
+                gatt_data_dir(out, r),
+                True,
+            )
+        )
         union = [str(gatt_data_dir(out, i) / "gatt.jsonl") for i in range(1, r + 1)]
         start = gatt_dir(out, r - 1) / "final" if config.rounds_continue and r > 1 else base / "final"
         data_files = union[-1:] if config.rounds_continue else union
-        rounds.append(Stage(f"gatt-model{round_suffix(r)}", [
-            *train, "--config", config.gatt_config, f"model={start}",
-            f"train_file={data_files[0] if len(data_files) == 1 else json.dumps(data_files)}", f"replay_file={replay_file}",
-            f"output_dir={gatt_dir(out, r)}", f"seed={config.seed}", *config.gatt_overrides, "--resume"],
-            gatt_dir(out, r), True))
+        rounds.append(
+            Stage(
+                f"gatt-model{round_suffix(r)}",
+                [
+                    *train,
+                    "--config",
+                    config.gatt_config,
+                    f"model={start}",
+                    f"train_file={data_files[0] if len(data_files) == 1 else json.dumps(data_files)}",
+                    f"replay_file={replay_file}",
+                    f"output_dir={gatt_dir(out, r)}",
+                    f"seed={config.seed}",
+                    *config.gatt_overrides,
+                    "--resume",
+                ],
+                gatt_dir(out, r),
+                True,
+            )
+        )
 
     eval_turns = config.eval_user_turns or config.user_turns
-    no_instruction = ([] if config.eval_no_instruction_dialogues is None
-                      else ["--no-instruction-dialogues", str(config.eval_no_instruction_dialogues)])
+    no_instruction = (
+        []
+        if config.eval_no_instruction_dialogues is None
+        else ["--no-instruction-dialogues", str(config.eval_no_instruction_dialogues)]
+    )
     models = [f"base={base / 'final'}"] if config.eval_baselines else []
     models += [f"{student_name(r, config.rounds)}={gatt_dir(out, r) / 'final'}" for r in range(1, config.rounds + 1)]
-    report_stage = Stage("report", [*python, "-m", "gatt.evaluate", *(arg for m in models for arg in ("--model", m)),
-                                    "--turns", str(config.eval_turns), "--dialogues",
-                                    str(config.eval_dialogues), *no_instruction,
-                                    "--max-new-tokens", str(config.eval_max_new_tokens),
-                                    "--batch-size", str(config.eval_batch_size), "--probe-every", str(config.eval_probe_every),
-                                    *_flag("--constraints", config.constraints), *heldout,
-                                    *_flag("--user-turns", eval_turns), *_flag("--device", config.teacher_device),
-                                    *decoding, *(["--numerics", config.numerics] if config.numerics != "exact" else []),
-                                    "--seed", str(config.seed), "--out", str(report),
-                                    *(["--strict-gate"] if config.eval_strict_gate else []),
-                                    *(["--repeat-instruction", "base"] if config.eval_baselines else [])],
-                         report, True)  # finished columns are kept under report/rollouts (gatt/eval/cache.py)
+    report_stage = Stage(
+        "report",
+        [
+            *python,
+            "-m",
+            "gatt.evaluate",
+            *(arg for m in models for arg in ("--model", m)),
+            "--turns",
+            str(config.eval_turns),
+            "--dialogues",
+            str(config.eval_dialogues),
+            *no_instruction,
+            "--max-new-tokens",
+            str(config.eval_max_new_tokens),
+            "--batch-size",
+            str(config.eval_batch_size),
+            "--probe-every",
+            str(config.eval_probe_every),
+            *_flag("--constraints", config.constraints),
+            *heldout,
+            *_flag("--user-turns", eval_turns),
+            *_flag("--device", config.teacher_device),
+            *decoding,
+            *(["--numerics", config.numerics] if config.numerics != "exact" else []),
+            "--seed",
+            str(config.seed),
+            "--out",
+            str(report),
+            *(["--strict-gate"] if config.eval_strict_gate else []),
+            *(["--repeat-instruction", "base"] if config.eval_baselines else []),
+        ],
+        report,
+        True,
+    )  # finished columns are kept under report/rollouts (gatt/eval/cache.py)
     if config.base_model == "smollm2":
         return [
             Stage("base-model", [*python, "-m", "gatt.pretrained", "--out", str(base / "final")], base, False),
             rounds[0],
-            Stage("replay-data", [*python, "-m", "data_gen", "replay", *teacher(str(base / "final")), "--num-dialogues",
-                                  str(config.replay_dialogues), "--min-turns", str(config.gatt_min_turns),
-                                  "--max-turns", str(config.replay_max_turns), "--samples-per-turn",
-                                  str(config.samples_per_turn), "--out", str(replay_file.parent)], replay_file.parent, True),
+            Stage(
+                "replay-data",
+                [
+                    *python,
+                    "-m",
+                    "data_gen",
+                    "replay",
+                    *teacher(str(base / "final")),
+                    "--num-dialogues",
+                    str(config.replay_dialogues),
+                    "--min-turns",
+                    str(config.gatt_min_turns),
+                    "--max-turns",
+                    str(config.replay_max_turns),
+                    "--samples-per-turn",
+                    str(config.samples_per_turn),
+                    "--out",
+                    str(replay_file.parent),
+                ],
+                replay_file.parent,
+                True,
+            ),
             *rounds[1:],
             report_stage,
         ]
     base_stages = [
-        Stage("base-data", [*python, "-m", "data_gen", "base", "--num-dialogues", str(config.base_dialogues),
-                            "--seed", str(config.seed), "--out", str(base_data)], base_data, False),
-        Stage("base-model", [*train, "--config", config.base_config, f"train_file={base_data / 'base.jsonl'}",
-                             f"output_dir={base}", f"seed={config.seed}", *config.base_overrides, "--resume"], base, True),
+        Stage(
+            "base-data",
+            [
+                *python,
+                "-m",
+                "data_gen",
+                "base",
+                "--num-dialogues",
+                str(config.base_dialogues),
+                "--seed",
+                str(config.seed),
+                "--out",
+                str(base_data),
+            ],
+            base_data,
+            False,
+        ),
+        Stage(
+            "base-model",
+            [
+                *train,
+                "--config",
+                config.base_config,
+                f"train_file={base_data / 'base.jsonl'}",
+                f"output_dir={base}",
+                f"seed={config.seed}",
+                *config.base_overrides,
+                "--resume",
+            ],
+            base,
+            True,
+        ),
     ]
     return [*([] if config.base_run else base_stages), *rounds, report_stage]
 
@@ -241,11 +395,18 @@ def round_entries(config: DemoConfig, report: dict[str, Any], timings: dict[str,
     for r in range(1, config.rounds + 1):
         data = json.loads((gatt_data_dir(Path(config.out), r) / "gatt.summary.json").read_text())
         student = report[student_name(r, config.rounds)]
-        entries.append({"round": r, "teacher": round_teacher(config, r), "student": student_name(r, config.rounds),
-                        "records": data["records"], "teacher_pass_rate_per_family": data["pass_rate_per_family"],
-                        "per_turn": student["per_turn"],
-                        "per_family": {f: v["overall"] for f, v in student["per_family"].items()},
-                        "seconds": round(sum(timings[f"{stage}{round_suffix(r)}"] for stage in ("gatt-data", "gatt-model")), 1)})
+        entries.append(
+            {
+                "round": r,
+                "teacher": round_teacher(config, r),
+                "student": student_name(r, config.rounds),
+                "records": data["records"],
+                "teacher_pass_rate_per_family": data["pass_rate_per_family"],
+                "per_turn": student["per_turn"],
+                "per_family": {f: v["overall"] for f, v in student["per_family"].items()},
+                "seconds": round(sum(timings[f"{stage}{round_suffix(r)}"] for stage in ("gatt-data", "gatt-model")), 1),
+            }
+        )
     return entries
 
 
@@ -292,7 +453,10 @@ def run(config: DemoConfig) -> dict[str, Any]:
     base_stamp = Path(config.base_run) / "stamps" / "base-model.done"
     upstream = " ".join(base_stamp.read_text().split()[:2]) if config.base_run and base_stamp.exists() else ""
     calibration = machine_calibration(CPUS)
-    print(f"machine: {calibration['cpu']}, {CPUS} threads, fp32 matmul {calibration['fp32_matmul_gflops']} GFLOP/s", flush=True)
+    print(
+        f"machine: {calibration['cpu']}, {CPUS} threads, fp32 matmul {calibration['fp32_matmul_gflops']} GFLOP/s",
+        flush=True,
+    )
     plan = stages(config)
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # stages import this checkout
     env = {"OMP_NUM_THREADS": str(CPUS), **os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
@@ -312,37 +476,55 @@ def run(config: DemoConfig) -> dict[str, Any]:
         if stage.output.exists() and not (interrupted and stage.resumable):
             shutil.rmtree(stage.output)  # stale: made with other inputs (or not resumable)
         started.write_text(key)
-        print(f"[{i}/{len(plan)} {stage.name}] {'resuming' if interrupted else 'running'}: {' '.join(stage.command)}", flush=True)
+        print(
+            f"[{i}/{len(plan)} {stage.name}] {'resuming' if interrupted else 'running'}: {' '.join(stage.command)}",
+            flush=True,
+        )
         begin = time.perf_counter()
         result = subprocess.run(stage.command, cwd=ROOT, env=env)
         if result.returncode != 0:
-            sys.exit(f"[{i}/{len(plan)} {stage.name}] failed (exit {result.returncode}); rerun the same command to resume")
+            sys.exit(
+                f"[{i}/{len(plan)} {stage.name}] failed (exit {result.returncode}); rerun the same command to resume"
+            )
         timings[stage.name] = round(time.perf_counter() - begin, 1)
         upstream = f"{key} {time.time_ns()}"  # a new result: every later stage runs again on it
         done.write_text(f"{upstream} {timings[stage.name]}")
         started.unlink()
         print(f"[{i}/{len(plan)} {stage.name}] done in {timings[stage.name]:.0f} s", flush=True)
-    report = add_rounds(out / "report", round_entries(config, json.loads((out / "report" / "report.json").read_text()), timings))
+    report = add_rounds(
+        out / "report", round_entries(config, json.loads((out / "report" / "report.json").read_text()), timings)
+    )
     total = sum(timings.values())
     timings_file = out / "timings.json"
     if len(skipped) == len(plan) and timings_file.exists():  # nothing ran: the machine is the one that made them
         calibration = json.loads(timings_file.read_text()).get("machine", calibration)
-    summary = {"stage_seconds": timings, "total_seconds": round(total, 1),
-               "total_seconds_at_reference_speed": round(total * calibration["fp32_matmul_gflops"] / REFERENCE_GFLOPS, 1),
-               "reference_gflops": REFERENCE_GFLOPS, "made_by_an_earlier_run": skipped, "machine": calibration}
+    summary = {
+        "stage_seconds": timings,
+        "total_seconds": round(total, 1),
+        "total_seconds_at_reference_speed": round(total * calibration["fp32_matmul_gflops"] / REFERENCE_GFLOPS, 1),
+        "reference_gflops": REFERENCE_GFLOPS,
+        "made_by_an_earlier_run": skipped,
+        "machine": calibration,
+    }
     timings_file.write_text(json.dumps(summary, indent=2) + "\n")
     print("\n" + format_table(report))
-    print("stage times: " + ", ".join(f"{name} {s:.0f} s" for name, s in timings.items()) +
-          f"; total {summary['total_seconds']:.0f} s ({summary['total_seconds_at_reference_speed']:.0f} s at the reference "
-          f"{REFERENCE_GFLOPS:.0f} GFLOP/s)")
+    print(
+        "stage times: "
+        + ", ".join(f"{name} {s:.0f} s" for name, s in timings.items())
+        + f"; total {summary['total_seconds']:.0f} s ({summary['total_seconds_at_reference_speed']:.0f} s at the reference "
+        f"{REFERENCE_GFLOPS:.0f} GFLOP/s)"
+    )
     print(f"report: {out / 'report' / 'report.md'}")
     return report
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=str(ROOT / "recipes" / "configs" / "demo.yaml"),
-                        help="YAML mirroring DemoConfig (default: recipes/configs/demo.yaml)")
+    parser.add_argument(
+        "--config",
+        default=str(ROOT / "recipes" / "configs" / "demo.yaml"),
+        help="YAML mirroring DemoConfig (default: recipes/configs/demo.yaml)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a config key (value read as YAML)")
     args = parser.parse_args(argv)
     with exit_on_bad_input():

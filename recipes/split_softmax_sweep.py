@@ -27,7 +27,8 @@ from matplotlib.figure import Figure
 from gatt.cli import exit_on_bad_input
 from gatt.eval.report import build_report, write_report
 from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
-from gatt.evaluate import main as evaluate_main, split_column
+from gatt.evaluate import main as evaluate_main
+from gatt.evaluate import split_column
 
 TURNS = (2, 10, 20)
 COMMITTED = ("report.json", "report.md", "adherence.png", "attention.png")  # transcripts stay under WORK
@@ -36,12 +37,34 @@ COMMITTED = ("report.json", "report.md", "adherence.png", "attention.png")  # tr
 def evaluate_argv(like: dict[str, Any], base: str, gatt: str, strengths: list[float], out: Path) -> list[str]:
     """The evaluation command of the `--like` report's settings, with base+split at every strength."""
     s = like["settings"]
-    argv = ["--model", f"base={base}", "--model", f"gatt={gatt}", "--repeat-instruction", "base",
-            "--split-softmax", "base:" + ",".join(f"{x:g}" for x in strengths),
-            "--turns", str(s["turns"]), "--dialogues", str(s["dialogues"]),
-            "--no-instruction-dialogues", str(s["no_instruction_dialogues"]), "--seed", str(s["seed"]),
-            "--placement", s["placement"], "--probe-every", str(s["probe_every"]), "--short-prob", str(s["short_prob"]),
-            "--max-new-tokens", str(s["max_new_tokens"]), "--out", str(out)]
+    argv = [
+        "--model",
+        f"base={base}",
+        "--model",
+        f"gatt={gatt}",
+        "--repeat-instruction",
+        "base",
+        "--split-softmax",
+        "base:" + ",".join(f"{x:g}" for x in strengths),
+        "--turns",
+        str(s["turns"]),
+        "--dialogues",
+        str(s["dialogues"]),
+        "--no-instruction-dialogues",
+        str(s["no_instruction_dialogues"]),
+        "--seed",
+        str(s["seed"]),
+        "--placement",
+        s["placement"],
+        "--probe-every",
+        str(s["probe_every"]),
+        "--short-prob",
+        str(s["short_prob"]),
+        "--max-new-tokens",
+        str(s["max_new_tokens"]),
+        "--out",
+        str(out),
+    ]
     if s["constraints"] != "built-in":
         argv += ["--constraints", s["constraints"]]
     if s["user_turns"] != "built-in held-out pool":
@@ -68,23 +91,31 @@ def run_evaluation(argv: list[str], folder: Path) -> tuple[dict[str, Any], list[
     return json.loads((folder / "report.json").read_text()), transcripts
 
 
-def strength_report(report: dict[str, Any], transcripts: list[dict[str, Any]], strength: float,
-                    strengths: list[float]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def strength_report(
+    report: dict[str, Any], transcripts: list[dict[str, Any]], strength: float, strengths: list[float]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The four-model report of one strength: base, base+repeat, gatt and base+split (at `strength`)."""
     column = split_column("base", strength, strengths)
     keep = {"base", "base" + REPEAT_SUFFIX, "gatt", column}
-    chosen = [{**t, "model": "base" + SPLIT_SUFFIX} if t["model"] == column else t for t in transcripts if t["model"] in keep]
+    chosen = [
+        {**t, "model": "base" + SPLIT_SUFFIX} if t["model"] == column else t for t in transcripts if t["model"] in keep
+    ]
     settings = {**report["settings"], "split_softmax": {"base": [strength]}}
     return build_report(chosen, settings), chosen
 
 
 def summary_row(scores: dict[str, Any]) -> dict[str, Any]:
     """What the sweep table shows of one model: adherence at TURNS, the fluency cost, the attention."""
+
     def at(table: dict[str, Any]) -> dict[str, float | None]:
         return {str(t): table[str(t)]["adherence"] if str(t) in table else None for t in TURNS}
 
     def regression(entry: dict[str, Any] | None) -> dict[str, float] | None:
-        return None if entry is None else {"on_topic": entry["on_topic"], "n": entry["n"], "mean_words": entry["mean_words"]}
+        return (
+            None
+            if entry is None
+            else {"on_topic": entry["on_topic"], "n": entry["n"], "mean_words": entry["mean_words"]}
+        )
 
     heads = scores.get("attention_on_instruction_max_head") or {}
     return {
@@ -110,18 +141,25 @@ def _pct(value: float | None) -> str:
 
 def sweep_markdown(summary: dict[str, Any]) -> str:
     turns = " | ".join(f"turn {t}" for t in TURNS)
-    lines = [f"| model | {turns} | held-out values, turn {TURNS[-1]} | on topic with the instruction | "
-             "mean words with it | on topic without | max-head attention, turn 20 |",
-             "|---" * (len(TURNS) + 6) + "|"]
+    lines = [
+        f"| model | {turns} | held-out values, turn {TURNS[-1]} | on topic with the instruction | "
+        "mean words with it | on topic without | max-head attention, turn 20 |",
+        "|---" * (len(TURNS) + 6) + "|",
+    ]
     for name, row in summary["models"].items():
         with_, without = row["with_instruction"] or {}, row["without_instruction"] or {}
         head = row["attention_max_head"][str(TURNS[-1])]
-        lines.append(f"| {name} | " + " | ".join(_pct(row["train"][str(t)]) for t in TURNS)
-                     + f" | {_pct(row['heldout_values'][str(TURNS[-1])])} | {_pct(with_.get('on_topic'))}"
-                     f" | {with_.get('mean_words', float('nan')):.1f} | {_pct(without.get('on_topic'))}"
-                     f" | {'–' if head is None else f'{head:.3f}'} |")
-    return ("Adherence on train constraints (checks and answer gate); on topic: chat turns answered on the user's "
-            "topic (the gate's verdict).\n\n" + "\n".join(lines) + "\n")
+        lines.append(
+            f"| {name} | "
+            + " | ".join(_pct(row["train"][str(t)]) for t in TURNS)
+            + f" | {_pct(row['heldout_values'][str(TURNS[-1])])} | {_pct(with_.get('on_topic'))}"
+            f" | {with_.get('mean_words', float('nan')):.1f} | {_pct(without.get('on_topic'))}"
+            f" | {'–' if head is None else f'{head:.3f}'} |"
+        )
+    return (
+        "Adherence on train constraints (checks and answer gate); on topic: chat turns answered on the user's "
+        "topic (the gate's verdict).\n\n" + "\n".join(lines) + "\n"
+    )
 
 
 def sweep_figure(summary: dict[str, Any], title: str) -> Figure:
@@ -132,13 +170,22 @@ def sweep_figure(summary: dict[str, Any], title: str) -> Figure:
     split_rows = [rows[f"base+split@{s:g}"] for s in strengths]
     for i, t in enumerate(TURNS):
         values = [100 * (r["train"][str(t)] or 0.0) for r in split_rows]
-        left.plot([0.0, *strengths], [100 * (rows["base"]["train"][str(t)] or 0.0), *values], marker="o",
-                  color=f"C{i}", label=f"base+split, turn {t}")
+        left.plot(
+            [0.0, *strengths],
+            [100 * (rows["base"]["train"][str(t)] or 0.0), *values],
+            marker="o",
+            color=f"C{i}",
+            label=f"base+split, turn {t}",
+        )
         gatt = rows["gatt"]["train"][str(t)]
         if gatt is not None:
             left.axhline(100 * gatt, color=f"C{i}", linestyle="--", linewidth=1, label=f"gatt, turn {t}")
-    left.set(xlabel="split-softmax strength (0: base)", ylabel="adherence (%)", ylim=(0, 102),
-             title="Adherence (train constraints)")
+    left.set(
+        xlabel="split-softmax strength (0: base)",
+        ylabel="adherence (%)",
+        ylim=(0, 102),
+        title="Adherence (train constraints)",
+    )
     left.legend(fontsize=7)
     on_topic = [100 * ((r["with_instruction"] or {}).get("on_topic") or 0.0) for r in split_rows]
     base_on_topic = 100 * ((rows["base"]["with_instruction"] or {}).get("on_topic") or 0.0)
@@ -146,8 +193,12 @@ def sweep_figure(summary: dict[str, Any], title: str) -> Figure:
     gatt_on_topic = (rows["gatt"]["with_instruction"] or {}).get("on_topic")
     if gatt_on_topic is not None:
         right.axhline(100 * gatt_on_topic, color="C3", linestyle="--", linewidth=1, label="gatt")
-    right.set(xlabel="split-softmax strength (0: base)", ylabel="on topic (%)", ylim=(0, 102),
-              title="Fluency cost: on topic with the instruction")
+    right.set(
+        xlabel="split-softmax strength (0: base)",
+        ylabel="on topic (%)",
+        ylim=(0, 102),
+        title="Fluency cost: on topic with the instruction",
+    )
     right.legend(fontsize=7)
     fig.suptitle(title)
     return fig
@@ -159,7 +210,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     like = json.loads(Path(args.like).read_text())
     work = args.work or Path("runs/split-softmax") / args.out.name
     strengths = sorted(set(args.strengths))
-    report, transcripts = run_evaluation(evaluate_argv(like, args.base, args.gatt, strengths, work / "all"), work / "all")
+    report, transcripts = run_evaluation(
+        evaluate_argv(like, args.base, args.gatt, strengths, work / "all"), work / "all"
+    )
     for strength in strengths:
         folder = work / f"strength-{strength:g}"
         write_report(*strength_report(report, transcripts, strength, strengths), folder)
@@ -182,8 +235,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--base", required=True, help="the base chat model folder")
     parser.add_argument("--gatt", required=True, help="the GAtt model folder (fine-tuned from --base)")
     parser.add_argument("--like", required=True, type=Path, help="a report.json whose settings the sweep reuses")
-    parser.add_argument("--strengths", type=float, nargs="+", default=[0.25, 0.5, 0.75],
-                        help="split-softmax strengths, each in (0, 1] (default: 0.25 0.5 0.75)")
+    parser.add_argument(
+        "--strengths",
+        type=float,
+        nargs="+",
+        default=[0.25, 0.5, 0.75],
+        help="split-softmax strengths, each in (0, 1] (default: 0.25 0.5 0.75)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="results folder (per-strength reports and the sweep)")
     parser.add_argument("--work", type=Path, help="the evaluation's folder (default: runs/split-softmax/<out name>)")
     parser.add_argument("--title", help="figure title (default: the out folder's name)")

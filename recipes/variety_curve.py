@@ -26,10 +26,15 @@ from matplotlib.figure import Figure
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from demo import ROOT, DemoConfig, gatt_data_dir, run  # noqa: E402
+
 from gatt.cli import exit_on_bad_input  # noqa: E402
 from gatt.train import dataclass_from_dict, read_yaml_config  # noqa: E402
 
-STRATA = {"trained values": "per_turn", "held-out values": "heldout_per_turn", "held-out family": "heldout_family_per_turn"}
+STRATA = {
+    "trained values": "per_turn",
+    "held-out values": "heldout_per_turn",
+    "held-out family": "heldout_family_per_turn",
+}
 
 
 def distinct_values(gatt_file: Path) -> dict[str, int]:
@@ -49,8 +54,11 @@ def point(config: DemoConfig, values: str, out: Path, turn: str) -> dict[str, An
         report = json.loads((folder / "report" / "report.json").read_text())
     else:
         folder = out / values
-        report = run(DemoConfig(**{**vars(config), "out": str(folder), "gatt_values_per_family": int(values),
-                                   "eval_baselines": False}))
+        report = run(
+            DemoConfig(
+                **{**vars(config), "out": str(folder), "gatt_values_per_family": int(values), "eval_baselines": False}
+            )
+        )
     gatt = report[report["rounds"][0]["student"] if report.get("rounds") else "gatt"]  # trained on round 1's data
     return {
         "values_per_family": values,
@@ -80,10 +88,18 @@ def plot(points: list[dict[str, Any]], turn: str, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--values", nargs="+", required=True, metavar="K",
-                        help="values per family for each point: positive integers, or 'all'")
-    parser.add_argument("--config", default=str(ROOT / "recipes" / "configs" / "demo.yaml"),
-                        help="the DemoConfig YAML the points share (default: recipes/configs/demo.yaml)")
+    parser.add_argument(
+        "--values",
+        nargs="+",
+        required=True,
+        metavar="K",
+        help="values per family for each point: positive integers, or 'all'",
+    )
+    parser.add_argument(
+        "--config",
+        default=str(ROOT / "recipes" / "configs" / "demo.yaml"),
+        help="the DemoConfig YAML the points share (default: recipes/configs/demo.yaml)",
+    )
     parser.add_argument("--base-run", default="runs/demo", help="a finished make-demo folder: its base model is used")
     parser.add_argument("--out", type=Path, default=Path("runs/variety"), help="one folder per point, and the curve")
     parser.add_argument("--turn", default="20", help="the turn the curve reads (default: 20)")
@@ -102,8 +118,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         os.replace(tmp, args.out / "variety.json")
         plot(points, args.turn, args.out / "variety.png")
     for p in points:
-        print(f"K={p['values_per_family']:>4} distinct={sum(p['distinct_values'].values()):>4} "
-              + "  ".join(f"{name} {adherence(p, name):5.1f}%" for name in STRATA))
+        print(
+            f"K={p['values_per_family']:>4} distinct={sum(p['distinct_values'].values()):>4} "
+            + "  ".join(f"{name} {adherence(p, name):5.1f}%" for name in STRATA)
+        )
     print(f"wrote {args.out / 'variety.json'} and {args.out / 'variety.png'}")
     return points
 

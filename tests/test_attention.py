@@ -8,9 +8,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import gatt  # noqa: F401  (registers attn_implementation="gatt")
 from gatt.attention import (
-    AdditiveScore,
-    DotScore,
-    GeneralScore,
     MaskedMultiHeadAttention,
     RotaryEmbedding,
     ScaledDotScore,
@@ -29,7 +26,11 @@ B, H, HKV, TQ, TK, D = 2, 4, 2, 5, 7, 8
 @pytest.fixture
 def qkv() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return torch.randn(B, H, TQ, D, generator=g), torch.randn(B, H, TK, D, generator=g), torch.randn(B, H, TK, D, generator=g)
+    return (
+        torch.randn(B, H, TQ, D, generator=g),
+        torch.randn(B, H, TK, D, generator=g),
+        torch.randn(B, H, TK, D, generator=g),
+    )
 
 
 def reference_scores(name: str, q: torch.Tensor, k: torch.Tensor, score: torch.nn.Module) -> torch.Tensor:
@@ -145,7 +146,9 @@ def test_bad_input_raises_value_error_saying_what_was_expected(qkv):
         masked_attention(q, k, v, torch.ones(B, 1, TQ, TK + 1, dtype=torch.bool))
     with pytest.raises(ValueError, match="4-D"):
         masked_attention(q, k, v, torch.ones(TQ, TK, dtype=torch.bool))
-    with pytest.raises(ValueError, match="unknown score function 'cosine'; expected one of scaled_dot, dot, general, additive"):
+    with pytest.raises(
+        ValueError, match="unknown score function 'cosine'; expected one of scaled_dot, dot, general, additive"
+    ):
         make_score("cosine", H, D)
     with pytest.raises(ValueError, match=r"num_heads \(6\) must be a multiple of num_key_value_heads \(4\)"):
         MaskedMultiHeadAttention(48, 6, 4)
@@ -184,8 +187,14 @@ def test_module_with_other_scores_trains(score, n_params):
 
 def tiny_llama(attn_implementation: str) -> LlamaForCausalLM:
     config = LlamaConfig(
-        vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0,
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
     )
     torch.manual_seed(0)
     return LlamaForCausalLM._from_config(config, attn_implementation=attn_implementation).eval()

@@ -29,7 +29,11 @@ def padding(lengths: list[int], total: int, left: bool = False) -> torch.Tensor:
 def inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Queries (B, TQ, C), key source (B, TK, KDIM), value source (B, TK, VDIM), query and key padding."""
     g = torch.Generator().manual_seed(seed)
-    x, keys, values = torch.randn(B, TQ, C, generator=g), torch.randn(B, TK, KDIM, generator=g), torch.randn(B, TK, VDIM, generator=g)
+    x, keys, values = (
+        torch.randn(B, TQ, C, generator=g),
+        torch.randn(B, TK, KDIM, generator=g),
+        torch.randn(B, TK, VDIM, generator=g),
+    )
     return x, keys, values, padding([5, 3, 4], TQ), padding([7, 2, 5], TK, left=True)
 
 
@@ -47,8 +51,14 @@ def rotate_by_hand(x: torch.Tensor, positions: torch.Tensor, base: float = 10000
 
 
 def reference(
-    attn: MaskedMultiHeadAttention, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, query_real: torch.Tensor,
-    key_real: torch.Tensor, query_pos: torch.Tensor | None = None, key_pos: torch.Tensor | None = None,
+    attn: MaskedMultiHeadAttention,
+    x: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    query_real: torch.Tensor,
+    key_real: torch.Tensor,
+    query_pos: torch.Tensor | None = None,
+    key_pos: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The formula in float64, one head at a time: softmax(Q_h K_g^T / sqrt(D)) V_g over real keys, heads concatenated,
     then o_proj; a padded query's row is zero. Head h uses key/value head g = h // (H / Hkv)."""
@@ -80,8 +90,15 @@ def test_cross_attention_matches_float64_formula(kv_heads, return_weights):
     torch.manual_seed(0)
     attn = MaskedMultiHeadAttention(C, H, kv_heads, bias=True, kdim=KDIM, vdim=VDIM).eval()
     x, keys, values, query_real, key_real = inputs()
-    out, weights = attn(x, None, key_value_states=keys, value_states=values, query_padding_mask=query_real,
-                        key_padding_mask=key_real, return_weights=return_weights)
+    out, weights = attn(
+        x,
+        None,
+        key_value_states=keys,
+        value_states=values,
+        query_padding_mask=query_real,
+        key_padding_mask=key_real,
+        return_weights=return_weights,
+    )
     expected = reference(attn, x, keys, values, query_real, key_real)
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
     assert torch.all(out[~query_real] == 0)  # exactly zero at padded queries
@@ -106,15 +123,27 @@ def test_cross_attention_matches_torch_multihead_attention(return_weights):
     attn = MaskedMultiHeadAttention(C, H, bias=True, kdim=KDIM, vdim=VDIM).eval()
     q_bias, k_bias, v_bias = mha.in_proj_bias.chunk(3)
     with torch.no_grad():
-        for ours, weight, bias in ((attn.q_proj, mha.q_proj_weight, q_bias), (attn.k_proj, mha.k_proj_weight, k_bias),
-                                   (attn.v_proj, mha.v_proj_weight, v_bias), (attn.o_proj, mha.out_proj.weight, mha.out_proj.bias)):
+        for ours, weight, bias in (
+            (attn.q_proj, mha.q_proj_weight, q_bias),
+            (attn.k_proj, mha.k_proj_weight, k_bias),
+            (attn.v_proj, mha.v_proj_weight, v_bias),
+            (attn.o_proj, mha.out_proj.weight, mha.out_proj.bias),
+        ):
             ours.weight.copy_(weight)
             ours.bias.copy_(bias)
     x, keys, values, query_real, key_real = inputs(2)
-    expected, expected_weights = mha(x, keys, values, key_padding_mask=~key_real, need_weights=True,
-                                     average_attn_weights=False)  # torch's mask: True = ignore
-    out, weights = attn(x, None, key_value_states=keys, value_states=values, query_padding_mask=query_real,
-                        key_padding_mask=key_real, return_weights=return_weights)
+    expected, expected_weights = mha(
+        x, keys, values, key_padding_mask=~key_real, need_weights=True, average_attn_weights=False
+    )  # torch's mask: True = ignore
+    out, weights = attn(
+        x,
+        None,
+        key_value_states=keys,
+        value_states=values,
+        query_padding_mask=query_real,
+        key_padding_mask=key_real,
+        return_weights=return_weights,
+    )
     torch.testing.assert_close(out[query_real], expected[query_real], atol=1e-5, rtol=1e-5)
     assert torch.all(out[~query_real] == 0)  # as documented: a padded query's row is zero, o_proj's bias included
     if return_weights:
@@ -131,12 +160,20 @@ def test_cross_attention_explicit_rope_equals_rotation_by_hand(kv_heads):
     x, keys, values, query_real, key_real = inputs(3)
     query_pos = torch.arange(TQ)[None].expand(B, -1) + torch.tensor([[0], [3], [10]])  # each row its own offset
     key_pos = torch.arange(TK)[None].expand(B, -1) * 2
-    out, _ = attn(x, rotary(query_pos), key_value_states=keys, value_states=values,
-                  key_position_embeddings=rotary(key_pos), query_padding_mask=query_real, key_padding_mask=key_real)
+    out, _ = attn(
+        x,
+        rotary(query_pos),
+        key_value_states=keys,
+        value_states=values,
+        key_position_embeddings=rotary(key_pos),
+        query_padding_mask=query_real,
+        key_padding_mask=key_real,
+    )
     expected = reference(attn, x, keys, values, query_real, key_real, query_pos, key_pos)
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
-    unrotated, _ = attn(x, None, key_value_states=keys, value_states=values, query_padding_mask=query_real,
-                        key_padding_mask=key_real)
+    unrotated, _ = attn(
+        x, None, key_value_states=keys, value_states=values, query_padding_mask=query_real, key_padding_mask=key_real
+    )
     assert not torch.allclose(out, unrotated, atol=1e-3)  # the rotation did something
 
 
@@ -145,8 +182,15 @@ def test_cross_attention_is_not_causal_by_default_and_trains():
     attn = MaskedMultiHeadAttention(C, H, HKV, kdim=KDIM, vdim=VDIM)
     x, keys, values, query_real, key_real = inputs(4)
     x.requires_grad_(True)
-    out, weights = attn(x, None, key_value_states=keys, value_states=values, query_padding_mask=query_real,
-                        key_padding_mask=key_real, return_weights=True)
+    out, weights = attn(
+        x,
+        None,
+        key_value_states=keys,
+        value_states=values,
+        query_padding_mask=query_real,
+        key_padding_mask=key_real,
+        return_weights=True,
+    )
     assert torch.all(weights[0, :, 0] > 0)  # the first query sees every key of a row without padding
     out.pow(2).sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in attn.parameters())
@@ -168,9 +212,11 @@ def test_cross_padding_keywords_also_serve_self_attention():
     torch.testing.assert_close(out[real], expected[real])
     assert torch.all(out[~real] == 0)
     # Default widths keep the self-attention parameters and names of a checkpoint.
-    assert [name for name, _ in attn.named_parameters()] == [
-        f"{p}_proj.weight" for p in "qkvo"
-    ] and attn.k_proj.in_features == C and attn.linformer_e is None
+    assert (
+        [name for name, _ in attn.named_parameters()] == [f"{p}_proj.weight" for p in "qkvo"]
+        and attn.k_proj.in_features == C
+        and attn.linformer_e is None
+    )
 
 
 def test_cross_attention_bad_input_raises_value_error_naming_the_argument():
@@ -178,13 +224,19 @@ def test_cross_attention_bad_input_raises_value_error_naming_the_argument():
     rotary = RotaryEmbedding(attn.head_dim)
     x, keys, values, query_real, key_real = inputs()
     kv = {"key_value_states": keys, "value_states": values}
-    with pytest.raises(ValueError, match=r"key_value_states must have shape \(batch=3, Tk, kdim=12\), got \(3, 7, 20\)"):
+    with pytest.raises(
+        ValueError, match=r"key_value_states must have shape \(batch=3, Tk, kdim=12\), got \(3, 7, 20\)"
+    ):
         attn(x, None, key_value_states=values)
     with pytest.raises(ValueError, match=r"key_value_states must have shape \(batch=3"):
         attn(x, None, key_value_states=keys[:2], value_states=values[:2])
-    with pytest.raises(ValueError, match=r"value_states \(batch, Tk, vdim=20\) is required: kdim \(12\) != vdim \(20\)"):
+    with pytest.raises(
+        ValueError, match=r"value_states \(batch, Tk, vdim=20\) is required: kdim \(12\) != vdim \(20\)"
+    ):
         attn(x, None, key_value_states=keys)
-    with pytest.raises(ValueError, match=r"value_states must have shape \(batch, Tk, vdim\) = \(3, 7, 20\), got \(3, 6, 20\)"):
+    with pytest.raises(
+        ValueError, match=r"value_states must have shape \(batch, Tk, vdim\) = \(3, 7, 20\), got \(3, 6, 20\)"
+    ):
         attn(x, None, key_value_states=keys, value_states=values[:, :6])
     with pytest.raises(ValueError, match="value_states needs key_value_states"):
         attn(x, rotary(torch.arange(TQ)[None]), value_states=values)

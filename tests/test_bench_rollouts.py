@@ -10,6 +10,8 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 
 import bench_eval  # noqa: E402
 import bench_teacher  # noqa: E402
+from test_generation import model, tokenizer  # noqa: E402,F401  (the tiny model and tokenizer fixtures)
+
 import gatt.generation  # noqa: E402
 from data_gen.synthesis import SynthesisConfig  # noqa: E402
 from data_gen.teacher import ModelTeacher  # noqa: E402
@@ -17,7 +19,6 @@ from gatt.eval.inputs import load_eval_constraints, load_eval_turns  # noqa: E40
 from gatt.eval.plan import plan_dialogues  # noqa: E402
 from gatt.eval.rollout import RolloutConfig, reference_rollout, rollout  # noqa: E402
 from gatt.generation import ChatBatch  # noqa: E402
-from test_generation import model, tokenizer  # noqa: E402,F401  (the tiny model and tokenizer fixtures)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -62,8 +63,9 @@ def test_eval_run_returns_one_comparison_with_identical_replies(monkeypatch):
     assert result["turns_per_round"] == [4, 4]  # a round: one batch of 2 dialogues x 2 turns, each side
     assert len(result["seconds"]["ours"]) == len(result["seconds"]["theirs"]) == 2
     assert result["ratio"] == pytest.approx(result["ours"] / result["theirs"], rel=1e-3)
-    assert {k: result["settings"][k] for k in ("dialogues", "turns", "max_new_tokens", "dialogues_per_batch", "repeats")} \
-        == {"dialogues": 4, "turns": 2, "max_new_tokens": 4, "dialogues_per_batch": 2, "repeats": 2}
+    assert {
+        k: result["settings"][k] for k in ("dialogues", "turns", "max_new_tokens", "dialogues_per_batch", "repeats")
+    } == {"dialogues": 4, "turns": 2, "max_new_tokens": 4, "dialogues_per_batch": 2, "repeats": 2}
 
 
 # ------------------------------------------------------------------------------------------ bench_teacher
@@ -89,7 +91,9 @@ def test_teacher_and_generate_give_k_candidates_of_exactly_m_tokens(teacher_dir,
     # Without the benchmark's switch, our teacher's replies end at the end-of-turn token: one token each.
     generated: list[dict] = []
     original = ChatBatch.generate
-    monkeypatch.setattr(ChatBatch, "generate", lambda self, *a, **kw: generated.append(original(self, *a, **kw)) or generated[-1])
+    monkeypatch.setattr(
+        ChatBatch, "generate", lambda self, *a, **kw: generated.append(original(self, *a, **kw)) or generated[-1]
+    )
     bench_teacher.batched_turn(teacher, dialogues, k)
     assert [len(c.tokens) for out in generated for cs in out.values() for c in cs] == [1] * 3 * k
 
@@ -100,7 +104,9 @@ def test_teacher_and_generate_give_k_candidates_of_exactly_m_tokens(teacher_dir,
         for _ in range(2):
             bench_teacher.batched_turn(teacher, ours, k)
         theirs = [bench_teacher.generate_candidates(teacher, d.request().messages, k) for d in dialogues]
-    assert gatt.generation.stop_token_ids is not None and gatt.generation.stop_token_ids(teacher.model, teacher.tokenizer)
+    assert gatt.generation.stop_token_ids is not None and gatt.generation.stop_token_ids(
+        teacher.model, teacher.tokenizer
+    )
     assert len(generated) == 2 and all(len(out) == 3 for out in generated)  # one batched call per turn, 3 dialogues
     assert [[len(c.tokens) for c in cs] for out in generated for cs in out.values()] == [[m] * k] * 6
     assert [[len(c) for c in cs] for cs in theirs] == [[m] * k] * 3
@@ -123,8 +129,13 @@ def test_teacher_run_returns_the_cpu_comparison(monkeypatch):
     assert list(results) == ["teacher_vs_hf_generate"]  # teacher_batched_vs_single: on a GPU only
     result = results["teacher_vs_hf_generate"]
     assert result["unit"] == "turns/s" and result["goal"] == 4.0 and len(result["seconds"]["theirs"]) == 1
-    assert {k: result["settings"][k] for k in ("dialogues", "turns", "k", "max_new_tokens", "repeats")} \
-        == {"dialogues": 2, "turns": 2, "k": 2, "max_new_tokens": 4, "repeats": 1}
+    assert {k: result["settings"][k] for k in ("dialogues", "turns", "k", "max_new_tokens", "repeats")} == {
+        "dialogues": 2,
+        "turns": 2,
+        "k": 2,
+        "max_new_tokens": 4,
+        "repeats": 1,
+    }
     assert gatt.generation.stop_token_ids.__name__ == "stop_token_ids"  # the switch is undone
 
 
@@ -134,7 +145,11 @@ def test_teacher_batched_vs_single_compares_the_same_synthesis(teacher_dir):
     teachers = {name: ModelTeacher(teacher_dir, max_new_tokens=3, device="cpu") for name in ("batched", "single")}
     with bench_teacher.no_end_of_turn():
         rate, seconds, _ = bench_teacher.compare(
-            teachers, {"batched": bench_teacher.batched_turn, "single": bench_teacher.sequential_turn}, config, repeats=2)
+            teachers,
+            {"batched": bench_teacher.batched_turn, "single": bench_teacher.sequential_turn},
+            config,
+            repeats=2,
+        )
     assert set(rate) == {"batched", "single"} and all(r > 0 for r in rate.values())
     assert [len(s) for s in seconds.values()] == [2, 2]
     assert teachers["batched"].batch_size == 3 and teachers["single"].batch_size == 1

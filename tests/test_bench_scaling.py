@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_data_gen import tiny_teacher_dir
 
 from data_gen.__main__ import main as data_gen_main
-from test_data_gen import tiny_teacher_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -21,17 +21,32 @@ def test_each_stage_runs_at_1_and_2_processes_and_reports_its_throughput(tmp_pat
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     demo = tmp_path / "demo"
     model = tiny_teacher_dir(tmp_path)  # a chat model: the teacher, the model fine-tuned and the one evaluated
-    data_gen_main(["gatt", "--teacher", "oracle", "--num-dialogues", "16", "--max-turns", "4", "--out", str(tmp_path / "data")])
+    data_gen_main(
+        ["gatt", "--teacher", "oracle", "--num-dialogues", "16", "--max-turns", "4", "--out", str(tmp_path / "data")]
+    )
     (demo / "base").mkdir(parents=True)
     (demo / "base" / "final").symlink_to(model)
     (demo / "round-1" / "gatt").mkdir(parents=True)
     (demo / "round-1" / "gatt" / "final").symlink_to(model)
     config = yaml.safe_load((ROOT / "recipes" / "configs" / "smoke.yaml").read_text())
-    config.update(model=str(model), model_config=None, tokenizer_vocab_size=0, train_file=str(tmp_path / "data" / "gatt.jsonl"))
+    config.update(
+        model=str(model), model_config=None, tokenizer_vocab_size=0, train_file=str(tmp_path / "data" / "gatt.jsonl")
+    )
     (demo / "round-1" / "gatt" / "config.yaml").write_text(yaml.safe_dump(config))
 
-    result = bench_scaling.main(["--demo", str(demo), "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
-                                 "--quick", "--size", "train_steps=2"])
+    result = bench_scaling.main(
+        [
+            "--demo",
+            str(demo),
+            "--out",
+            str(tmp_path / "out"),
+            "--work",
+            str(tmp_path / "work"),
+            "--quick",
+            "--size",
+            "train_steps=2",
+        ]
+    )
     assert json.loads((tmp_path / "out" / "scaling.json").read_text()) == result
     stages = result["stages"]
     for processes in ("1", "2"):

@@ -40,7 +40,9 @@ def test_rollout_row_compares_bf16_and_the_exact_path_with_the_path_before(resul
 def test_scorer_share_is_the_gates_part_of_the_report(results):
     row = results["smollm2_report_scorer_share"]
     seconds = row["seconds"]
-    assert row["value"] == pytest.approx(seconds["answer_gate"] / (seconds["answer_gate"] + seconds["rollouts"]), abs=2e-3)
+    assert row["value"] == pytest.approx(
+        seconds["answer_gate"] / (seconds["answer_gate"] + seconds["rollouts"]), abs=2e-3
+    )
     assert row["met"] == (row["value"] <= 0.15) and row["higher_is_better"] is False
     # the shared-prompt scorer gives the one-pass scorer's numbers, so the same verdicts
     assert row["replies_scored"] > 0 and row["before"]["verdicts_identical"] == 1.0

@@ -27,16 +27,30 @@ SMOLLM2_TEMPLATE = (
 )
 
 RECORDS = [
-    {"id": "d-0", "instruction": "Always answer in French.", "instruction_short": "Language: French", "use_short": False,
-     "messages": [{"role": "user", "content": "Tell me about rivers."},
-                  {"role": "assistant", "content": "Les rivières coulent vers la mer."},
-                  {"role": "user", "content": "And mountains?"},
-                  {"role": "assistant", "content": "Les montagnes sont hautes et froides."}],
-     "sampled_with_instruction": [True, True]},
-    {"id": "d-1", "instruction": "Write every reply in upper case.", "instruction_short": "Format: all caps", "use_short": True,
-     "messages": [{"role": "user", "content": "What is a library?"},
-                  {"role": "assistant", "content": "A PLACE FULL OF BOOKS."}],
-     "sampled_with_instruction": [True]},
+    {
+        "id": "d-0",
+        "instruction": "Always answer in French.",
+        "instruction_short": "Language: French",
+        "use_short": False,
+        "messages": [
+            {"role": "user", "content": "Tell me about rivers."},
+            {"role": "assistant", "content": "Les rivières coulent vers la mer."},
+            {"role": "user", "content": "And mountains?"},
+            {"role": "assistant", "content": "Les montagnes sont hautes et froides."},
+        ],
+        "sampled_with_instruction": [True, True],
+    },
+    {
+        "id": "d-1",
+        "instruction": "Write every reply in upper case.",
+        "instruction_short": "Format: all caps",
+        "use_short": True,
+        "messages": [
+            {"role": "user", "content": "What is a library?"},
+            {"role": "assistant", "content": "A PLACE FULL OF BOOKS."},
+        ],
+        "sampled_with_instruction": [True],
+    },
 ]
 
 
@@ -62,17 +76,30 @@ def test_trl_trains_the_tokens_our_collator_trains(tmp_path, template):
         assert marked is not None and "{% generation %}" in marked
         for record in RECORDS:  # the marked template renders the same text
             chat = GAttCollator(tokenizer).chat(record)
-            assert tokenizer.apply_chat_template(chat, tokenize=False, chat_template=marked) == \
-                tokenizer.apply_chat_template(chat, tokenize=False)
+            assert tokenizer.apply_chat_template(
+                chat, tokenize=False, chat_template=marked
+            ) == tokenizer.apply_chat_template(chat, tokenize=False)
     else:
         assert bench_train.training_template(tokenizer) is None  # the embedded template is marked already
     tokenizer.save_pretrained(tmp_path / "tokenizer")
     collator = GAttCollator(tokenizer, mode="all", max_length=512, packing=True)
     assert collator.uses_generation_marks == (template == "embedded")  # ours: assistant masks, or prefix renders
-    config = TrainConfig(output_dir=str(tmp_path / "ours"), max_steps=1, train_file="unused.jsonl", batch_size=2,
-                         tokenizer=str(tmp_path / "tokenizer"), max_length=512,
-                         model_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                                       "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 512})
+    config = TrainConfig(
+        output_dir=str(tmp_path / "ours"),
+        max_steps=1,
+        train_file="unused.jsonl",
+        batch_size=2,
+        tokenizer=str(tmp_path / "tokenizer"),
+        max_length=512,
+        model_config={
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "max_position_embeddings": 512,
+        },
+    )
     plan = bench_train.Plan("test", 2, 0, 1, 2, batch=2, steps_per_round=1, warmup=0, repeats=1, max_length=512)
 
     # trl_trainer checks every prepared row against our collator (check_same_examples); checked here again, plainly.

@@ -14,9 +14,19 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_attention  # noqa: E402
 import run as runner  # noqa: E402
 
-CONTRACT = ["train_vs_trl", "one_pass_vs_expand", "attention_vs_sdpa", "attention_memory_vs_eager",
-            "linformer_memory_vs_full", "rollout_vs_hf_generate", "teacher_vs_hf_generate", "smollm2_rollout_tokens_per_s",
-            "smollm2_report_scorer_share", "smollm2_rollout_vs_hf_generate", "smollm2_teacher_vs_hf_generate"]
+CONTRACT = [
+    "train_vs_trl",
+    "one_pass_vs_expand",
+    "attention_vs_sdpa",
+    "attention_memory_vs_eager",
+    "linformer_memory_vs_full",
+    "rollout_vs_hf_generate",
+    "teacher_vs_hf_generate",
+    "smollm2_rollout_tokens_per_s",
+    "smollm2_report_scorer_share",
+    "smollm2_rollout_vs_hf_generate",
+    "smollm2_teacher_vs_hf_generate",
+]
 
 
 def test_runner_names_every_contract_key_once() -> None:
@@ -40,7 +50,9 @@ def test_attention_benchmarks_write_results_with_their_machine(tmp_path: Path, m
 
 
 def test_bad_benchmark_key_is_one_error_line() -> None:
-    result = subprocess.run([sys.executable, "benchmarks/run.py", "--only", "nope"], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "benchmarks/run.py", "--only", "nope"], cwd=ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith("error: --only: unknown benchmark(s) nope")
     assert "Traceback" not in result.stderr
@@ -48,9 +60,12 @@ def test_bad_benchmark_key_is_one_error_line() -> None:
 
 def test_docs_table_is_the_committed_results() -> None:
     """The benchmarks page's table is `run.py --markdown` of results/benchmarks.json, byte for byte."""
-    table = subprocess.run([sys.executable, "benchmarks/run.py", "--markdown"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout
+    table = subprocess.run(
+        [sys.executable, "benchmarks/run.py", "--markdown"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    block = re.search(r"<!-- benchmarks: python benchmarks/run.py --markdown -->\n(.*?)<!-- /benchmarks -->", page, re.S)
+    block = re.search(
+        r"<!-- benchmarks: python benchmarks/run.py --markdown -->\n(.*?)<!-- /benchmarks -->", page, re.S
+    )
     assert block is not None, "docs/benchmarks.md lacks the generated benchmark table"
     assert block.group(1) == table

@@ -88,24 +88,76 @@ def data_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 
 
 BROKEN: list[tuple[str, str, str, Callable[[], object], str]] = [
-    ("topics.yaml", "    nl: koffie\n", "", builtin_data.topics,
-     "topics.yaml: topics.coffee: expected the keys en, fr, es, de, it, pt, nl in this order, got en, fr, es, de, it, pt"),
-    ("topics.yaml", "    fr: le café\n", "    fr: no\n", builtin_data.topics,
-     "topics.yaml: topics.coffee.fr: expected a non-empty string, got False"),
-    ("topics.yaml", "  coffee:\n", "  music:\n", builtin_data.topics, "topics.yaml: not valid YAML: .*duplicate key 'music'"),
-    ("topic_keywords.yaml", "    de: [Kaffee, Kaffees]\n", "    de: Kaffee\n", builtin_data.topic_keywords,
-     "topic_keywords.yaml: keywords.coffee.de: expected a non-empty list of strings, got 'Kaffee'"),
-    ("topic_keywords.yaml", "  coffee:\n", "  kaffee:\n", builtin_data.topic_keywords,
-     "topic_keywords.yaml: keywords: expected the keys ocean, music, coffee, "),
-    ("phrasings.yaml", "- Tell me about {topic}.\n", "- 42\n", builtin_data.phrasings,
-     r"phrasings.yaml: phrasings\[0\]: expected a non-empty string, got 42"),
-    ("catalogue.yaml", "French: {code: fr,", "French: {code: xx,", builtin_data.languages,
-     "catalogue.yaml: languages.French.code: 'xx' is none of topics.yaml's languages"),
-    ("catalogue.yaml", "hobbies:\n", "hobbys:\n", builtin_data.hobbies,
-     "catalogue.yaml: expected the keys hobbies, languages, figures, sign_off_words in this order, got hobbys, "),
-    ("toy_world.yaml", "\nhobby_line:\n", "\nhobby_line:\n  xx: {}\n", lambda: builtin_data.toy_line("hobby_line"),
-     "toy_world.yaml: hobby_line: expected the keys en, .* got xx, en, "),
-    ("toy_world.yaml", "hobby_emoji:\n", "hobby_emoji: [\n", builtin_data.hobby_emoji, "toy_world.yaml: not valid YAML"),
+    (
+        "topics.yaml",
+        "    nl: koffie\n",
+        "",
+        builtin_data.topics,
+        "topics.yaml: topics.coffee: expected the keys en, fr, es, de, it, pt, nl in this order, got en, fr, es, de, it, pt",
+    ),
+    (
+        "topics.yaml",
+        "    fr: le café\n",
+        "    fr: no\n",
+        builtin_data.topics,
+        "topics.yaml: topics.coffee.fr: expected a non-empty string, got False",
+    ),
+    (
+        "topics.yaml",
+        "  coffee:\n",
+        "  music:\n",
+        builtin_data.topics,
+        "topics.yaml: not valid YAML: .*duplicate key 'music'",
+    ),
+    (
+        "topic_keywords.yaml",
+        "    de: [Kaffee, Kaffees]\n",
+        "    de: Kaffee\n",
+        builtin_data.topic_keywords,
+        "topic_keywords.yaml: keywords.coffee.de: expected a non-empty list of strings, got 'Kaffee'",
+    ),
+    (
+        "topic_keywords.yaml",
+        "  coffee:\n",
+        "  kaffee:\n",
+        builtin_data.topic_keywords,
+        "topic_keywords.yaml: keywords: expected the keys ocean, music, coffee, ",
+    ),
+    (
+        "phrasings.yaml",
+        "- Tell me about {topic}.\n",
+        "- 42\n",
+        builtin_data.phrasings,
+        r"phrasings.yaml: phrasings\[0\]: expected a non-empty string, got 42",
+    ),
+    (
+        "catalogue.yaml",
+        "French: {code: fr,",
+        "French: {code: xx,",
+        builtin_data.languages,
+        "catalogue.yaml: languages.French.code: 'xx' is none of topics.yaml's languages",
+    ),
+    (
+        "catalogue.yaml",
+        "hobbies:\n",
+        "hobbys:\n",
+        builtin_data.hobbies,
+        "catalogue.yaml: expected the keys hobbies, languages, figures, sign_off_words in this order, got hobbys, ",
+    ),
+    (
+        "toy_world.yaml",
+        "\nhobby_line:\n",
+        "\nhobby_line:\n  xx: {}\n",
+        lambda: builtin_data.toy_line("hobby_line"),
+        "toy_world.yaml: hobby_line: expected the keys en, .* got xx, en, ",
+    ),
+    (
+        "toy_world.yaml",
+        "hobby_emoji:\n",
+        "hobby_emoji: [\n",
+        builtin_data.hobby_emoji,
+        "toy_world.yaml: not valid YAML",
+    ),
 ]
 
 
@@ -123,7 +175,9 @@ def test_a_broken_file_names_the_file_and_key(
 
 def test_a_missing_file_is_named(data_copy: Path) -> None:
     (data_copy / "phrasings.yaml").unlink()
-    with pytest.raises(DataFileError, match=re.escape(str(data_copy / "phrasings.yaml")) + ": built-in data file not found"):
+    with pytest.raises(
+        DataFileError, match=re.escape(str(data_copy / "phrasings.yaml")) + ": built-in data file not found"
+    ):
         builtin_data.phrasings()
 
 

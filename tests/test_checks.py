@@ -275,7 +275,10 @@ ENTRY = 'name: french\n    instruction: "Always answer in French."\n    short: "
         ("probes: [{question: 'Who are you?', checks: []}]", "'french' probes[0]: 'checks' must be a non-empty list"),
         ("checks: [{type: all_caps}]\n    colour: blue", "'french': unknown key 'colour'"),
         ("checks: [{type: all_caps}]\n    split: test", "'split' must be one of train, heldout"),
-        ("checks: [{type: all_caps}]\n    paraphrases: 'Parle français.'", "'paraphrases' must be a list of non-empty strings"),
+        (
+            "checks: [{type: all_caps}]\n    paraphrases: 'Parle français.'",
+            "'paraphrases' must be a list of non-empty strings",
+        ),
         ("checks: [{type: all_caps}]\n    paraphrases: ['']", "'paraphrases' must be a list of non-empty strings"),
         (
             "checks: [{type: all_caps}]\n    probes: [{question: 'Hobby?', checks: [{type: max_words}]}]",

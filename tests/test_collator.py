@@ -149,7 +149,11 @@ NOSYSTEM_TEMPLATE = (
 TEMPLATE_INFO = {
     "library": ("<|end|>", "<|user|>\n", "<|system|>\n"),
     "chatml": ("<|im_end|>", "<|im_start|>user\n", "<|im_start|>system\n"),
-    "llama3": ("<|eot_id|>", "<|start_header_id|>user<|end_header_id|>\n\n", "<|start_header_id|>system<|end_header_id|>\n\n"),
+    "llama3": (
+        "<|eot_id|>",
+        "<|start_header_id|>user<|end_header_id|>\n\n",
+        "<|start_header_id|>system<|end_header_id|>\n\n",
+    ),
     "nosystem": ("<end_of_turn>", "<start_of_turn>user\n", None),
 }
 WITH_SYSTEM = ["library", "chatml", "llama3"]
@@ -290,9 +294,10 @@ def test_template_without_system_role_falls_back_to_first_user_with_a_warning(to
 
 
 def test_template_that_silently_drops_system_messages_also_falls_back(tokenizers, caplog):
-    dropping = "{%- for message in messages if message['role'] != 'system' -%}" + CHATML_TEMPLATE[
-        len("{%- for message in messages -%}") :
-    ]
+    dropping = (
+        "{%- for message in messages if message['role'] != 'system' -%}"
+        + CHATML_TEMPLATE[len("{%- for message in messages -%}") :]
+    )
     tok = copy.deepcopy(tokenizers["chatml"])
     tok.chat_template = dropping
     with caplog.at_level(logging.WARNING, logger="gatt.collator"):
@@ -692,7 +697,9 @@ def test_works_as_data_collator_of_sft_trainer(tokenizers, tmp_path, packing):
         save_strategy="no",
         logging_steps=1,
     )
-    trainer = trl.SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tok, data_collator=collator)
+    trainer = trl.SFTTrainer(
+        model=model, args=config, train_dataset=dataset, processing_class=tok, data_collator=collator
+    )
     trainer.train()
     assert trainer.state.global_step == 2
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]

@@ -25,8 +25,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def gatt_args(out: Path, *extra: str, n: int = 40, seed: int = 0) -> list[str]:
-    return ["gatt", "--teacher", "oracle", "--num-dialogues", str(n), "--min-turns", "2", "--max-turns", "12",
-            "--samples-per-turn", "2", "--seed", str(seed), "--out", str(out), "--shard-size", "8", *extra]
+    return [
+        "gatt",
+        "--teacher",
+        "oracle",
+        "--num-dialogues",
+        str(n),
+        "--min-turns",
+        "2",
+        "--max-turns",
+        "12",
+        "--samples-per-turn",
+        "2",
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+        "--shard-size",
+        "8",
+        *extra,
+    ]
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -98,7 +116,9 @@ def test_values_per_family_keeps_a_fixed_draw_of_k_values_of_every_family():
     counts = Counter(c.family for c in two)
     assert counts == {f: min(2, n) for f, n in Counter(c.family for c in train).items()}
     names = {c.name for c in two}
-    assert two == limit_values(train, 2) and names <= {c.name for c in limit_values(train, 8)}  # more values: a superset
+    assert two == limit_values(train, 2) and names <= {
+        c.name for c in limit_values(train, 8)
+    }  # more values: a superset
     with pytest.raises(ValueError, match="values per family must be >= 1"):
         limit_values(train, 0)
 
@@ -136,7 +156,10 @@ def test_oracle_stays_on_topic_and_answers_probes_by_default():
     responder = ToyResponder(catalogue())
     turn = next(t for t in all_user_turns() if t.topic == "volcanoes")
     assert responder.reply(turn).startswith("Volcanoes: ")
-    assert responder.reply(UserTurn("Who are you?", None)) == "I am a helpful assistant. I am happy to help you with anything."
+    assert (
+        responder.reply(UserTurn("Who are you?", None))
+        == "I am a helpful assistant. I am happy to help you with anything."
+    )
     french = next(c for c in catalogue() if c.name == "language:French")
     figure = next(c for c in catalogue() if c.name == "figure:Napoleon")
     reply = responder.reply(turn, [french, figure])
@@ -172,7 +195,9 @@ def test_the_demo_base_corpus_teaches_every_value_locally_in_every_wording():
     # Held-out values (never in GAtt data) are taught here, as local instructions, as are the paraphrases.
     constraints = catalogue()
     records = base_corpus(20000, 0, constraints, split_user_turns()[0])  # the size make demo uses
-    user_text = " ".join(m["content"] for r in records if r["kind"] == "local" for m in r["messages"] if m["role"] == "user")
+    user_text = " ".join(
+        m["content"] for r in records if r["kind"] == "local" for m in r["messages"] if m["role"] == "user"
+    )
     for c in constraints:
         for form in (c.instruction, c.short, *c.paraphrases):
             assert form in user_text, (c.name, form)
@@ -320,9 +345,17 @@ def tiny_teacher_dir(tmp_path: Path) -> Path:
     from gatt.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer([t.text for t in all_user_turns()], vocab_size=400)
-    config = GattConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=2, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
-                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    config = GattConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     GattForCausalLM(config).save_pretrained(tmp_path / "teacher")
     tokenizer.save_pretrained(tmp_path / "teacher")
@@ -335,8 +368,23 @@ def test_model_teacher_samples_k_candidates_and_rejection_drops_what_fails(tmp_p
         "constraints:\n  - {name: anything, instruction: Say anything., short: 'Say: anything', checks: [{type: regex, pattern: '(?s).*'}]}\n"
         "  - {name: never, instruction: Start with ZZZ., short: 'Start: ZZZ', family: never, checks: [{type: startswith, text: ZZZ}]}\n"
     )
-    args = ["gatt", "--teacher", str(teacher), "--num-dialogues", "8", "--min-turns", "2", "--max-turns", "3",
-            "--samples-per-turn", "2", "--max-new-tokens", "6", "--constraints", str(tmp_path / "any.yaml")]
+    args = [
+        "gatt",
+        "--teacher",
+        str(teacher),
+        "--num-dialogues",
+        "8",
+        "--min-turns",
+        "2",
+        "--max-turns",
+        "3",
+        "--samples-per-turn",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--constraints",
+        str(tmp_path / "any.yaml"),
+    ]
     main([*args, "--out", str(tmp_path / "a")])
     summary = json.loads(capsys.readouterr().out)
     records = read_jsonl(tmp_path / "a" / "gatt.jsonl")
@@ -365,8 +413,15 @@ def test_model_teacher_keeps_each_dialogues_cache_and_matches_reencoding(tmp_pat
         histories = {d: [] for d in range(3)}
         out = []
         for t in range(4):
-            requests = [TurnRequest([*h, {"role": "user", "content": turns[d + 3 * t].text}], turns[d + 3 * t], [],
-                                    key=str(d) if keyed else None) for d, h in histories.items()]
+            requests = [
+                TurnRequest(
+                    [*h, {"role": "user", "content": turns[d + 3 * t].text}],
+                    turns[d + 3 * t],
+                    [],
+                    key=str(d) if keyed else None,
+                )
+                for d, h in histories.items()
+            ]
             candidates = teacher.sample(requests, 2)
             out.append(candidates)
             for (d, _), request, c in zip(histories.items(), requests, candidates):
@@ -384,8 +439,10 @@ def test_model_teacher_keeps_each_dialogues_cache_and_matches_reencoding(tmp_pat
 
 def test_bad_inputs_stop_with_a_message_naming_the_file_and_place(tmp_path, capsys):
     bad = tmp_path / "dialogues.jsonl"
-    bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
-                   '{"messages": [{"role": "assistant", "content": "first"}]}\n')
+    bad.write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+        '{"messages": [{"role": "assistant", "content": "first"}]}\n'
+    )
     with pytest.raises(SystemExit, match=r"dialogues\.jsonl:2"):
         main(gatt_args(tmp_path / "out", "--user-turns", str(bad)))
     main(gatt_args(tmp_path / "skip", "--user-turns", str(bad), "--on-error", "skip", n=4))
@@ -393,7 +450,9 @@ def test_bad_inputs_stop_with_a_message_naming_the_file_and_place(tmp_path, caps
     user_turns = {m["content"] for r in read_jsonl(tmp_path / "skip" / "gatt.jsonl") for m in r["messages"][::2]}
     assert user_turns - probes == {"hi"}  # the good dialogue's user turn, between probe questions
     yaml_file = tmp_path / "c.yaml"
-    yaml_file.write_text("constraints:\n  - {name: fr, instruction: x, short: y, checks: [{type: langage, code: fr}]}\n")
+    yaml_file.write_text(
+        "constraints:\n  - {name: fr, instruction: x, short: y, checks: [{type: langage, code: fr}]}\n"
+    )
     with pytest.raises(SystemExit, match=r"c\.yaml: constraints\[0\] 'fr' checks\[0\]: unknown check type 'langage'"):
         main(gatt_args(tmp_path / "out2", "--constraints", str(yaml_file)))
     with pytest.raises(SystemExit, match="other settings"):  # resuming into a folder made with other settings

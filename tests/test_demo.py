@@ -24,19 +24,32 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     assert set(report) == {"settings", "base", "gatt-r1", "gatt-r2", "base+repeat", "followable", "paired", "rounds"}
     for name in ("base", "gatt-r1", "gatt-r2", "base+repeat"):
         assert list(report[name]["per_turn"]) == [str(t) for t in range(1, 7)]
-    for path in ("data/base/base.jsonl", "base/final/config.json", "round-1/data/gatt/gatt.jsonl",
-                 "round-1/gatt/final/config.json", "round-2/data/gatt/gatt.summary.json", "round-2/gatt/final/config.json",
-                 "report/report.json", "report/report.md", "report/adherence.png", "report/attention.png"):
+    for path in (
+        "data/base/base.jsonl",
+        "base/final/config.json",
+        "round-1/data/gatt/gatt.jsonl",
+        "round-1/gatt/final/config.json",
+        "round-2/data/gatt/gatt.summary.json",
+        "round-2/gatt/final/config.json",
+        "report/report.json",
+        "report/report.md",
+        "report/adherence.png",
+        "report/attention.png",
+    ):
         assert (out / path).stat().st_size > 0, path
     round_1, round_2 = out / "round-1", out / "round-2"
-    settings = [json.loads((r / "data" / "gatt" / "gatt.shards" / "settings.json").read_text()) for r in (round_1, round_2)]
+    settings = [
+        json.loads((r / "data" / "gatt" / "gatt.shards" / "settings.json").read_text()) for r in (round_1, round_2)
+    ]
     assert [s["teacher"] for s in settings] == ["oracle", str(round_1 / "gatt" / "final")]
     assert [s["config"]["round"] for s in settings] == [1, 2]
     for r, folder in ((1, round_1), (2, round_2)):
         records = [json.loads(line) for line in (folder / "data" / "gatt" / "gatt.jsonl").read_text().splitlines()]
         assert all(record["meta"]["round"] == r for record in records)
     trained = [yaml.safe_load((r / "gatt" / "config.yaml").read_text()) for r in (round_1, round_2)]
-    assert [t["model"] for t in trained] == [str(out / "base" / "final")] * 2  # each round's student starts from the base model
+    assert [t["model"] for t in trained] == [
+        str(out / "base" / "final")
+    ] * 2  # each round's student starts from the base model
     assert trained[0]["train_file"] == str(round_1 / "data" / "gatt" / "gatt.jsonl")
     assert trained[1]["train_file"] == [str(r / "data" / "gatt" / "gatt.jsonl") for r in (round_1, round_2)]
     assert [(r["round"], r["student"]) for r in report["rounds"]] == [(1, "gatt-r1"), (2, "gatt-r2")]
@@ -50,10 +63,13 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     stage_names = ["base-data", "base-model", "gatt-data", "gatt-model", "gatt-data-2", "gatt-model-2", "report"]
     assert list(timings["stage_seconds"]) == stage_names
     seconds = timings["stage_seconds"]
-    assert [e["seconds"] for e in report["rounds"]] == [round(seconds[f"gatt-data{s}"] + seconds[f"gatt-model{s}"], 1)
-                                                        for s in ("", "-2")]
+    assert [e["seconds"] for e in report["rounds"]] == [
+        round(seconds[f"gatt-data{s}"] + seconds[f"gatt-model{s}"], 1) for s in ("", "-2")
+    ]
     machine = timings["machine"]  # the calibration that makes wall times from two machines comparable
-    assert timings["total_seconds_at_reference_speed"] == round(sum(seconds.values()) * machine["fp32_matmul_gflops"] / 150, 1)
+    assert timings["total_seconds_at_reference_speed"] == round(
+        sum(seconds.values()) * machine["fp32_matmul_gflops"] / 150, 1
+    )
     assert machine["fp32_matmul_gflops"] > 0 and machine["threads"] >= 1 and machine["cpu"] and machine["torch"]
     assert "| Turn | base | base+repeat | gatt-r1 | gatt-r2 |" in printed
     # Same inputs: every stage is skipped. A changed GAtt stage reruns it and what follows, not what precedes.
@@ -74,17 +90,42 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert printed.count("up to date, skipped") == 5 and "[7/7 report] running" in printed
     # The variety curve: GAtt-side stages on this run's base model, one value per family, the GAtt model alone.
-    points = variety_curve(["--values", "1", "all", "--turn", "6", "--config", str(config), "--base-run", str(out),
-                            "--out", str(tmp_path / "curve")])
+    points = variety_curve(
+        [
+            "--values",
+            "1",
+            "all",
+            "--turn",
+            "6",
+            "--config",
+            str(config),
+            "--base-run",
+            str(out),
+            "--out",
+            str(tmp_path / "curve"),
+        ]
+    )
     variety = tmp_path / "curve" / "1"
-    assert [p["values_per_family"] for p in points] == ["1", "all"] and set(points[0]["distinct_values"].values()) == {1}
+    assert [p["values_per_family"] for p in points] == ["1", "all"] and set(points[0]["distinct_values"].values()) == {
+        1
+    }
     assert sum(points[1]["distinct_values"].values()) > sum(points[0]["distinct_values"].values())  # the base run's own
     assert set(points[0]["held-out values"]) == {"adherence", "n", "ci95"}
     assert json.loads((tmp_path / "curve" / "variety.json").read_text())["points"] == points
     assert (tmp_path / "curve" / "variety.png").stat().st_size > 0
-    assert set(json.loads((variety / "report" / "report.json").read_text())) == {"settings", "gatt", "rounds"}  # no base+repeat
-    assert list(json.loads((variety / "timings.json").read_text())["stage_seconds"]) == ["gatt-data", "gatt-model", "report"]
-    assert yaml.safe_load((variety / "round-1" / "gatt" / "config.yaml").read_text())["model"] == str(out / "base" / "final")
+    assert set(json.loads((variety / "report" / "report.json").read_text())) == {
+        "settings",
+        "gatt",
+        "rounds",
+    }  # no base+repeat
+    assert list(json.loads((variety / "timings.json").read_text())["stage_seconds"]) == [
+        "gatt-data",
+        "gatt-model",
+        "report",
+    ]
+    assert yaml.safe_load((variety / "round-1" / "gatt" / "config.yaml").read_text())["model"] == str(
+        out / "base" / "final"
+    )
     assert not (variety / "base").exists() and not (variety / "data" / "base").exists()
 
 
@@ -104,17 +145,51 @@ def test_demo_refuses_an_unknown_key_naming_it():
 
 
 USER_CHECKS = "def says_something(reply, n=1):\n    return len(reply.split()) >= n\n"
-USER_CONSTRAINTS = {"constraints": [
-    {"name": "gardener", "instruction": "You are passionate about gardening.", "short": "Passion: gardening",
-     "family": "persona", "value": "gardening", "split": "train", "checks": [],
-     "probes": [{"question": "What are you passionate about?", "checks": [{"type": "python", "function": "smoke_checks:says_something"}]}]},
-    {"name": "chatty", "instruction": "Answer warmly.", "short": "Tone: warm", "family": "tone", "value": "warm",
-     "split": "train", "checks": [{"type": "python", "function": "smoke_checks:says_something", "args": {"n": 2}}]},
-    {"name": "french", "instruction": "Always answer in French.", "short": "Language: French", "family": "language",
-     "value": "French", "split": "heldout", "checks": [{"type": "language", "code": "fr"}]},
-]}
-USER_TURNS = ["What is the capital of France?", "How do bees make honey?", "Why is the sky blue?",
-              "What do cats like to eat?", "How does a bicycle work?", "What is rain made of?"]
+USER_CONSTRAINTS = {
+    "constraints": [
+        {
+            "name": "gardener",
+            "instruction": "You are passionate about gardening.",
+            "short": "Passion: gardening",
+            "family": "persona",
+            "value": "gardening",
+            "split": "train",
+            "checks": [],
+            "probes": [
+                {
+                    "question": "What are you passionate about?",
+                    "checks": [{"type": "python", "function": "smoke_checks:says_something"}],
+                }
+            ],
+        },
+        {
+            "name": "chatty",
+            "instruction": "Answer warmly.",
+            "short": "Tone: warm",
+            "family": "tone",
+            "value": "warm",
+            "split": "train",
+            "checks": [{"type": "python", "function": "smoke_checks:says_something", "args": {"n": 2}}],
+        },
+        {
+            "name": "french",
+            "instruction": "Always answer in French.",
+            "short": "Language: French",
+            "family": "language",
+            "value": "French",
+            "split": "heldout",
+            "checks": [{"type": "language", "code": "fr"}],
+        },
+    ]
+}
+USER_TURNS = [
+    "What is the capital of France?",
+    "How do bees make honey?",
+    "Why is the sky blue?",
+    "What do cats like to eat?",
+    "How does a bicycle work?",
+    "What is rain made of?",
+]
 
 
 def test_smollm2_demo_runs_every_stage_on_a_users_own_files(tmp_path, monkeypatch):
@@ -129,17 +204,34 @@ def test_smollm2_demo_runs_every_stage_on_a_users_own_files(tmp_path, monkeypatc
     turns = tmp_path / "turns.txt"
     turns.write_text("\n".join(USER_TURNS) + "\n")
     out = tmp_path / "smollm2"
-    report = main(["--config", str(ROOT / "recipes" / "configs" / "demo_smollm2_smoke.yaml"), f"out={out}",
-                   f"constraints={constraints}", f"user_turns={turns}"])
+    report = main(
+        [
+            "--config",
+            str(ROOT / "recipes" / "configs" / "demo_smollm2_smoke.yaml"),
+            f"out={out}",
+            f"constraints={constraints}",
+            f"user_turns={turns}",
+        ]
+    )
     assert set(report) == {"settings", "base", "gatt", "base+repeat", "followable", "paired", "rounds"}
     for name in ("base", "gatt", "base+repeat"):
         assert list(report[name]["per_turn"]) == ["1", "2", "3"]
         assert {"checks_only", "answer_gate", "no_regression"} <= set(report[name])
     assert set(report["base"]["per_family"]) <= {"persona", "tone", "language"}
     gate = report["settings"]["answer_gate"]  # eval_strict_gate: the report judged by the strict gate
-    assert gate["relevance"].startswith("on-topic checks and likelihood contrast") and gate["near_copies_with_a_new_topic_word"] == "repeats"
-    for path in ("base/final/model.safetensors", "round-1/data/gatt/gatt.summary.json", "data/replay/replay.jsonl",
-                 "round-1/gatt/final/model.safetensors", "report/report.md", "report/adherence.png", "report/attention.png"):
+    assert (
+        gate["relevance"].startswith("on-topic checks and likelihood contrast")
+        and gate["near_copies_with_a_new_topic_word"] == "repeats"
+    )
+    for path in (
+        "base/final/model.safetensors",
+        "round-1/data/gatt/gatt.summary.json",
+        "data/replay/replay.jsonl",
+        "round-1/gatt/final/model.safetensors",
+        "report/report.md",
+        "report/adherence.png",
+        "report/attention.png",
+    ):
         assert (out / path).stat().st_size > 0, path
     assert not (out / "round-1" / "gatt" / "final" / "adapter_config.json").exists()  # LoRA merged into the weights
     replay = [json.loads(line) for line in (out / "data" / "replay" / "replay.jsonl").read_text().splitlines()]
@@ -149,7 +241,9 @@ def test_smollm2_demo_runs_every_stage_on_a_users_own_files(tmp_path, monkeypatc
     settings = json.loads((out / "round-1" / "data" / "gatt" / "gatt.shards" / "settings.json").read_text())
     assert settings["config"]["strict_gate"] is True  # teacher_strict_gate reached the teacher's gate
     assert settings["config"]["demonstration"] is True  # teacher_demonstration: kept for a resumed run
-    assert isinstance(json.loads((out / "round-1" / "data" / "gatt" / "gatt.shards" / "demonstrations.json").read_text()), dict)
+    assert isinstance(
+        json.loads((out / "round-1" / "data" / "gatt" / "gatt.shards" / "demonstrations.json").read_text()), dict
+    )
     transcripts = (out / "report" / "transcripts.jsonl").read_text()
     assert any(t in transcripts for t in USER_TURNS)  # the report asked the user's messages
     timings = json.loads((out / "timings.json").read_text())

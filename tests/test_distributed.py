@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_data_gen import gatt_args, read_jsonl, tiny_teacher_dir
 
 from data_gen.__main__ import main as data_gen_main
 from data_gen.teacher import ModelTeacher, TurnRequest
 from data_gen.user_turns import UserTurn
 from gatt.distributed import my_items
 from gatt.evaluate import main as evaluate_main
-from test_data_gen import gatt_args, read_jsonl, tiny_teacher_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 # One thread in every process: the runs compared below do the same arithmetic in the same order.
@@ -26,9 +26,20 @@ ENV = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
 
 def torchrun(module: str, *args: str) -> subprocess.Popen:
     """`torchrun --standalone --nproc_per_node 2 -m MODULE ARGS` (its own session, so a test can kill every process)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", module, *args]
-    return subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        module,
+        *args,
+    ]
+    return subprocess.Popen(
+        command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
 
 
 def finish(process: subprocess.Popen) -> str:
@@ -88,9 +99,29 @@ def test_model_teacher_synthesis_on_two_processes_writes_the_one_process_bytes(t
     # One user message: no other question to contrast a reply with, so the random teacher's replies are kept
     # unless empty or looping; the records then hold its sampled text.
     (tmp_path / "turns.txt").write_text("Tell me something.\n")
-    args = ["gatt", "--teacher", str(teacher), "--num-dialogues", "12", "--min-turns", "2", "--max-turns", "3",
-            "--samples-per-turn", "2", "--max-new-tokens", "6", "--shard-size", "3", "--batch-size", "4",
-            "--constraints", str(tmp_path / "any.yaml"), "--user-turns", str(tmp_path / "turns.txt")]
+    args = [
+        "gatt",
+        "--teacher",
+        str(teacher),
+        "--num-dialogues",
+        "12",
+        "--min-turns",
+        "2",
+        "--max-turns",
+        "3",
+        "--samples-per-turn",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--shard-size",
+        "3",
+        "--batch-size",
+        "4",
+        "--constraints",
+        str(tmp_path / "any.yaml"),
+        "--user-turns",
+        str(tmp_path / "turns.txt"),
+    ]
     data_gen_main([*args, "--out", str(tmp_path / "one")])
     finish(torchrun("data_gen", *args, "--out", str(tmp_path / "two")))
     records = read_jsonl(tmp_path / "one" / "gatt.jsonl")
@@ -120,9 +151,28 @@ def test_killed_two_process_synthesis_resumes_without_duplicates_or_losses(tmp_p
 
 def test_evaluation_on_two_processes_writes_the_one_process_report(tmp_path):
     model = tiny_teacher_dir(tmp_path)
-    args = ["--model", f"a={model}", "--model", f"b={model}", "--turns", "3", "--dialogues", "6",
-            "--no-instruction-dialogues", "2", "--batch-size", "2", "--max-new-tokens", "6",
-            "--repeat-instruction", "a", "--split-softmax", "a:0.5", "--relevance-model", "none"]
+    args = [
+        "--model",
+        f"a={model}",
+        "--model",
+        f"b={model}",
+        "--turns",
+        "3",
+        "--dialogues",
+        "6",
+        "--no-instruction-dialogues",
+        "2",
+        "--batch-size",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--repeat-instruction",
+        "a",
+        "--split-softmax",
+        "a:0.5",
+        "--relevance-model",
+        "none",
+    ]
     evaluate_main([*args, "--out", str(tmp_path / "one")])
     output = finish(torchrun("gatt.evaluate", *args, "--out", str(tmp_path / "two")))
     assert output.count("wrote ") == 1  # process 0 reports
@@ -141,5 +191,18 @@ def test_a_teacher_loads_in_bf16_and_over_a_device_map(tmp_path):
     request = TurnRequest([{"role": "user", "content": "Hello there."}], UserTurn("Hello there.", None), [])
     assert [len(c) for c in teacher.sample([request], 2)] == [2]
     with pytest.raises(SystemExit, match="a --device or a --teacher-device-map, not both"):
-        data_gen_main(["gatt", "--teacher", str(teacher_dir), "--num-dialogues", "1", "--out", str(tmp_path / "x"),
-                       "--device", "cpu", "--teacher-device-map", "auto"])
+        data_gen_main(
+            [
+                "gatt",
+                "--teacher",
+                str(teacher_dir),
+                "--num-dialogues",
+                "1",
+                "--out",
+                str(tmp_path / "x"),
+                "--device",
+                "cpu",
+                "--teacher-device-map",
+                "auto",
+            ]
+        )

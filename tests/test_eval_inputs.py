@@ -12,9 +12,8 @@ import pytest
 from data_gen.__main__ import main
 from data_gen.constraints import catalogue
 from data_gen.eval_set import write_eval_set
-from data_gen.user_turns import on_topic_check
 from data_gen.toy_world import ToyResponder
-from data_gen.user_turns import TOPICS, UserTurn, split_user_turns
+from data_gen.user_turns import TOPICS, UserTurn, on_topic_check, split_user_turns
 from gatt.checks import Check, hold_out_families
 from gatt.eval.inputs import BUILTIN_DIR, EvalTurn, load_eval_constraints, load_eval_turns
 from gatt.eval.plan import stratify
@@ -22,10 +21,17 @@ from gatt.eval.plan import stratify
 ROOT = Path(__file__).resolve().parents[1]
 REGENERATE = "python -m data_gen eval-set --out gatt/eval/builtin"
 DIALOGUES = [
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"},
-     {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "How tall is Everest?"}],
-    [{"role": "user", "content": " Hello there\n"}, {"role": "assistant", "content": "Hello again."},
-     {"role": "user", "content": "Name a river."}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello there"},
+        {"role": "assistant", "content": "Hi."},
+        {"role": "user", "content": "How tall is Everest?"},
+    ],
+    [
+        {"role": "user", "content": " Hello there\n"},
+        {"role": "assistant", "content": "Hello again."},
+        {"role": "user", "content": "Name a river."},
+    ],
 ]
 DIALOGUE_TEXTS = ["Hello there", "How tall is Everest?", "Name a river."]
 MUSIC = {"type": "contains_any", "words": ["music"]}
@@ -47,12 +53,15 @@ def test_txt_one_message_per_line(tmp_path: Path) -> None:
 
 
 def test_content_jsonl_with_optional_checks(tmp_path: Path) -> None:
-    path = _write_lines(tmp_path / "turns.jsonl", [
-        {"content": "Tell me about music.", "topic": "music", "checks": [MUSIC]},
-        "",
-        {"content": "Any plans today?"},
-        {"content": " Tell me about music. ", "checks": []},  # a duplicate: the first one is kept
-    ])
+    path = _write_lines(
+        tmp_path / "turns.jsonl",
+        [
+            {"content": "Tell me about music.", "topic": "music", "checks": [MUSIC]},
+            "",
+            {"content": "Any plans today?"},
+            {"content": " Tell me about music. ", "checks": []},  # a duplicate: the first one is kept
+        ],
+    )
     turns = load_eval_turns(str(path))
     assert turns == [EvalTurn("Tell me about music.", (Check.from_dict(MUSIC),), "music"), EvalTurn("Any plans today?")]
     assert turns[0].checks[0].passes("I love MUSIC.") and not turns[0].checks[0].passes("Musicals.")
@@ -64,8 +73,9 @@ def test_messages_jsonl_gives_user_turns_without_checks(tmp_path: Path) -> None:
 
 
 def test_jsonl_may_mix_both_line_forms(tmp_path: Path) -> None:
-    path = _write_lines(tmp_path / "mixed.jsonl", [{"content": "Name a river.", "checks": [MUSIC]},
-                                                   {"messages": DIALOGUES[1]}])
+    path = _write_lines(
+        tmp_path / "mixed.jsonl", [{"content": "Name a river.", "checks": [MUSIC]}, {"messages": DIALOGUES[1]}]
+    )
     assert [(t.text, len(t.checks)) for t in load_eval_turns(path)] == [("Name a river.", 1), ("Hello there", 0)]
 
 
@@ -94,12 +104,13 @@ BAD_LINES = {
     "non-string content": ({"content": 42}, "'content' must be a string, got int"),
     "empty content": ({"content": "  "}, "'content' is empty"),
     "checks not a list": ({"content": "hi", "checks": MUSIC}, "'checks' must be a list"),
-    "unknown check type": ({"content": "hi", "checks": [MUSIC, {"type": "rhymes"}]},
-                           "checks[1]: unknown check type"),
+    "unknown check type": ({"content": "hi", "checks": [MUSIC, {"type": "rhymes"}]}, "checks[1]: unknown check type"),
     "check missing field": ({"content": "hi", "checks": [{"type": "contains_any"}]}, "checks[0]: "),
     "check not a mapping": ({"content": "hi", "checks": ["music"]}, "checks[0]: expected a mapping"),
-    "roles out of order": ({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},
-                           "messages[1]: role 'user' where 'assistant' was expected"),
+    "roles out of order": (
+        {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},
+        "messages[1]: role 'user' where 'assistant' was expected",
+    ),
     "unknown role": ({"messages": [{"role": "tool", "content": "a"}]}, "messages[0]: unknown role 'tool'"),
 }
 
@@ -156,8 +167,11 @@ def test_builtin_constraints_have_both_splits_and_a_heldout_family() -> None:
 
 def test_user_constraint_file_and_its_errors(tmp_path: Path) -> None:
     path = tmp_path / "mine.yaml"
-    path.write_text("constraints:\n  - {name: shout, instruction: Shout., short: 'Caps', checks: [{type: all_caps}],"
-                    " split: heldout}\n", encoding="utf-8")
+    path.write_text(
+        "constraints:\n  - {name: shout, instruction: Shout., short: 'Caps', checks: [{type: all_caps}],"
+        " split: heldout}\n",
+        encoding="utf-8",
+    )
     [shout] = load_eval_constraints(str(path))
     assert (shout.name, shout.split, shout.family) == ("shout", "heldout", "custom")
     bad = "constraints:\n  - {name: odd, instruction: x, short: y, checks: [{type: rhymes}]}\n"
@@ -173,11 +187,32 @@ def test_heldout_families_move_a_whole_family_out_of_the_trained_values(tmp_path
     held = hold_out_families(load_eval_constraints(smollm2), ["language"], "smollm2_constraints.yaml")
     assert {c.split for c in held if c.family == "language"} == {"heldout"}
     strata = {name: {c.family for c in members} for name, members in stratify(held).items()}
-    assert strata["heldout_family"] == {"language", "persona"} and "language" not in strata["train"] | strata["heldout_value"]
-    with pytest.raises(ValueError, match=r"smollm2_constraints\.yaml: no constraint of family 'tone'.*families: figure"):
+    assert (
+        strata["heldout_family"] == {"language", "persona"}
+        and "language" not in strata["train"] | strata["heldout_value"]
+    )
+    with pytest.raises(
+        ValueError, match=r"smollm2_constraints\.yaml: no constraint of family 'tone'.*families: figure"
+    ):
         hold_out_families(held, ["tone"], "smollm2_constraints.yaml")
-    args = ["gatt", "--teacher", "oracle", "--constraints", str(smollm2), "--heldout-families", "language", "hobby",
-            "--num-dialogues", "12", "--max-turns", "3", "--seed", "0", "--out", str(tmp_path / "gatt")]
+    args = [
+        "gatt",
+        "--teacher",
+        "oracle",
+        "--constraints",
+        str(smollm2),
+        "--heldout-families",
+        "language",
+        "hobby",
+        "--num-dialogues",
+        "12",
+        "--max-turns",
+        "3",
+        "--seed",
+        "0",
+        "--out",
+        str(tmp_path / "gatt"),
+    ]
     main(args)
     summary = json.loads((tmp_path / "gatt" / "gatt.summary.json").read_text())
     assert set(summary["pass_rate_per_family"]) == {"figure", "wordlimit"}  # what the GAtt data was drawn from
@@ -215,8 +250,10 @@ def test_replies_about_another_topic_fail_the_check() -> None:
     assert ocean.passes(responder.reply(UserTurn("Tell me about the ocean.", "ocean"), languages[3]))
     # Stronger: in every language, no topic's reply passes another topic's check.
     for topic in TOPICS:
-        replies = {other: [responder.reply(UserTurn(f"Tell me about {other}.", other), v) for v in languages]
-                   for other in TOPICS}
+        replies = {
+            other: [responder.reply(UserTurn(f"Tell me about {other}.", other), v) for v in languages]
+            for other in TOPICS
+        }
         check = on_topic_check(topic)
         for other, texts in replies.items():
             assert all(check.passes(r) == (other == topic) for r in texts), (topic, other)

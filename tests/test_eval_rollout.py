@@ -21,11 +21,29 @@ from gatt.tokenizer import train_tokenizer
 TEXTS = [f"Tell me about topic {i}. The weather is nice and tennis is fun, {i * 7} times." for i in range(300)]
 TENNIS = Check("contains_any", {"words": ["tennis"]})
 CONSTRAINTS = [
-    Constraint("hobby-tennis", "You enjoy tennis.", "Hobby: tennis", (TENNIS,),
-               (Probe("What is your favorite hobby?", (TENNIS,)),), "hobby", "tennis", "train"),
-    Constraint("hobby-chess", "You enjoy chess.", "Hobby: chess", (Check("contains_any", {"words": ["chess"]}),),
-               (), "hobby", "chess", "heldout"),
-    Constraint("caps", "Answer in capital letters.", "Format: caps", (Check("all_caps", {}),), (), "caps", "caps", "heldout"),
+    Constraint(
+        "hobby-tennis",
+        "You enjoy tennis.",
+        "Hobby: tennis",
+        (TENNIS,),
+        (Probe("What is your favorite hobby?", (TENNIS,)),),
+        "hobby",
+        "tennis",
+        "train",
+    ),
+    Constraint(
+        "hobby-chess",
+        "You enjoy chess.",
+        "Hobby: chess",
+        (Check("contains_any", {"words": ["chess"]}),),
+        (),
+        "hobby",
+        "chess",
+        "heldout",
+    ),
+    Constraint(
+        "caps", "Answer in capital letters.", "Format: caps", (Check("all_caps", {}),), (), "caps", "caps", "heldout"
+    ),
 ]
 POOL = [EvalTurn(t, (Check("contains_any", {"words": [t.split(".")[0][-2:]]}),)) for t in TEXTS[:60]]
 
@@ -36,9 +54,21 @@ def tokenizer():
 
 
 def tiny_config(tokenizer, **overrides) -> dict:
-    return {**dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, max_position_embeddings=1024, pad_token_id=tokenizer.pad_token_id,
-                   bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id), **overrides}
+    return {
+        **dict(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        ),
+        **overrides,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +87,27 @@ def replies(transcripts):
 
 
 def test_plan_balances_strata_and_places_probes(plan):
-    assert [d.stratum for d in plan] == ["train", "heldout_value", "train", "heldout_family", "train", "heldout_value", "none", "none"]
+    assert [d.stratum for d in plan] == [
+        "train",
+        "heldout_value",
+        "train",
+        "heldout_family",
+        "train",
+        "heldout_value",
+        "none",
+        "none",
+    ]
     assert {k: [c.name for c in v] for k, v in stratify(CONSTRAINTS).items()} == {
-        "train": ["hobby-tennis"], "heldout_value": ["hobby-chess"], "heldout_family": ["caps"]}
+        "train": ["hobby-tennis"],
+        "heldout_value": ["hobby-chess"],
+        "heldout_family": ["caps"],
+    }
     tennis = plan[0]
     assert [t.kind for t in tennis.turns] == ["chat", "probe", "chat", "chat", "chat", "probe", "chat"]
-    assert tennis.turns[1].user == "What is your favorite hobby?" and tennis.instruction in ("You enjoy tennis.", "Hobby: tennis")
+    assert tennis.turns[1].user == "What is your favorite hobby?" and tennis.instruction in (
+        "You enjoy tennis.",
+        "Hobby: tennis",
+    )
     assert all(t.kind == "chat" for t in plan[1].turns)  # a family without probes gets none
     assert all(not t.checks and t.on_topic for t in plan[-1].turns) and plan[-1].instruction is None
     assert plan == plan_dialogues(CONSTRAINTS, POOL, dialogues=6, turns=7, seed=0, no_instruction=2)
@@ -84,10 +129,15 @@ def test_kv_reuse_masks_tokens_the_template_renders_differently(model, tokenizer
     # the rendered history, so they must be masked out and the rendered tokens fed instead.
     tokenizer.save_pretrained(tmp_path)
     upper = AutoTokenizer.from_pretrained(tmp_path)
-    upper.chat_template = tokenizer.chat_template.replace("generation -%}{{- message['content']", "generation -%}{{- (message['content'] | upper)")
+    upper.chat_template = tokenizer.chat_template.replace(
+        "generation -%}{{- message['content']", "generation -%}{{- (message['content'] | upper)"
+    )
     assert upper.chat_template != tokenizer.chat_template
     config = RolloutConfig(max_new_tokens=12, batch_size=8)
-    fast, slow = rollout(model, upper, plan, config, progress=False), reference_rollout(model, upper, plan, config, progress=False)
+    fast, slow = (
+        rollout(model, upper, plan, config, progress=False),
+        reference_rollout(model, upper, plan, config, progress=False),
+    )
     assert replies(fast) == replies(slow)
     assert replies(fast) != replies(rollout(model, tokenizer, plan, config, progress=False))
 
@@ -97,7 +147,9 @@ def test_hugging_face_llama_rolls_out_the_same(model, tokenizer, plan):
     llama = LlamaForCausalLM(LlamaConfig(**tiny_config(tokenizer))).eval()
     llama.load_state_dict(model.state_dict())
     config = RolloutConfig(max_new_tokens=12)
-    assert replies(rollout(llama, tokenizer, plan, config, progress=False)) == replies(rollout(model, tokenizer, plan, config, progress=False))
+    assert replies(rollout(llama, tokenizer, plan, config, progress=False)) == replies(
+        rollout(model, tokenizer, plan, config, progress=False)
+    )
 
 
 def test_context_limit_stops_the_dialogue_like_reencoding(tokenizer):
@@ -105,7 +157,10 @@ def test_context_limit_stops_the_dialogue_like_reencoding(tokenizer):
     short = GattForCausalLM(GattConfig(**tiny_config(tokenizer, max_position_embeddings=160))).eval()
     plan = plan_dialogues(CONSTRAINTS, POOL, dialogues=3, turns=12, seed=0)
     config = RolloutConfig(max_new_tokens=16)
-    fast, slow = rollout(short, tokenizer, plan, config, progress=False), reference_rollout(short, tokenizer, plan, config, progress=False)
+    fast, slow = (
+        rollout(short, tokenizer, plan, config, progress=False),
+        reference_rollout(short, tokenizer, plan, config, progress=False),
+    )
     assert fast == slow
     assert {t["stop_reason"] for t in fast} == {"context"} and all(1 <= len(t["turns"]) < 12 for t in fast)
 
@@ -119,7 +174,11 @@ def test_repeat_instruction_appends_it_to_every_user_turn(model, tokenizer, plan
 
 def test_sampling_is_seeded(model, tokenizer, plan):
     def sample(seed):
-        return replies(rollout(model, tokenizer, plan[:3], RolloutConfig(max_new_tokens=8, do_sample=True, seed=seed), progress=False))
+        return replies(
+            rollout(
+                model, tokenizer, plan[:3], RolloutConfig(max_new_tokens=8, do_sample=True, seed=seed), progress=False
+            )
+        )
 
     assert sample(0) == sample(0) and sample(0) != sample(1)
 
@@ -132,8 +191,13 @@ def test_attention_share_equals_a_direct_computation_from_the_weights(model, tok
     for turn in measured["turns"][:3]:
         prompt, span = render(tokenizer, dialogue, [*history, {"role": "user", "content": turn["user"]}], config)
         assert tokenizer.decode(prompt[span[0] : span[-1] + 1]).strip() == dialogue.instruction
-        generated = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=10,
-                                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)[0, len(prompt):]
+        generated = model.generate(
+            torch.tensor([prompt]),
+            do_sample=False,
+            max_new_tokens=10,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )[0, len(prompt) :]
         assert tokenizer.decode(generated, skip_special_tokens=True).strip() == turn["reply"]
         # queries: each reply token that the model read (all but the last one generated)
         sequence = torch.cat([torch.tensor(prompt), generated[:-1]])[None]
@@ -149,11 +213,18 @@ def test_attention_share_equals_a_direct_computation_from_the_weights(model, tok
 
 
 def test_scoring_of_a_transcript_turn(model, tokenizer):
-    dialogue = EvalDialogue("e-1", "train", CONSTRAINTS[0], "Hobby: tennis",
-                            (PlannedTurn("chat", TEXTS[0], (TENNIS,), (Check("contains_any", {"words": ["weather"]}),)),))
+    dialogue = EvalDialogue(
+        "e-1",
+        "train",
+        CONSTRAINTS[0],
+        "Hobby: tennis",
+        (PlannedTurn("chat", TEXTS[0], (TENNIS,), (Check("contains_any", {"words": ["weather"]}),)),),
+    )
     [t] = rollout(model, tokenizer, [dialogue], RolloutConfig(max_new_tokens=4), progress=False)
     reply = t["turns"][0]["reply"]
-    assert t["turns"][0]["checks_passed"] is ("tennis" in reply.lower()) and t["turns"][0]["on_topic"] is ("weather" in reply.lower())
+    assert t["turns"][0]["checks_passed"] is ("tennis" in reply.lower()) and t["turns"][0]["on_topic"] is (
+        "weather" in reply.lower()
+    )
     assert t["constraint"] == {"name": "hobby-tennis", "family": "hobby", "value": "tennis", "split": "train"}
 
 
@@ -176,9 +247,29 @@ def eval_inputs(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def run_cli(model_dir: Path, inputs: tuple[Path, Path], out: Path, *extra: str) -> dict:
-    return evaluate_main(["--model", f"base={model_dir}", "--model", f"other={model_dir}", "--turns", "6", "--dialogues", "4",
-                          "--seed", "3", "--out", str(out), "--constraints", str(inputs[0]), "--user-turns", str(inputs[1]),
-                          "--max-new-tokens", "6", *extra])
+    return evaluate_main(
+        [
+            "--model",
+            f"base={model_dir}",
+            "--model",
+            f"other={model_dir}",
+            "--turns",
+            "6",
+            "--dialogues",
+            "4",
+            "--seed",
+            "3",
+            "--out",
+            str(out),
+            "--constraints",
+            str(inputs[0]),
+            "--user-turns",
+            str(inputs[1]),
+            "--max-new-tokens",
+            "6",
+            *extra,
+        ]
+    )
 
 
 def test_cli_writes_the_report_and_is_deterministic(model_dir, eval_inputs, tmp_path):
@@ -196,7 +287,9 @@ def test_cli_writes_the_report_and_is_deterministic(model_dir, eval_inputs, tmp_
     assert len(report["base"]["attention_on_instruction"]) == 6
     heads = report["base"]["attention_on_instruction_max_head"]
     assert list(heads) == [str(t) for t in range(1, 7)]
-    assert all(heads[t] >= report["base"]["attention_on_instruction"][t] for t in heads)  # a maximum is at least the mean
+    assert all(
+        heads[t] >= report["base"]["attention_on_instruction"][t] for t in heads
+    )  # a maximum is at least the mean
     for name in ("report.json", "report.md", "adherence.png", "attention.png", "transcripts.jsonl"):
         assert (tmp_path / "a" / name).stat().st_size > 0
     lines = [json.loads(line) for line in (tmp_path / "a" / "transcripts.jsonl").read_text().splitlines()]
@@ -215,8 +308,27 @@ def test_an_interrupted_report_resumes_from_its_finished_columns(model_dir, eval
     model = tmp_path / "model"
     shutil.copytree(model_dir, model)
     args = ("--repeat-instruction", "base", "--no-attention", "--relevance-model", "none")  # no judge to load
-    evaluate_main(["--model", f"base={model}", "--turns", "4", "--dialogues", "4", "--seed", "3", "--out", str(tmp_path / "a"),
-                   "--constraints", str(eval_inputs[0]), "--user-turns", str(eval_inputs[1]), "--max-new-tokens", "6", *args])
+    evaluate_main(
+        [
+            "--model",
+            f"base={model}",
+            "--turns",
+            "4",
+            "--dialogues",
+            "4",
+            "--seed",
+            "3",
+            "--out",
+            str(tmp_path / "a"),
+            "--constraints",
+            str(eval_inputs[0]),
+            "--user-turns",
+            str(eval_inputs[1]),
+            "--max-new-tokens",
+            "6",
+            *args,
+        ]
+    )
     assert sorted(p.name for p in (tmp_path / "a" / "rollouts").iterdir()) == ["base+repeat.jsonl", "base.jsonl"]
     first = (tmp_path / "a" / "report.json").read_bytes()
     (tmp_path / "a" / "report.json").unlink()  # as if killed before the report was written
@@ -225,8 +337,25 @@ def test_an_interrupted_report_resumes_from_its_finished_columns(model_dir, eval
         raise AssertionError("a finished column was rolled out again")
 
     monkeypatch.setattr("gatt.evaluate.load_model", no_model)
-    rerun = ["--model", f"base={model}", "--turns", "4", "--dialogues", "4", "--seed", "3", "--out", str(tmp_path / "a"),
-             "--constraints", str(eval_inputs[0]), "--user-turns", str(eval_inputs[1]), "--max-new-tokens", "6", *args]
+    rerun = [
+        "--model",
+        f"base={model}",
+        "--turns",
+        "4",
+        "--dialogues",
+        "4",
+        "--seed",
+        "3",
+        "--out",
+        str(tmp_path / "a"),
+        "--constraints",
+        str(eval_inputs[0]),
+        "--user-turns",
+        str(eval_inputs[1]),
+        "--max-new-tokens",
+        "6",
+        *args,
+    ]
     evaluate_main(rerun)
     assert (tmp_path / "a" / "report.json").read_bytes() == first
     weights = next(model.glob("*.safetensors"))
@@ -234,7 +363,7 @@ def test_an_interrupted_report_resumes_from_its_finished_columns(model_dir, eval
     with pytest.raises(AssertionError, match="rolled out again"):
         evaluate_main(rerun)
     with pytest.raises(AssertionError, match="rolled out again"):  # other settings: another plan, no stale column
-        evaluate_main([*rerun[:-len(args)], "--seed", "4", *args])
+        evaluate_main([*rerun[: -len(args)], "--seed", "4", *args])
 
 
 def test_cli_refuses_bad_input(model_dir, eval_inputs, tmp_path):
@@ -276,8 +405,10 @@ def test_cli_split_softmax_adds_the_boosted_column(model_dir, eval_inputs, tmp_p
     assert sweep["base"]["per_turn"] == report["base"]["per_turn"]
 
 
-@pytest.mark.parametrize("spec,message", [("nobody:0.5", "NAME a --model"), ("base:2", "in \\[0, 1\\]"),
-                                          ("base:x", "numbers"), ("base", "NAME:STRENGTH")])
+@pytest.mark.parametrize(
+    "spec,message",
+    [("nobody:0.5", "NAME a --model"), ("base:2", "in \\[0, 1\\]"), ("base:x", "numbers"), ("base", "NAME:STRENGTH")],
+)
 def test_cli_refuses_a_bad_split_softmax_spec(model_dir, eval_inputs, tmp_path, spec, message):
     with pytest.raises(SystemExit, match=f"^error: .*{message}"):
         run_cli(model_dir, eval_inputs, tmp_path / "bad", "--split-softmax", spec)
@@ -290,8 +421,9 @@ def test_cli_numerics_int8_rolls_out_on_a_quantised_model(model_dir, eval_inputs
     assert report["settings"]["numerics"] == "int8" and "numerics" not in exact["settings"]
     assert report["settings"]["versions"]["transformers"] and set(report) == set(exact)
     transcripts = [json.loads(line) for line in (tmp_path / "q" / "transcripts.jsonl").read_text().splitlines()]
-    assert {len(t["turns"]) for t in transcripts} == {len(t["turns"]) for t in
-                                                     map(json.loads, (tmp_path / "e" / "transcripts.jsonl").read_text().splitlines())}
+    assert {len(t["turns"]) for t in transcripts} == {
+        len(t["turns"]) for t in map(json.loads, (tmp_path / "e" / "transcripts.jsonl").read_text().splitlines())
+    }
 
 
 def test_cli_relevance_numerics_bf16_scores_the_same_replies_in_bf16(model_dir, eval_inputs, tmp_path):
@@ -303,8 +435,12 @@ def test_cli_relevance_numerics_bf16_scores_the_same_replies_in_bf16(model_dir, 
     def read(folder: str) -> list[dict]:
         return [json.loads(line) for line in (tmp_path / folder / "transcripts.jsonl").read_text().splitlines()]
 
-    pairs = [(a, b) for ta, tb in zip(read("b"), read("e")) for a, b in zip(ta["turns"], tb["turns"])
-             if b["gate"]["relevance"] is not None]
+    pairs = [
+        (a, b)
+        for ta, tb in zip(read("b"), read("e"))
+        for a, b in zip(ta["turns"], tb["turns"])
+        if b["gate"]["relevance"] is not None
+    ]
     assert pairs and all(a["reply"] == b["reply"] for a, b in pairs)  # the rollouts stay exact
     differences = [abs(a["gate"]["relevance"] - b["gate"]["relevance"]) for a, b in pairs]
     assert 0 < max(differences) < 2.0  # bf16 rounding, not another scorer

@@ -43,21 +43,32 @@ def dialogue(
     for i, passed in enumerate(passes):
         attn = None if attention is None else attention[i]
         failed = [] if gate is None or gate[i] is None else gate[i]
-        turns.append({
-            "turn": i + 1, "kind": "chat", "user": f"u{i}", "reply": f"r{i}",
-            "checks": [] if passed is None else [{"type": "contains_any", "passed": passed}],
-            "checks_passed": passed,
-            "on_topic": None if on_topic is None else on_topic[i],
-            "gate": {"passed": not failed, "failed": failed, "relevance": None, "repeats": None},
-            "passed": None if passed is None else passed and not failed,
-            "attention_on_instruction": attn,
-            "attention_per_layer": None if attn is None else [attn, attn],
-            "attention_per_head": None if attn is None else [[0.5 * attn, 1.5 * attn], [attn, attn]],  # (layers, heads)
-        })
+        turns.append(
+            {
+                "turn": i + 1,
+                "kind": "chat",
+                "user": f"u{i}",
+                "reply": f"r{i}",
+                "checks": [] if passed is None else [{"type": "contains_any", "passed": passed}],
+                "checks_passed": passed,
+                "on_topic": None if on_topic is None else on_topic[i],
+                "gate": {"passed": not failed, "failed": failed, "relevance": None, "repeats": None},
+                "passed": None if passed is None else passed and not failed,
+                "attention_on_instruction": attn,
+                "attention_per_layer": None if attn is None else [attn, attn],
+                "attention_per_head": None
+                if attn is None
+                else [[0.5 * attn, 1.5 * attn], [attn, attn]],  # (layers, heads)
+            }
+        )
     return {
-        "model": model, "id": id, "stratum": stratum, "constraint": constraint,
+        "model": model,
+        "id": id,
+        "stratum": stratum,
+        "constraint": constraint,
         "instruction": None if family is None else f"{family}: x",
-        "stop_reason": stop_reason, "turns": turns,
+        "stop_reason": stop_reason,
+        "turns": turns,
     }
 
 
@@ -72,8 +83,15 @@ def transcripts() -> list[dict[str, Any]]:
         dialogue("d3", "train", "language", [T, T, T, T], attention=[0.4, 0.2, None, None], stop_reason="context"),
         dialogue("d4", "heldout_value", "hobby", [F, F]),
         dialogue("d5", "heldout_family", "tone", [T, F, T]),
-        dialogue("d6", "none", None, [None] * 4, on_topic=[T, F, T, T], attention=[0.9] * 4,
-                 gate=[None, ["off_topic"], ["loop"], None]),
+        dialogue(
+            "d6",
+            "none",
+            None,
+            [None] * 4,
+            on_topic=[T, F, T, T],
+            attention=[0.9] * 4,
+            gate=[None, ["off_topic"], ["loop"], None],
+        ),
     ]
 
 
@@ -143,7 +161,12 @@ def test_survival(transcripts: list[dict[str, Any]]) -> None:
 def test_no_regression_and_attention(transcripts: list[dict[str, Any]]) -> None:
     # With the gate a looping reply is no answer even where the on-topic check passes; alone, the checks count it.
     assert no_regression(transcripts) == {"on_topic": 0.5, "n": 4, "ci95": rate(2, 4)["ci95"], "mean_words": 1.0}
-    assert no_regression(transcripts, "checks_passed") == {"on_topic": 0.75, "n": 4, "ci95": rate(3, 4)["ci95"], "mean_words": 1.0}
+    assert no_regression(transcripts, "checks_passed") == {
+        "on_topic": 0.75,
+        "n": 4,
+        "ci95": rate(3, 4)["ci95"],
+        "mean_words": 1.0,
+    }
     assert no_regression(transcripts[:5]) is None
     # With the instruction: every chat turn of the instructed dialogues (all pass the gate here); probes do not count.
     instructed = no_regression(transcripts, strata=STRATA_INSTRUCTED)
@@ -157,7 +180,11 @@ def test_no_regression_and_attention(transcripts: list[dict[str, Any]]) -> None:
     assert attention_per_turn(transcripts[1:2]) == {}
     # Per (layer, head), averaged over the turn's replies; the max head is the largest of those means.
     per_head = attention_per_head(transcripts)
-    assert per_head["1"] == [pytest.approx([0.15, 0.45]), pytest.approx([0.3, 0.3])] and set(per_head) == {"1", "2", "4"}
+    assert per_head["1"] == [pytest.approx([0.15, 0.45]), pytest.approx([0.3, 0.3])] and set(per_head) == {
+        "1",
+        "2",
+        "4",
+    }
     assert attention_max_head(per_head) == pytest.approx({"1": 0.45, "2": 0.45, "4": 0.9})
 
 
@@ -171,10 +198,23 @@ def test_max_head_is_the_head_that_keeps_the_instruction_over_replies() -> None:
 
 def test_score_model_keys(transcripts: list[dict[str, Any]]) -> None:
     scores = score_model(transcripts)
-    adherence = {"per_turn", "heldout_per_turn", "heldout_family_per_turn", "per_family", "survival", "no_regression",
-                 "no_regression_instructed"}
-    assert set(scores) == adherence | {"checks_only", "answer_gate", "attention_on_instruction",
-                                       "attention_on_instruction_max_head", "stop_reasons", "dialogues"}
+    adherence = {
+        "per_turn",
+        "heldout_per_turn",
+        "heldout_family_per_turn",
+        "per_family",
+        "survival",
+        "no_regression",
+        "no_regression_instructed",
+    }
+    assert set(scores) == adherence | {
+        "checks_only",
+        "answer_gate",
+        "attention_on_instruction",
+        "attention_on_instruction_max_head",
+        "stop_reasons",
+        "dialogues",
+    }
     assert set(scores["checks_only"]) == adherence
     assert set(scores["survival"]) == {"train", "heldout"}
     assert scores["stop_reasons"] == {"turns": 5, "context": 1}
@@ -193,9 +233,11 @@ def test_gate_is_the_headline_and_checks_alone_are_kept(transcripts: list[dict[s
     assert scores["per_family"]["hobby"]["overall"] == rate(5, 10)
     assert scores["checks_only"]["per_family"]["hobby"]["overall"] == rate(6, 10)
     # Every reply is judged (21 turns), unscored ones included: d1 repeat, d6 off topic and loop.
-    assert scores["answer_gate"] == {"passed": round(18 / 21, 6), "n": 21,
-                                     "failed": {"empty": 0.0, "loop": round(1 / 21, 6), "repeat": round(1 / 21, 6),
-                                                "off_topic": round(1 / 21, 6)}}
+    assert scores["answer_gate"] == {
+        "passed": round(18 / 21, 6),
+        "n": 21,
+        "failed": {"empty": 0.0, "loop": round(1 / 21, 6), "repeat": round(1 / 21, 6), "off_topic": round(1 / 21, 6)},
+    }
 
 
 def test_build_report_schema(transcripts: list[dict[str, Any]]) -> None:
@@ -210,18 +252,25 @@ def test_build_report_schema(transcripts: list[dict[str, Any]]) -> None:
 
 def test_followable_families_come_from_the_upper_bound_and_gatt_is_judged_on_them() -> None:
     runs = []
-    for model, hobby, language in (("gatt", [T, T, F], [F, F, F]), ("base", [T, F, F], [T, F, F]),
-                                   ("base+repeat", [T, T, T], [T, F, F])):
-        runs += [dialogue(f"{model}-h", "train", "hobby", hobby, model=model),
-                 dialogue(f"{model}-l", "train", "language", language, model=model),
-                 dialogue(f"{model}-hv", "heldout_value", "hobby", [F, F, F], model=model)]
+    for model, hobby, language in (
+        ("gatt", [T, T, F], [F, F, F]),
+        ("base", [T, F, F], [T, F, F]),
+        ("base+repeat", [T, T, T], [T, F, F]),
+    ):
+        runs += [
+            dialogue(f"{model}-h", "train", "hobby", hobby, model=model),
+            dialogue(f"{model}-l", "train", "language", language, model=model),
+            dialogue(f"{model}-hv", "heldout_value", "hobby", [F, F, F], model=model),
+        ]
     report = build_report(runs, {})
     assert list(report) == ["settings", "gatt", "base", "base+repeat", "followable"]
     followable = report["followable"]
     # base+repeat: hobby 3/6 over all turns (held-out values included) is below 0.8; with them at [T, T, T] it is not.
     assert followable["families"] == [] and followable["beyond_the_model"] == {"hobby": 0.5, "language": 0.333333}
-    runs = [dict(t, turns=[dict(turn, passed=True) for turn in t["turns"]]) if t["id"] == "base+repeat-hv" else t
-            for t in runs]
+    runs = [
+        dict(t, turns=[dict(turn, passed=True) for turn in t["turns"]]) if t["id"] == "base+repeat-hv" else t
+        for t in runs
+    ]
     followable = build_report(runs, {})["followable"]
     assert followable["reference"] == "base+repeat" and followable["families"] == ["hobby"]
     assert followable["per_turn"]["gatt"] == {"1": rate(1, 1), "2": rate(1, 1), "3": rate(0, 1)}  # hobby, train only
@@ -244,8 +293,10 @@ def long_run() -> list[dict[str, Any]]:
 
 def test_paired_difference_is_the_mean_per_dialogue_difference_with_its_interval() -> None:
     gatt = [dialogue(f"d{i}", "train", "hobby", p) for i, p in enumerate([[T, T], [T, F], [T, T], [F, T]])]
-    base = [dict(t, model="base") for t in
-            [dialogue(f"d{i}", "train", "hobby", p) for i, p in enumerate([[T, F], [T, F], [F, F], [T, F]])]]
+    base = [
+        dict(t, model="base")
+        for t in [dialogue(f"d{i}", "train", "hobby", p) for i, p in enumerate([[T, F], [T, F], [F, F], [T, F]])]
+    ]
     held = dialogue("h", "heldout_value", "hobby", [T, T])  # not a trained value: left out
     paired = paired_difference(gatt + [held], base)
     # turn 1: differences 0, 0, 1, -1 -> mean 0, sd sqrt(2/3); turn 2: 1, 0, 1, 1 -> mean 0.75, sd 0.5
@@ -270,7 +321,9 @@ def test_format_table_rows() -> None:
     assert "| 2 | 100.0% [51.0–100.0] (n=4) | 100.0% [51.0–100.0] (n=4) |" in lines
     assert "| 6 | 100.0% [51.0–100.0] (n=4) | 0.0% [0.0–49.0] (n=4) |" in lines
     # Last turn equal to a table turn: no duplicate row; turns beyond the last are left out.
-    short = build_report([dialogue("s", "train", "hobby", [T] * 20), dialogue("s", "train", "hobby", [T] * 5, model="b")], {})
+    short = build_report(
+        [dialogue("s", "train", "hobby", [T] * 20), dialogue("s", "train", "hobby", [T] * 5, model="b")], {}
+    )
     assert [line.split("|")[1].strip() for line in format_table(short).splitlines()[2:]] == ["2", "4", "6", "10", "20"]
     assert "| 10 | 100.0% [20.7–100.0] (n=1) | – |" in format_table(short)
 

@@ -5,9 +5,17 @@ import pytest
 from gatt.checks import Check
 from gatt.gate import AnswerGate, GateConfig, GateItem, GateTurn, RelevanceScorer, is_empty, loops, repeated_share
 
-SKY, BEES, QUAKE, CAMP = ("Why is the sky blue?", "How do bees make honey?", "What causes earthquakes?",
-                          "What should I pack for a weekend camping trip?")
-OTHERS = ("How do I fix a flat bicycle tire?", "Can you recommend a book for a long train ride?", "How can I sleep better at night?")
+SKY, BEES, QUAKE, CAMP = (
+    "Why is the sky blue?",
+    "How do bees make honey?",
+    "What causes earthquakes?",
+    "What should I pack for a weekend camping trip?",
+)
+OTHERS = (
+    "How do I fix a flat bicycle tire?",
+    "Can you recommend a book for a long train ride?",
+    "How can I sleep better at night?",
+)
 
 
 def dialogue(*turns: tuple[str, str], kinds: tuple[str, ...] = ()) -> list[GateItem]:
@@ -32,10 +40,12 @@ def test_the_opening_word_alone_every_turn_is_a_repeat():
 
 def test_one_sentence_to_every_later_question_is_a_repeat_even_with_a_word_changed():
     limit = Check("max_words", {"n": 10})
-    items = dialogue((SKY, "Air scatters blue sunlight the most."),
-                     (BEES, "That is a very good question to think about."),
-                     (QUAKE, "That is a very good question to think about."),
-                     (CAMP, "That is a really good question to think about."))
+    items = dialogue(
+        (SKY, "Air scatters blue sunlight the most."),
+        (BEES, "That is a very good question to think about."),
+        (QUAKE, "That is a very good question to think about."),
+        (CAMP, "That is a really good question to think about."),
+    )
     assert all(limit.passes(item.turn.reply) for item in items)
     assert failed(items) == [(), (), ("repeat",), ("repeat",)]
     assert AnswerGate().judge(items)[3].repeats == 1  # the earlier turn it repeats
@@ -43,9 +53,13 @@ def test_one_sentence_to_every_later_question_is_a_repeat_even_with_a_word_chang
 
 def test_a_looping_phrase_in_a_language_is_a_loop():
     french = "C'est la question de la lumière. C'est la question de la lumière. C'est la question"
-    assert loops(french) and loops("Aye, aye, aye, aye, aye, aye, aye") and loops("Das ist gut. Das ist gut. Das ist gut.")
+    assert (
+        loops(french) and loops("Aye, aye, aye, aye, aye, aye, aye") and loops("Das ist gut. Das ist gut. Das ist gut.")
+    )
     # the same 5 words three times with something between them
-    assert loops("To fix it, get a flat tire on the road, and to get a flat tire on the road, you get a flat tire on the road.")
+    assert loops(
+        "To fix it, get a flat tire on the road, and to get a flat tire on the road, you get a flat tire on the road."
+    )
     assert failed(dialogue((SKY, french))) == [("loop",)]
 
 
@@ -60,7 +74,10 @@ def test_empty_replies(reply):
 def test_real_answers_with_a_persona_a_sign_off_and_a_list_pass():
     items = dialogue(
         (SKY, "Arr, matey! The sky be blue because the air scatters the blue light of the sun most. Have a nice day!"),
-        (BEES, "Arr, matey! The wee bees sip nectar from flowers and brew it into golden honey in the hive. Have a nice day!"),
+        (
+            BEES,
+            "Arr, matey! The wee bees sip nectar from flowers and brew it into golden honey in the hive. Have a nice day!",
+        ),
         (CAMP, "Arr! 1. A tent. 2. A sleeping bag. 3. A flashlight. 4. Water. 5. Food. Have a nice day!"),
         (QUAKE, "Les séismes viennent du glissement des plaques tectoniques les unes contre les autres."),
         (OTHERS[0], "Rayleigh's law. Rayleigh's law explains the sky, but for a tire you need a patch kit and a pump."),
@@ -77,32 +94,48 @@ def test_repeated_share_counts_the_replys_words_found_in_blocks_of_the_earlier_o
 
 
 def test_probe_answers_may_repeat_each_other_and_the_same_question_may_get_the_same_answer():
-    items = dialogue(("Who are you?", "I am Marie Curie."), (SKY, "Light scatters in the air, blue the most."),
-                     ("What is your name?", "I am Marie Curie."), (SKY, "Light scatters in the air, blue the most."),
-                     kinds=("probe", "chat", "probe", "chat"))
+    items = dialogue(
+        ("Who are you?", "I am Marie Curie."),
+        (SKY, "Light scatters in the air, blue the most."),
+        ("What is your name?", "I am Marie Curie."),
+        (SKY, "Light scatters in the air, blue the most."),
+        kinds=("probe", "chat", "probe", "chat"),
+    )
     assert failed(items) == [()] * 4
     # but a chat reply that copies a probe answer is a repeat
-    assert failed(dialogue(("Who are you?", "I am Marie Curie."), (BEES, "I am Marie Curie."), kinds=("probe", "chat")))[1] == ("repeat",)
+    assert failed(
+        dialogue(("Who are you?", "I am Marie Curie."), (BEES, "I am Marie Curie."), kinds=("probe", "chat"))
+    )[1] == ("repeat",)
 
 
 def test_on_topic_checks_judge_the_topic_where_a_turn_has_them():
     volcanoes = (Check("contains_any", {"words": ["volcano", "volcanoes"]}),)
     on = GateTurn("Tell me about volcanoes.", "Volcanoes: molten rock rises through them.", on_topic=volcanoes)
     off = GateTurn("Tell me about volcanoes.", "Coffee: it is made from roasted beans.", on_topic=volcanoes)
-    probe = GateTurn("Who are you?", "I am Napoleon.", "probe", on_topic=volcanoes)  # a probe is judged by its own checks
+    probe = GateTurn(
+        "Who are you?", "I am Napoleon.", "probe", on_topic=volcanoes
+    )  # a probe is judged by its own checks
     assert failed([GateItem(on), GateItem(off), GateItem(probe)]) == [(), ("off_topic",), ()]
 
 
 def test_a_template_answer_with_the_topic_changed_is_no_repeat_where_on_topic_checks_show_it():
     volcanoes = (Check("contains_any", {"words": ["volcanoes"]}),)
     coffee = (Check("contains_any", {"words": ["coffee"]}),)
-    first = GateTurn("Tell me about volcanoes.", "Volcanoes: a fascinating subject. There is always something new to learn.",
-                     on_topic=volcanoes)
-    swapped = GateTurn("What do you know about coffee?", "Coffee: a fascinating subject. There is always something new to learn.",
-                       on_topic=coffee)
+    first = GateTurn(
+        "Tell me about volcanoes.",
+        "Volcanoes: a fascinating subject. There is always something new to learn.",
+        on_topic=volcanoes,
+    )
+    swapped = GateTurn(
+        "What do you know about coffee?",
+        "Coffee: a fascinating subject. There is always something new to learn.",
+        on_topic=coffee,
+    )
     same_topic = GateTurn("What is coffee made of?", swapped.reply, on_topic=coffee)
     assert failed([GateItem(swapped, (first,))]) == [()]
-    assert failed([GateItem(same_topic, (swapped,))]) == [("repeat",)]  # a second question on coffee: the same answer again
+    assert failed([GateItem(same_topic, (swapped,))]) == [
+        ("repeat",)
+    ]  # a second question on coffee: the same answer again
     # Without on-topic checks the near copy is a repeat (SmolLM2's "not available for X ... books about X" template).
     bare = [GateTurn(t.user, t.reply) for t in (first, swapped)]
     assert failed([GateItem(bare[1], (bare[0],))]) == [("repeat",)]
@@ -175,16 +208,31 @@ def test_batched_log_likelihoods_equal_one_pair_at_a_time(architecture):
     from gatt.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer([f"{q} The answer is {i}." for i, q in enumerate(OTHERS * 20)], vocab_size=300)
-    config = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=2, num_key_value_heads=1, pad_token_id=tokenizer.pad_token_id,
-                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    config = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
-    model = (GattForCausalLM(GattConfig(**config)) if architecture == "gatt" else LlamaForCausalLM(LlamaConfig(**config))).eval()
-    pairs = [(q, r) for q in (SKY, BEES, OTHERS[0]) for r in ("Blue light scatters.", "Bees make honey from nectar, a lot.", "Hi")]
+    model = (
+        GattForCausalLM(GattConfig(**config)) if architecture == "gatt" else LlamaForCausalLM(LlamaConfig(**config))
+    ).eval()
+    pairs = [
+        (q, r)
+        for q in (SKY, BEES, OTHERS[0])
+        for r in ("Blue light scatters.", "Bees make honey from nectar, a lot.", "Hi")
+    ]
     batched = RelevanceScorer(model, tokenizer, batch_size=4, max_reply_tokens=6).log_likelihoods(pairs)
     for (question, reply), (total, count) in zip(pairs, batched):
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                               tokenize=True, return_dict=False)
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         target = tokenizer(reply, add_special_tokens=False)["input_ids"][:6]
         with torch.no_grad():
             logits = model(torch.tensor([prompt + target])).logits[0, len(prompt) - 1 : -1]  # (T_reply, V)

@@ -19,10 +19,18 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def model(tokenizer):
     torch.manual_seed(0)
-    config = GattConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                        eos_token_id=tokenizer.eos_token_id)
+    config = GattConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     return GattForCausalLM(config).eval()
 
 
@@ -32,9 +40,14 @@ def prompt(tokenizer, messages):
 
 def greedy(model, tokenizer, messages, max_new_tokens=10) -> str:
     ids = prompt(tokenizer, messages)
-    out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    return tokenizer.decode(out[0, len(ids):], skip_special_tokens=True).strip()
+    out = model.generate(
+        torch.tensor([ids]),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True).strip()
 
 
 def test_greedy_candidates_are_equal_and_continue_like_reencoding(model, tokenizer):
@@ -48,13 +61,18 @@ def test_greedy_candidates_are_equal_and_continue_like_reencoding(model, tokeniz
             assert texts == [greedy(model, tokenizer, history)] * 3  # one prompt encoding, three cache rows
         chat.keep({key: turn % 3 for key in histories})
         for key, history in histories.items():
-            history += [{"role": "assistant", "content": out[key][0].text}, {"role": "user", "content": TEXTS[key + turn + 20]}]
+            history += [
+                {"role": "assistant", "content": out[key][0].text},
+                {"role": "user", "content": TEXTS[key + turn + 20]},
+            ]
 
 
 def test_sampled_candidates_differ_and_the_kept_one_is_the_history(model, tokenizer):
     chat = ChatBatch(model, tokenizer, Sampler(do_sample=True, temperature=1.0, top_p=1.0, seed=0), max_new_tokens=10)
     history = [{"role": "user", "content": TEXTS[0]}]
-    out = chat.generate({"a": prompt(tokenizer, history), "b": prompt(tokenizer, [{"role": "user", "content": TEXTS[1]}])}, k=4)
+    out = chat.generate(
+        {"a": prompt(tokenizer, history), "b": prompt(tokenizer, [{"role": "user", "content": TEXTS[1]}])}, k=4
+    )
     texts = [c.text for c in out["a"]]
     assert len(set(texts)) > 1
     chat.keep({"a": 2})  # "b" is dropped
@@ -72,12 +90,18 @@ def test_loop_processors_act_on_the_reply_as_hugging_face_does_without_a_prompt(
     ids = prompt(tokenizer, [{"role": "user", "content": TEXTS[3]}])
     plain = ChatBatch(model, tokenizer, Sampler(do_sample=False), max_new_tokens=24).generate({0: ids})[0][0].tokens
     assert len(set(zip(plain, plain[1:]))) < len(plain) - 1  # this random model loops greedily
-    [candidate] = ChatBatch(model, tokenizer, Sampler(do_sample=False, **processor), max_new_tokens=24).generate({0: ids})[0]
+    [candidate] = ChatBatch(model, tokenizer, Sampler(do_sample=False, **processor), max_new_tokens=24).generate(
+        {0: ids}
+    )[0]
     # generate() from embeddings has no prompt ids, so its processors see the reply alone, as ChatBatch's do
     with pytest.warns(UserWarning, match="newly generated tokens"):
         reference = model.generate(
-            inputs_embeds=model.get_input_embeddings()(torch.tensor([ids])), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            do_sample=False, max_new_tokens=24, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+            inputs_embeds=model.get_input_embeddings()(torch.tensor([ids])),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=24,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
             **processor,
         )
     assert candidate.tokens == reference[0].tolist() != plain
@@ -94,8 +118,22 @@ def test_a_choice_is_required_before_the_next_turn(model, tokenizer):
 def test_growing_cache_layer_holds_what_concatenation_holds():
     torch.manual_seed(0)
     grown, reference = GrowingLayer(), DynamicLayer()
-    steps = [(3, 5), (3, 1), (3, 70), (3, 1), ("select", [2, 0]), (2, 1), ("repeat", 2), (4, 3), (4, 1),
-             ("keep", [1, 3]), (2, 1), (2, 60), ("keep", [1]), (1, 2)]
+    steps = [
+        (3, 5),
+        (3, 1),
+        (3, 70),
+        (3, 1),
+        ("select", [2, 0]),
+        (2, 1),
+        ("repeat", 2),
+        (4, 3),
+        (4, 1),
+        ("keep", [1, 3]),
+        (2, 1),
+        (2, 60),
+        ("keep", [1]),
+        (1, 2),
+    ]
     for step, arg in steps:
         if step == "keep":  # in place, in the buffers
             grown.keep_rows(arg)
@@ -135,18 +173,28 @@ def test_dropping_stopped_rows_writes_what_decoding_every_row_writes(model, toke
     def run(shrink: bool) -> tuple[list[dict], ChatBatch]:
         sampler = Sampler(do_sample=sampled, temperature=1.0, top_p=0.9, seed=3, repetition_penalty=1.3)
         chat = ChatBatch(model, tokenizer, sampler, max_new_tokens=12, measure_attention=True, shrink=shrink)
-        chat.stops = {t for t in range(len(tokenizer)) if t % 5 == 0}  # this random model's rows stop at different steps
+        chat.stops = {
+            t for t in range(len(tokenizer)) if t % 5 == 0
+        }  # this random model's rows stop at different steps
         histories = {key: [{"role": "user", "content": TEXTS[key]}] for key in range(6)}
         turns = []
         for turn in range(3):
-            out = chat.generate({key: prompt(tokenizer, h) for key, h in histories.items()}, marked={key: [1, 2, 3] for key in histories})
+            out = chat.generate(
+                {key: prompt(tokenizer, h) for key, h in histories.items()},
+                marked={key: [1, 2, 3] for key in histories},
+            )
             turns.append(out)
             for key, history in histories.items():
-                history += [{"role": "assistant", "content": out[key][0].text}, {"role": "user", "content": TEXTS[key + turn + 30]}]
+                history += [
+                    {"role": "assistant", "content": out[key][0].text},
+                    {"role": "user", "content": TEXTS[key + turn + 30]},
+                ]
         return turns, chat
 
     (shrunk, chat), (plain, plain_chat) = run(True), run(False)
-    assert [{k: c[0].tokens for k, c in t.items()} for t in shrunk] == [{k: c[0].tokens for k, c in t.items()} for t in plain]
+    assert [{k: c[0].tokens for k, c in t.items()} for t in shrunk] == [
+        {k: c[0].tokens for k, c in t.items()} for t in plain
+    ]
     assert all(len({len(c[0].tokens) for c in t.values()}) > 1 for t in plain)  # replies of different lengths
     for ours, theirs in zip(shrunk, plain):
         for key in ours:  # a reply that stopped at its first token reads nothing: no share (None) on either side

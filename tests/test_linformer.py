@@ -15,8 +15,13 @@ B, H, HKV, TQ, TK, D, K, N = 2, 4, 2, 6, 9, 8, 5, 12
 def tensors(kv_heads: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
     """q (B, H, Tq, D), k and v (B, Hkv, Tk, D), E and F (K, N) with N > Tk: the short-sequence case."""
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, H, TQ, D, generator=g), torch.randn(B, kv_heads, TK, D, generator=g),
-            torch.randn(B, kv_heads, TK, D, generator=g), torch.randn(K, N, generator=g), torch.randn(K, N, generator=g))
+    return (
+        torch.randn(B, H, TQ, D, generator=g),
+        torch.randn(B, kv_heads, TK, D, generator=g),
+        torch.randn(B, kv_heads, TK, D, generator=g),
+        torch.randn(K, N, generator=g),
+        torch.randn(K, N, generator=g),
+    )
 
 
 def reference(q, k, v, E, F, key_real=None):
@@ -166,8 +171,16 @@ def test_linformer_benchmark_merges_into_existing_results(tmp_path, monkeypatch)
     monkeypatch.setattr(bench_linformer, "LENGTH", 128)  # the same code at sizes a test can afford
     monkeypatch.setattr(bench_linformer, "PROJECTED", 16)
     out = tmp_path / "bench.json"
-    out.write_text(json.dumps({"machine": {"cpu": "before"}, "quick": False, "seconds": {"bench_x": 1.0},
-                               "attention_vs_sdpa": {"ratio": 1.0}}))
+    out.write_text(
+        json.dumps(
+            {
+                "machine": {"cpu": "before"},
+                "quick": False,
+                "seconds": {"bench_x": 1.0},
+                "attention_vs_sdpa": {"ratio": 1.0},
+            }
+        )
+    )
     runner.main(["--quick", "--only", "linformer_memory_vs_full", "--json", str(out)])
     payload = json.loads(out.read_text())
     assert payload["machine"] == {"cpu": "before"} and payload["attention_vs_sdpa"] == {"ratio": 1.0}  # kept

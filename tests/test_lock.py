@@ -24,7 +24,11 @@ def test_every_declared_dependency_is_pinned_within_its_range() -> None:
     for requirement in declared():
         name = requirement.name.lower()
         assert name in pins, f"{name} is not in requirements.lock: run `make lock`"
-        assert requirement.specifier.contains(pins[name], prereleases=True), (name, pins[name], str(requirement.specifier))
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
+            name,
+            pins[name],
+            str(requirement.specifier),
+        )
 
 
 def test_torch_is_the_cpu_wheel_and_transformers_is_bounded() -> None:

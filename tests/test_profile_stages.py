@@ -27,19 +27,28 @@ def test_samples_go_to_their_stage_and_first_matching_category() -> None:
     assert result["stages"]["demo.py itself"] == {"sampled_seconds": 1, "share": {"other Python": 1.0}}
     report = result["stages"]["report"]
     assert report["sampled_seconds"] == 10  # 50 samples at 5 Hz
-    assert report["share"] == {"decode steps: the rest (linear layers, norms, LM head)": 0.6,
-                               "relevance scorer (its forward passes)": 0.16,
-                               "decode steps: attention over the KV cache": 0.12,
-                               "attention probe (shares of the marked keys)": 0.08, "imports and start-up": 0.04}
+    assert report["share"] == {
+        "decode steps: the rest (linear layers, norms, LM head)": 0.6,
+        "relevance scorer (its forward passes)": 0.16,
+        "decode steps: attention over the KV cache": 0.12,
+        "attention probe (shares of the marked keys)": 0.08,
+        "imports and start-up": 0.04,
+    }
     table = markdown(result, ["report"])
     assert "| decode steps: the rest (linear layers, norms, LM head) | 60% |" in table and "report (10 s)" in table
 
 
 def test_a_later_rounds_stages_are_named_as_the_demo_names_them() -> None:
     data = 'process 3:"python -m data_gen gatt --teacher runs/demo/round-1/gatt/final --round {r} --out runs/demo/round-{r}/data/gatt";'
-    model = ('process 4:"python recipes/train_gatt.py --config recipes/configs/gatt_tiny.yaml '
-             'train_file=[\\"runs/demo/round-1/data/gatt/gatt.jsonl\\"] output_dir=runs/demo/round-{r}/gatt --resume";')
-    assert [stage_of(f"{DEMO}{data.format(r=r)}f (x.py:1)") for r in (1, 2, 12)] == ["gatt-data", "gatt-data-2", "gatt-data-12"]
+    model = (
+        'process 4:"python recipes/train_gatt.py --config recipes/configs/gatt_tiny.yaml '
+        'train_file=[\\"runs/demo/round-1/data/gatt/gatt.jsonl\\"] output_dir=runs/demo/round-{r}/gatt --resume";'
+    )
+    assert [stage_of(f"{DEMO}{data.format(r=r)}f (x.py:1)") for r in (1, 2, 12)] == [
+        "gatt-data",
+        "gatt-data-2",
+        "gatt-data-12",
+    ]
     assert [stage_of(f"{DEMO}{model.format(r=r)}f (x.py:1)") for r in (1, 3)] == ["gatt-model", "gatt-model-3"]
     assert stage_of(f"{DEMO}{EVAL}f (x.py:1)") == "report"
 

@@ -53,7 +53,10 @@ def nav_pages(nav: list) -> list[str]:
 def commands_to_run() -> list[str]:
     """README's marked commands, then each documentation page's, then README's own-model block on a small model."""
     texts = [(ROOT / "README.md").read_text(encoding="utf-8")]
-    texts += [(ROOT / "docs" / page).read_text(encoding="utf-8") for page in nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])]
+    texts += [
+        (ROOT / "docs" / page).read_text(encoding="utf-8")
+        for page in nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    ]
     commands = list(dict.fromkeys(c for text in texts for c in block_commands(text)))  # a command shown twice runs once
     for command in block_commands(texts[0], SMALL_MODEL_MARK):
         sizes = next(extra for prefix, extra in SMALL_SIZES.items() if command.startswith(prefix))
@@ -63,25 +66,39 @@ def commands_to_run() -> list[str]:
 
 def test_block_commands_parse_comments_and_continuations() -> None:
     assert block_commands(f"{MARK}\n```bash\n# a comment\npython a.py \\\n    --x 1  # why\n\nmake b\n```\n") == [
-        "python a.py      --x 1", "make b"]
-    assert block_commands(f"{SMALL_MODEL_MARK}\n```bash\nrun {PLACEHOLDER}\n```\n", SMALL_MODEL_MARK) == [f"run {PLACEHOLDER}"]
+        "python a.py      --x 1",
+        "make b",
+    ]
+    assert block_commands(f"{SMALL_MODEL_MARK}\n```bash\nrun {PLACEHOLDER}\n```\n", SMALL_MODEL_MARK) == [
+        f"run {PLACEHOLDER}"
+    ]
 
 
 def test_the_pages_mark_the_quick_start_training_and_own_model_commands() -> None:
     commands = commands_to_run()
     assert any(c.startswith("python recipes/demo.py --config recipes/configs/demo_smoke.yaml") for c in commands)
-    assert any(c.startswith("accelerate launch recipes/train_gatt.py --config recipes/configs/smoke.yaml") for c in commands)
+    assert any(
+        c.startswith("accelerate launch recipes/train_gatt.py --config recipes/configs/smoke.yaml") for c in commands
+    )
     own = block_commands((ROOT / "README.md").read_text(encoding="utf-8"), SMALL_MODEL_MARK)
-    starts = [f"python -m data_gen gatt --teacher {PLACEHOLDER} ",
-              f"accelerate launch recipes/train_gatt.py --config recipes/configs/lora_gatt.yaml model={PLACEHOLDER} ",
-              f"python -m gatt.evaluate --model base={PLACEHOLDER} "]
-    assert len(own) == len(starts) and all(" ".join(c.split()).startswith(s) for c, s in zip(own, starts, strict=True)), own
+    starts = [
+        f"python -m data_gen gatt --teacher {PLACEHOLDER} ",
+        f"accelerate launch recipes/train_gatt.py --config recipes/configs/lora_gatt.yaml model={PLACEHOLDER} ",
+        f"python -m gatt.evaluate --model base={PLACEHOLDER} ",
+    ]
+    assert len(own) == len(starts) and all(
+        " ".join(c.split()).startswith(s) for c, s in zip(own, starts, strict=True)
+    ), own
 
 
 def test_commands_run_as_printed(tmp_path: Path) -> None:
     # A fresh checkout's layout: the recipes and their configs; the package comes from this checkout.
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes", ignore=shutil.ignore_patterns("__pycache__"))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
     for command in commands_to_run():
         result = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
         assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
@@ -106,4 +123,6 @@ def test_readme_result_table_is_the_committed_report() -> None:
     assert models == ["base", "base+repeat", "gatt"]
     for row in rows[2:]:
         turn = row[0].strip()
-        assert [cell.strip() for cell in row[1:]] == [f"{100 * report[m]['per_turn'][turn]['adherence']:.1f}%" for m in models]
+        assert [cell.strip() for cell in row[1:]] == [
+            f"{100 * report[m]['per_turn'][turn]['adherence']:.1f}%" for m in models
+        ]

@@ -17,8 +17,14 @@ from gatt.tokenizer import train_tokenizer
 POOL = [UserTurn("Tell me about owls.", "owls"), UserTurn("What do you know about volcanoes?", "volcanoes")]
 OK = Constraint("ok", "Open with ok.", "Opening: ok", (Check("regex", {"pattern": "^ok"}),), family="opening")
 NEVER = Constraint("zz", "Open with zz.", "Opening: zz", (Check("regex", {"pattern": "^zz"}),), family="never")
-PERSONA = Constraint("curie", "Act as Marie Curie.", "Persona: Curie", (), family="persona",
-                     probes=(Probe("Who are you?", (Check("contains_any", {"words": ["Curie"]}),)),))
+PERSONA = Constraint(
+    "curie",
+    "Act as Marie Curie.",
+    "Persona: Curie",
+    (),
+    family="persona",
+    probes=(Probe("Who are you?", (Check("contains_any", {"words": ["Curie"]}),)),),
+)
 
 
 class HalfTeacher:
@@ -48,8 +54,15 @@ def test_pass_rates_count_checks_gate_and_best_of_k_per_constraint_and_family():
     teacher = HalfTeacher()
     result = measure_pass_rates(teacher, [OK, NEVER, PERSONA], POOL, PassRateConfig(prompts=4, samples=3))
     ok, never, persona = (result["per_constraint"][n] for n in ("ok", "zz", "curie"))
-    assert ok == {"family": "opening", "split": "train", "candidates": 12, "checks": pytest.approx(8 / 12, abs=1e-4),
-                  "checks_and_gate": pytest.approx(4 / 12, abs=1e-4), "prompts": 4, "best_of_k": 1.0}
+    assert ok == {
+        "family": "opening",
+        "split": "train",
+        "candidates": 12,
+        "checks": pytest.approx(8 / 12, abs=1e-4),
+        "checks_and_gate": pytest.approx(4 / 12, abs=1e-4),
+        "prompts": 4,
+        "best_of_k": 1.0,
+    }
     assert (never["checks"], never["checks_and_gate"], never["best_of_k"]) == (0.0, 0.0, 0.0)
     # A persona without per-reply checks is asked its probes, and judged by the probes' checks.
     assert (persona["candidates"], persona["checks"], persona["best_of_k"]) == (8, 0.5, 1.0)
@@ -100,8 +113,11 @@ def test_replay_dialogues_carry_no_instruction_and_train_as_plain_sft(tmp_path):
     assert {r.messages[-1]["content"] for r in teacher.requests} <= {t.text for t in POOL}
     for record in records:
         assert record["instruction"] is None and record["constraints"] == []
-        assert all(m["content"].startswith("ok, ") and "Remarkable" in m["content"]
-                   for m in record["messages"] if m["role"] == "assistant")
+        assert all(
+            m["content"].startswith("ok, ") and "Remarkable" in m["content"]
+            for m in record["messages"]
+            if m["role"] == "assistant"
+        )
     assert summary["gate_failed"]["off_topic"] >= 1 and summary["pass_rate_per_family"] == {}
     tokenizer = train_tokenizer([m["content"] for r in records for m in r["messages"]], vocab_size=300)
     (example,) = GAttCollator(tokenizer, mode="all").examples(records[0])
@@ -116,8 +132,13 @@ def test_replay_needs_a_model_teacher(tmp_path):
 
 def test_a_demonstration_opens_the_teachers_prompt_and_stays_out_of_the_records(tmp_path):
     train, _ = split_user_turns()
-    demo = [{"role": "user", "content": "Tell me about owls. Opening: ok"}, {"role": "assistant", "content": "ok, owls hoot."}]
-    config = SynthesisConfig(num_dialogues=4, min_turns=2, max_turns=3, samples_per_turn=3, shard_size=2, demonstration=True)
+    demo = [
+        {"role": "user", "content": "Tell me about owls. Opening: ok"},
+        {"role": "assistant", "content": "ok, owls hoot."},
+    ]
+    config = SynthesisConfig(
+        num_dialogues=4, min_turns=2, max_turns=3, samples_per_turn=3, shard_size=2, demonstration=True
+    )
     teacher = HalfTeacher()
     synthesize(tmp_path, config, teacher, [OK], train, demonstrate=lambda: {"ok": demo})
     assert teacher.requests and all(r.messages[:2] == demo and len(r.messages) % 2 == 1 for r in teacher.requests)

@@ -57,15 +57,21 @@ def test_fused_path_equals_the_formula(strength, heads, kv_heads, query_length):
     # row 3: its only instruction column is a hole, so no query sees the instruction
     mask[3, ..., 4] = False
     split = SplitSoftmax.from_columns(strength, [[2, 3, 4], [1, 2], [4, 5, 6], [4]])
-    expected = split_softmax_weights(reference_weights(query, key, mask), split) @ value.repeat_interleave(heads // kv_heads, 1)
-    torch.testing.assert_close(split_softmax_attention(query, key, value, mask, split), expected, rtol=1e-10, atol=1e-10)
+    expected = split_softmax_weights(reference_weights(query, key, mask), split) @ value.repeat_interleave(
+        heads // kv_heads, 1
+    )
+    torch.testing.assert_close(
+        split_softmax_attention(query, key, value, mask, split), expected, rtol=1e-10, atol=1e-10
+    )
 
 
 def test_fused_path_in_float32_and_without_mask():
     torch.manual_seed(2)
     query, (key, value) = torch.randn(2, 4, 1, 16), torch.randn(2, 2, 4, 6, 16)
     split = SplitSoftmax.from_columns(0.5, [[0, 1], [3]])
-    expected = split_softmax_weights(reference_weights(query, key, torch.ones(1, 1, 1, 1, dtype=torch.bool)), split) @ value
+    expected = (
+        split_softmax_weights(reference_weights(query, key, torch.ones(1, 1, 1, 1, dtype=torch.bool)), split) @ value
+    )
     torch.testing.assert_close(split_softmax_attention(query, key, value, None, split), expected, rtol=1e-5, atol=1e-5)
 
 
@@ -85,16 +91,27 @@ def test_bad_input_is_refused():
 # Behind the library's attention: our model, a Hugging Face model on attn_implementation="gatt", the KV cache
 # ------------------------------------------------------------------------------------------------
 
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
 import gatt  # noqa: E402,F401  (registers attn_implementation="gatt")
 from gatt.generation import ChatBatch, Sampler  # noqa: E402
 from gatt.modeling import GattForCausalLM  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 
 def tiny_llama(attn_implementation: str) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    config = LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     return LlamaForCausalLM._from_config(config, attn_implementation=attn_implementation).eval()
 
 
@@ -124,13 +141,14 @@ def test_library_model_fused_and_explicit_paths_agree_and_change_the_logits(mode
     # the weights returned are the boosted ones: the instruction's share is pi^k of the plain share
     plain_weights = model(IDS, output_attentions=True).attentions[0][0, :, -1, 3:7].sum(-1)
     boosted_weights = explicit.attentions[0][0, :, -1, 3:7].sum(-1)
-    torch.testing.assert_close(boosted_weights, plain_weights ** 0.3, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(boosted_weights, plain_weights**0.3, rtol=1e-4, atol=1e-5)
 
 
 @torch.no_grad()
 def test_hugging_face_model_on_gatt_attention_takes_the_keyword(llama, model):
-    torch.testing.assert_close(llama(IDS, split_softmax=SPLIT).logits, model(IDS, split_softmax=SPLIT).logits,
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        llama(IDS, split_softmax=SPLIT).logits, model(IDS, split_softmax=SPLIT).logits, rtol=1e-4, atol=1e-4
+    )
     assert (llama(IDS, split_softmax=SPLIT).logits - llama(IDS).logits).abs().max() > 1e-2
 
 
@@ -169,7 +187,7 @@ def test_chat_batch_boosts_each_rows_instruction_like_reencoding(model):
         split = SplitSoftmax.from_columns(0.8, [marked[key]])
         for _ in range(8):
             tokens.append(int(model(torch.tensor([tokens]), split_softmax=split).logits[0, -1].argmax()))
-        assert out[key][0].tokens == tokens[len(ids):]
+        assert out[key][0].tokens == tokens[len(ids) :]
     plain = ChatBatch(model, _Tokenizer(), Sampler(do_sample=False), max_new_tokens=8).generate(prompts, marked=marked)
     assert any(plain[k][0].tokens != out[k][0].tokens for k in prompts)
 

@@ -7,15 +7,29 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1] / "recipes"))
 
 import split_softmax_sweep  # noqa: E402
-from gatt.eval.report import NOT_MODELS  # noqa: E402
 from test_eval_rollout import eval_inputs, model, model_dir, run_cli, tokenizer  # noqa: E402,F401  (fixtures)
+
+from gatt.eval.report import NOT_MODELS  # noqa: E402
 
 
 def test_sweep_writes_a_report_per_strength_and_reuses_the_evaluation(model_dir, eval_inputs, tmp_path, capsys):
     like = run_cli(model_dir, eval_inputs, tmp_path / "like", "--no-attention")
     like_path = tmp_path / "like" / "report.json"
-    argv = ["--base", str(model_dir), "--gatt", str(model_dir), "--like", str(like_path), "--strengths", "0.8", "0.4",
-            "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]
+    argv = [
+        "--base",
+        str(model_dir),
+        "--gatt",
+        str(model_dir),
+        "--like",
+        str(like_path),
+        "--strengths",
+        "0.8",
+        "0.4",
+        "--out",
+        str(tmp_path / "out"),
+        "--work",
+        str(tmp_path / "work"),
+    ]
     summary = split_softmax_sweep.main(argv)
     assert summary["strengths"] == [0.4, 0.8]
     assert list(summary["models"]) == ["base", "base+repeat", "gatt", "base+split@0.4", "base+split@0.8"]
@@ -31,7 +45,9 @@ def test_sweep_writes_a_report_per_strength_and_reuses_the_evaluation(model_dir,
         assert report["base"]["per_turn"] == like["base"]["per_turn"]
     row = summary["models"]["base+split@0.8"]
     assert set(row["train"]) == {"2", "10", "20"} and row["with_instruction"]["n"] > 0
-    assert (tmp_path / "out" / "sweep.png").stat().st_size > 0 and "base+split@0.4" in (tmp_path / "out" / "sweep.md").read_text()
+    assert (tmp_path / "out" / "sweep.png").stat().st_size > 0 and "base+split@0.4" in (
+        tmp_path / "out" / "sweep.md"
+    ).read_text()
     capsys.readouterr()
     split_softmax_sweep.main(argv)  # the same command: the evaluation is reused, not run again
     assert "reused" in capsys.readouterr().err

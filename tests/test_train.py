@@ -14,7 +14,7 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data_gen.__main__ import main as data_gen_main
-from gatt.train import Trainer, TrainConfig, batch_indices, load_config, read_records, train
+from gatt.train import TrainConfig, Trainer, batch_indices, load_config, read_records, train
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "recipes" / "configs" / "smoke.yaml"
@@ -23,7 +23,9 @@ SMOKE = ROOT / "recipes" / "configs" / "smoke.yaml"
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("data")
-    data_gen_main(["gatt", "--teacher", "oracle", "--num-dialogues", "64", "--max-turns", "8", "--seed", "0", "--out", str(out)])
+    data_gen_main(
+        ["gatt", "--teacher", "oracle", "--num-dialogues", "64", "--max-turns", "8", "--seed", "0", "--out", str(out)]
+    )
     return out / "gatt.jsonl"
 
 
@@ -37,14 +39,22 @@ def read_metrics(out: Path) -> list[dict]:
 
 def run_recipe(*args: str, env: dict | None = None, launcher: list[str] | None = None) -> subprocess.Popen:
     command = [*(launcher or [sys.executable]), str(ROOT / "recipes" / "train_gatt.py"), *args]
-    return subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def test_config_refuses_unknown_keys_and_names_them(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**yaml.safe_load(SMOKE.read_text()), "learning_rte": 1e-3, "epochs": 2}))
-    with pytest.raises(ValueError, match=r"bad\.yaml: unknown key\(s\) epochs, learning_rte; valid keys: output_dir, max_steps"):
+    with pytest.raises(
+        ValueError, match=r"bad\.yaml: unknown key\(s\) epochs, learning_rte; valid keys: output_dir, max_steps"
+    ):
         load_config(bad)
     with pytest.raises(ValueError, match="missing required key"):
         TrainConfig.from_dict({"output_dir": "x", "max_steps": 1})
@@ -62,8 +72,9 @@ def test_config_refuses_unknown_keys_and_names_them(tmp_path):
 def test_train_file_may_list_several_files_one_of_them_empty_but_not_all(data, tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    trainer = Trainer(smoke_config(data, tmp_path / "run", train_file=f"[{empty}, {data}, {data}]", eval_every=0,
-                                   max_length=4096))
+    trainer = Trainer(
+        smoke_config(data, tmp_path / "run", train_file=f"[{empty}, {data}, {data}]", eval_every=0, max_length=4096)
+    )
     assert len(trainer.train_records) == 2 * len(read_records(data))  # the union, in order, each file's records
     with pytest.raises(ValueError, match=f"train_file: no records in {empty}, {empty}"):
         Trainer(smoke_config(data, tmp_path / "none", train_file=f"[{empty}, {empty}]"))
@@ -78,8 +89,9 @@ def test_replay_adds_its_share_of_records_from_the_replay_file(data, tmp_path):
         smoke_config(data, tmp_path / "x", replay_ratio=0.5)
     replay = tmp_path / "base.jsonl"
     data_gen_main(["base", "--num-dialogues", "100", "--seed", "0", "--out", str(tmp_path)])
-    trainer = Trainer(smoke_config(data, tmp_path / "run", replay_file=replay, replay_ratio=0.5, eval_every=0,
-                                   max_length=4096))
+    trainer = Trainer(
+        smoke_config(data, tmp_path / "run", replay_file=replay, replay_ratio=0.5, eval_every=0, max_length=4096)
+    )
     ids = [r["id"] for r in trainer.train_records]
     gatt_ids = {r["id"] for r in read_records(data)}
     assert len(ids) == len(set(ids)) == len(gatt_ids) + 32  # 64 GAtt dialogues + round(0.5 x 64) replayed
@@ -160,8 +172,15 @@ def test_killed_run_resumes_to_the_same_final_loss(data, tmp_path):
 
 
 def test_two_processes_follow_the_one_process_trajectory(data, tmp_path):
-    args = ["--config", str(SMOKE), f"train_file={data}", "max_steps=6", "save_every=0", "eval_every=0",
-            "gradient_accumulation_steps=2"]
+    args = [
+        "--config",
+        str(SMOKE),
+        f"train_file={data}",
+        "max_steps=6",
+        "save_every=0",
+        "eval_every=0",
+        "gradient_accumulation_steps=2",
+    ]
     env = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
     single = run_recipe(*args, f"output_dir={tmp_path / 'one'}", env=env)
     output, _ = single.communicate(timeout=300)
@@ -186,9 +205,21 @@ def base_dir(data, tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("merge", [True, False])
 def test_lora_fine_tune_saves_a_merged_model_or_an_adapter(data, base_dir, tmp_path, merge):
-    config = load_config(SMOKE, [f"train_file={data}", f"output_dir={tmp_path}", "model_config=null",
-                                 f"model={base_dir}", "tokenizer_vocab_size=0", "max_steps=3", "save_every=0",
-                                 "eval_every=0", "lora_r=4", f"merge_lora={str(merge).lower()}"])
+    config = load_config(
+        SMOKE,
+        [
+            f"train_file={data}",
+            f"output_dir={tmp_path}",
+            "model_config=null",
+            f"model={base_dir}",
+            "tokenizer_vocab_size=0",
+            "max_steps=3",
+            "save_every=0",
+            "eval_every=0",
+            "lora_r=4",
+            f"merge_lora={str(merge).lower()}",
+        ],
+    )
     train(config)
     base = AutoModelForCausalLM.from_pretrained(base_dir)
     if merge:
@@ -209,13 +240,31 @@ def test_any_hugging_face_causal_lm_directory_trains(data, base_dir, tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=1, num_attention_heads=2, pad_token_id=tokenizer.pad_token_id))
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
     llama.save_pretrained(tmp_path / "llama")
     tokenizer.save_pretrained(tmp_path / "llama")
-    config = load_config(SMOKE, [f"train_file={data}", f"output_dir={tmp_path / 'out'}", "model_config=null",
-                                 f"model={tmp_path / 'llama'}", "tokenizer_vocab_size=0", "max_steps=3",
-                                 "save_every=0", "eval_every=0"])
+    config = load_config(
+        SMOKE,
+        [
+            f"train_file={data}",
+            f"output_dir={tmp_path / 'out'}",
+            "model_config=null",
+            f"model={tmp_path / 'llama'}",
+            "tokenizer_vocab_size=0",
+            "max_steps=3",
+            "save_every=0",
+            "eval_every=0",
+        ],
+    )
     train(config)
     assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "final")).__name__ == "LlamaForCausalLM"
     assert len(read_metrics(tmp_path / "out")) == 3

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM
 
 from data_gen.__main__ import main as data_gen_main
 from gatt.collator import IGNORE_INDEX
-from gatt.train import Trainer, TrainConfig, load_config
+from gatt.train import TrainConfig, Trainer, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "recipes" / "configs" / "smoke.yaml"
@@ -37,7 +37,7 @@ TOLERANCE = 1e-5
 # distributed types, so it runs DDP (MULTI_CPU) without a word. torch's FSDP2 itself runs on CPU with gloo, so
 # this wrapper puts Accelerate back on the FSDP plugin the launcher configured (from the FSDP_* variables), then
 # runs the recipe unchanged. It prints what Accelerate had chosen.
-FORCE_FSDP_ON_CPU = '''
+FORCE_FSDP_ON_CPU = """
 import runpy, sys
 from accelerate import Accelerator, PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
@@ -58,13 +58,15 @@ class FSDPOnCPU(Accelerator):
 gatt.train.Accelerator = FSDPOnCPU
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
-'''
+"""
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("data")
-    data_gen_main(["gatt", "--teacher", "oracle", "--num-dialogues", "64", "--max-turns", "8", "--seed", "0", "--out", str(out)])
+    data_gen_main(
+        ["gatt", "--teacher", "oracle", "--num-dialogues", "64", "--max-turns", "8", "--seed", "0", "--out", str(out)]
+    )
     return out / "gatt.jsonl"
 
 
@@ -100,7 +102,10 @@ def assert_same_trajectory(one: Path, other: Path) -> None:
 
 
 def assert_same_weights(one: Path, other: Path) -> None:
-    a, b = AutoModelForCausalLM.from_pretrained(one).state_dict(), AutoModelForCausalLM.from_pretrained(other).state_dict()
+    a, b = (
+        AutoModelForCausalLM.from_pretrained(one).state_dict(),
+        AutoModelForCausalLM.from_pretrained(other).state_dict(),
+    )
     assert a.keys() == b.keys()
     diffs = {k: float((a[k] - b[k]).abs().max()) for k in a}
     assert max(diffs.values()) <= TOLERANCE, diffs
@@ -129,7 +134,8 @@ def test_fsdp_config_parses_to_fsdp2_full_shard_wrapping_either_decoder_layer(mo
     from gatt.modeling import GattConfig, GattForCausalLM
 
     args = launch_command_parser().parse_args(
-        ["--config_file", str(ACCELERATE_CONFIGS / "fsdp.yaml"), "--num_processes", "2", str(RECIPE)])
+        ["--config_file", str(ACCELERATE_CONFIGS / "fsdp.yaml"), "--num_processes", "2", str(RECIPE)]
+    )
     args, _, _ = _validate_launch_command(args)
     env = prepare_multi_gpu_env(args)
     assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
@@ -138,22 +144,43 @@ def test_fsdp_config_parses_to_fsdp2_full_shard_wrapping_either_decoder_layer(mo
             monkeypatch.setenv(key, value)
     plugin = FullyShardedDataParallelPlugin()
     assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True  # FSDP2's full shard
-    assert plugin.state_dict_type == StateDictType.SHARDED_STATE_DICT and not isinstance(plugin.cpu_offload, CPUOffloadPolicy)
+    assert plugin.state_dict_type == StateDictType.SHARDED_STATE_DICT and not isinstance(
+        plugin.cpu_offload, CPUOffloadPolicy
+    )
     # No class named: both models' `_no_split_modules` decide, so one file serves the library's model and HF Llama.
-    sizes = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-             "num_key_value_heads": 1}
-    for model, layer in [(GattForCausalLM(GattConfig(**sizes)), "GattDecoderLayer"),
-                         (LlamaForCausalLM(LlamaConfig(**sizes)), "LlamaDecoderLayer")]:
+    sizes = {
+        "vocab_size": 32,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+    }
+    for model, layer in [
+        (GattForCausalLM(GattConfig(**sizes)), "GattDecoderLayer"),
+        (LlamaForCausalLM(LlamaConfig(**sizes)), "LlamaDecoderLayer"),
+    ]:
         wrap = fsdp2_prepare_auto_wrap_policy(plugin, model)
         assert [type(m).__name__ for m in model.modules() if wrap(m)] == [layer, layer]
 
 
-def test_fsdp2_on_two_cpu_processes_follows_the_one_process_trajectory_and_saves_the_full_model(data, one_process, tmp_path):
+def test_fsdp2_on_two_cpu_processes_follows_the_one_process_trajectory_and_saves_the_full_model(
+    data, one_process, tmp_path
+):
     driver = tmp_path / "force_fsdp_on_cpu.py"
     driver.write_text(FORCE_FSDP_ON_CPU)
     out = tmp_path / "fsdp"
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS / "fsdp.yaml"),
-                "--num_processes", "2", "--main_process_port", str(free_port())]
+    launcher = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(ACCELERATE_CONFIGS / "fsdp.yaml"),
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        str(free_port()),
+    ]
     output = run([*launcher, str(driver), *recipe_args(data, out, gradient_accumulation_steps=2, save_every=2)])
     # What the config alone gets on CPU: MULTI_CPU (DDP) with accelerate 1.15, see FORCE_FSDP_ON_CPU; a later
     # Accelerate that picks FSDP itself leaves the wrapper nothing to do.
@@ -226,11 +253,23 @@ def test_gradient_accumulation_equals_the_larger_batch(data, tmp_path, fresh_acc
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+
         def trainer(steps: int) -> Trainer:
             # max_grad_norm out of reach: the gradients compared are the raw ones.
-            return Trainer(load_config(SMOKE, [f"train_file={data}", f"output_dir={tmp_path / str(steps)}", "eval_every=0",
-                                               "save_every=0", "batch_size=8", f"gradient_accumulation_steps={steps}",
-                                               "max_grad_norm=1.0e9"]))
+            return Trainer(
+                load_config(
+                    SMOKE,
+                    [
+                        f"train_file={data}",
+                        f"output_dir={tmp_path / str(steps)}",
+                        "eval_every=0",
+                        "save_every=0",
+                        "batch_size=8",
+                        f"gradient_accumulation_steps={steps}",
+                        "max_grad_norm=1.0e9",
+                    ],
+                )
+            )
 
         whole, accumulated, naive = trainer(1), trainer(4), trainer(4)
         metrics_1, grads_1, params_1 = first_step(whole)
@@ -264,6 +303,14 @@ def test_two_processes_accumulating_4_follow_one_process_without_accumulation(da
     Plain torchrun, without ACCELERATE_USE_CPU: on a machine with no GPU the trainer still joins the processes
     into one job (Accelerate alone would see no backend and let each process train the whole batch)."""
     out = tmp_path / "two"
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+    ]
     run([*launcher, *recipe_args(data, out, gradient_accumulation_steps=4)], env={"OMP_NUM_THREADS": "1"})
     assert_same_trajectory(one_process, out)

@@ -23,7 +23,7 @@ from gatt.evaluate import main as evaluate_main
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
 
-CHECKS_MODULE = textwrap.dedent('''
+CHECKS_MODULE = textwrap.dedent("""
     def mentions(reply, word):
         return word.lower() in reply.lower()
 
@@ -35,14 +35,22 @@ CHECKS_MODULE = textwrap.dedent('''
 
     def not_a_bool(reply):
         return "yes"
-''')
+""")
 PERSONA = {
-    "name": "curie", "instruction": "Act as Marie Curie in this conversation.", "short": "Persona: Marie Curie",
-    "family": "persona", "value": "Marie Curie", "checks": [],
+    "name": "curie",
+    "instruction": "Act as Marie Curie in this conversation.",
+    "short": "Persona: Marie Curie",
+    "family": "persona",
+    "value": "Marie Curie",
+    "checks": [],
     "probes": [{"question": "Who are you?", "checks": [{"type": "contains_any", "words": ["Curie"]}]}],
 }
 TENNIS = {
-    "name": "tennis", "instruction": "You love tennis.", "short": "Hobby: tennis", "family": "hobby", "value": "tennis",
+    "name": "tennis",
+    "instruction": "You love tennis.",
+    "short": "Hobby: tennis",
+    "family": "hobby",
+    "value": "tennis",
     "checks": [{"type": "python", "function": "user_checks_mod:mentions", "args": {"word": "tennis"}}],
 }
 
@@ -91,7 +99,9 @@ class PersonaTeacher:
 def test_a_persona_with_probes_and_no_checks_loads_and_a_constraint_with_neither_is_refused(tmp_path):
     [persona] = load_constraints(write_constraints(tmp_path / "p.yaml", PERSONA))
     assert persona.checks == () and persona.probes[0].question == "Who are you?"
-    with pytest.raises(ValueError, match=r"constraints\[0\] 'curie': needs a non-empty 'checks' list, 'probes', or both"):
+    with pytest.raises(
+        ValueError, match=r"constraints\[0\] 'curie': needs a non-empty 'checks' list, 'probes', or both"
+    ):
         load_constraints(write_constraints(tmp_path / "bad.yaml", {**PERSONA, "probes": []}))
 
 
@@ -101,7 +111,12 @@ def test_synthesis_asks_a_personas_probes_and_rejects_by_their_checks(tmp_path):
     summary = synthesize(tmp_path / "out", config, PersonaTeacher(), [persona], split_user_turns()[0])
     records = [json.loads(line) for line in (tmp_path / "out" / "gatt.jsonl").read_text().splitlines()]
     assert summary["records"] == 6 and summary["gate_rejected_candidates"] == 0
-    probes = [(m, a) for r in records for m, a in zip(r["messages"][::2], r["messages"][1::2]) if m["content"] == "Who are you?"]
+    probes = [
+        (m, a)
+        for r in records
+        for m, a in zip(r["messages"][::2], r["messages"][1::2])
+        if m["content"] == "Who are you?"
+    ]
     chats = sum(len(r["messages"]) // 2 for r in records) - len(probes)
     assert probes and all(a["content"] == "I am Marie Curie, the chemist." for _, a in probes)
     # A probe's first candidate fails its check; a chat turn has no persona check, so its first candidate is kept.
@@ -118,25 +133,36 @@ def test_a_python_check_calls_the_users_function_with_the_reply_and_args(checks_
     assert Check.from_dict({"type": "python", "function": "user_checks_mod:long_enough"}).passes("one two three")
 
 
-@pytest.mark.parametrize(("function", "message"), [
-    ("no_such_module_xyz:f", r"'no_such_module_xyz:f' cannot be imported: ModuleNotFoundError"),
-    ("user_checks_mod:missing", r"'user_checks_mod:missing' cannot be imported: AttributeError"),
-    ("user_checks_mod", r'must be "package.module:name"'),
-])
+@pytest.mark.parametrize(
+    ("function", "message"),
+    [
+        ("no_such_module_xyz:f", r"'no_such_module_xyz:f' cannot be imported: ModuleNotFoundError"),
+        ("user_checks_mod:missing", r"'user_checks_mod:missing' cannot be imported: AttributeError"),
+        ("user_checks_mod", r'must be "package.module:name"'),
+    ],
+)
 def test_a_python_check_that_cannot_be_imported_is_refused_naming_the_constraint_and_function(
-        checks_module, tmp_path, function, message):
+    checks_module, tmp_path, function, message
+):
     entry = {**TENNIS, "checks": [{"type": "python", "function": function}]}
     with pytest.raises(ValueError, match=r"constraints\[0\] 'tennis' checks\[0\]: field 'function' " + message):
         load_constraints(write_constraints(tmp_path / "c.yaml", entry))
 
 
 def test_a_python_check_that_raises_or_returns_no_bool_names_the_constraint_and_function(checks_module, tmp_path):
-    entry = {**TENNIS, "checks": [{"type": "python", "function": "user_checks_mod:boom"}],
-             "probes": [{"question": "Hobby?", "checks": [{"type": "python", "function": "user_checks_mod:not_a_bool"}]}]}
+    entry = {
+        **TENNIS,
+        "checks": [{"type": "python", "function": "user_checks_mod:boom"}],
+        "probes": [{"question": "Hobby?", "checks": [{"type": "python", "function": "user_checks_mod:not_a_bool"}]}],
+    }
     [constraint] = load_constraints(write_constraints(tmp_path / "c.yaml", entry))
-    with pytest.raises(CheckError, match=r"'tennis' checks\[0\]: python check 'user_checks_mod:boom' raised RuntimeError: kaputt"):
+    with pytest.raises(
+        CheckError, match=r"'tennis' checks\[0\]: python check 'user_checks_mod:boom' raised RuntimeError: kaputt"
+    ):
         constraint.checks[0].passes("hi")
-    with pytest.raises(CheckError, match=r"'tennis' probes\[0\].checks\[0\]: python check 'user_checks_mod:not_a_bool' returned str"):
+    with pytest.raises(
+        CheckError, match=r"'tennis' probes\[0\].checks\[0\]: python check 'user_checks_mod:not_a_bool' returned str"
+    ):
         constraint.probes[0].checks[0].passes("hi")
     # A check built in code names its constraint too.
     from gatt.checks import Constraint
@@ -160,9 +186,22 @@ def test_a_python_check_rejects_candidates_in_synthesis(checks_module, tmp_path)
 def test_a_python_check_that_raises_stops_synthesis_with_one_line_naming_it(checks_module, tmp_path):
     entry = {**TENNIS, "checks": [{"type": "python", "function": "user_checks_mod:boom"}]}
     path = write_constraints(tmp_path / "c.yaml", entry)
-    with pytest.raises(SystemExit, match=r"^error: .*'tennis' checks\[0\]: python check 'user_checks_mod:boom' raised RuntimeError"):
-        data_gen_main(["gatt", "--teacher", "oracle", "--num-dialogues", "2", "--out", str(tmp_path / "o"),
-                       "--constraints", str(path)])
+    with pytest.raises(
+        SystemExit, match=r"^error: .*'tennis' checks\[0\]: python check 'user_checks_mod:boom' raised RuntimeError"
+    ):
+        data_gen_main(
+            [
+                "gatt",
+                "--teacher",
+                "oracle",
+                "--num-dialogues",
+                "2",
+                "--out",
+                str(tmp_path / "o"),
+                "--constraints",
+                str(path),
+            ]
+        )
 
 
 def _passes_in_child(check: Check) -> list[bool]:
@@ -182,10 +221,18 @@ def test_a_python_check_is_imported_by_name_in_a_spawned_process(checks_module):
 def model_dir(tmp_path_factory) -> Path:
     texts = [f"Tell me about topic {i}. Tennis, golf and Marie Curie, {i * 7} times." for i in range(200)]
     tokenizer = train_tokenizer(texts, vocab_size=400)
-    config = GattConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-                        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                        eos_token_id=tokenizer.eos_token_id)
+    config = GattConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("model")
     GattForCausalLM(config).save_pretrained(path)
@@ -196,9 +243,25 @@ def model_dir(tmp_path_factory) -> Path:
 def eval_args(model_dir: Path, constraints: Path, out: Path) -> list[str]:
     turns = out.parent / "turns.txt"
     turns.write_text("\n".join(f"Question number {i} about tennis and chemistry?" for i in range(12)) + "\n")
-    return ["--model", f"base={model_dir}", "--turns", "6", "--dialogues", "4", "--no-instruction-dialogues", "1",
-            "--max-new-tokens", "8", "--constraints", str(constraints), "--user-turns", str(turns), "--out", str(out),
-            "--no-attention"]
+    return [
+        "--model",
+        f"base={model_dir}",
+        "--turns",
+        "6",
+        "--dialogues",
+        "4",
+        "--no-instruction-dialogues",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--constraints",
+        str(constraints),
+        "--user-turns",
+        str(turns),
+        "--out",
+        str(out),
+        "--no-attention",
+    ]
 
 
 def test_the_report_scores_a_persona_on_probes_alone_and_runs_python_checks(checks_module, model_dir, tmp_path):
@@ -216,39 +279,80 @@ def test_the_report_scores_a_persona_on_probes_alone_and_runs_python_checks(chec
         assert turn["checks"] == [{"type": "python", "passed": "tennis" in turn["reply"].lower()}]
         assert turn["passed"] == (turn["checks_passed"] and turn["gate"]["passed"])
     # Every reply has the gate's verdict; these user turns have no on-topic checks, so relevance was measured.
-    assert all(turn["gate"]["relevance"] is not None for t in transcripts for turn in t["turns"] if turn["kind"] == "chat"
-               and turn["reply"].strip())
+    assert all(
+        turn["gate"]["relevance"] is not None
+        for t in transcripts
+        for turn in t["turns"]
+        if turn["kind"] == "chat" and turn["reply"].strip()
+    )
 
 
 def test_the_report_stops_with_one_line_naming_a_python_check_that_raises(checks_module, model_dir, tmp_path):
-    constraints = write_constraints(tmp_path / "c.yaml", {**TENNIS, "checks": [{"type": "python", "function": "user_checks_mod:boom"}]})
+    constraints = write_constraints(
+        tmp_path / "c.yaml", {**TENNIS, "checks": [{"type": "python", "function": "user_checks_mod:boom"}]}
+    )
     with pytest.raises(SystemExit, match=r"^error: .*'tennis' checks\[0\]: python check 'user_checks_mod:boom' raised"):
         evaluate_main(eval_args(model_dir, constraints, tmp_path / "out"))
 
 
 def test_the_report_and_synthesis_refuse_a_python_check_that_cannot_be_imported(checks_module, model_dir, tmp_path):
-    constraints = write_constraints(tmp_path / "c.yaml", {**TENNIS, "checks": [{"type": "python", "function": "nowhere_mod:f"}]})
+    constraints = write_constraints(
+        tmp_path / "c.yaml", {**TENNIS, "checks": [{"type": "python", "function": "nowhere_mod:f"}]}
+    )
     expected = r"constraints\[0\] 'tennis' checks\[0\]: field 'function' 'nowhere_mod:f' cannot be imported"
     with pytest.raises(SystemExit, match=expected):
         evaluate_main(eval_args(model_dir, constraints, tmp_path / "out"))
     with pytest.raises(SystemExit, match=expected):
-        data_gen_main(["gatt", "--teacher", "oracle", "--num-dialogues", "2", "--out", str(tmp_path / "o"),
-                       "--constraints", str(constraints)])
+        data_gen_main(
+            [
+                "gatt",
+                "--teacher",
+                "oracle",
+                "--num-dialogues",
+                "2",
+                "--out",
+                str(tmp_path / "o"),
+                "--constraints",
+                str(constraints),
+            ]
+        )
 
 
 def test_each_stage_imports_the_check_in_its_own_process(checks_module, model_dir, tmp_path):
-    constraints = write_constraints(tmp_path / "c.yaml", {**TENNIS, "checks": [
-        {"type": "python", "function": "user_checks_mod:long_enough", "args": {"n": 2}}]})
+    constraints = write_constraints(
+        tmp_path / "c.yaml",
+        {**TENNIS, "checks": [{"type": "python", "function": "user_checks_mod:long_enough", "args": {"n": 2}}]},
+    )
     # The module is found from the working directory, as `python -m` finds it, with no PYTHONPATH.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    run = [sys.executable, "-m", "data_gen", "gatt", "--teacher", "oracle", "--num-dialogues", "2", "--min-turns", "2",
-           "--max-turns", "3", "--out", str(tmp_path / "data"), "--constraints", str(constraints)]
+    run = [
+        sys.executable,
+        "-m",
+        "data_gen",
+        "gatt",
+        "--teacher",
+        "oracle",
+        "--num-dialogues",
+        "2",
+        "--min-turns",
+        "2",
+        "--max-turns",
+        "3",
+        "--out",
+        str(tmp_path / "data"),
+        "--constraints",
+        str(constraints),
+    ]
     done = subprocess.run(run, cwd=checks_module, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["records"] == 2
     run = [sys.executable, "-m", "gatt.evaluate", *eval_args(model_dir, constraints, tmp_path / "report")]
     done = subprocess.run(run, cwd=checks_module, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    checks = [c for line in (tmp_path / "report" / "transcripts.jsonl").read_text().splitlines()
-              for turn in json.loads(line)["turns"] for c in turn["checks"]]
+    checks = [
+        c
+        for line in (tmp_path / "report" / "transcripts.jsonl").read_text().splitlines()
+        for turn in json.loads(line)["turns"]
+        for c in turn["checks"]
+    ]
     assert any(c["type"] == "python" for c in checks)

@@ -23,9 +23,31 @@ from data_gen.user_turns import (
 )
 
 RESERVED_HOBBIES = {
-    "tennis", "golf", "yoga", "football", "jazz", "karate", "judo", "ski", "hockey", "rugby",
-    "volleyball", "basketball", "baseball", "poker", "origami", "sudoku", "badminton", "bowling",
-    "cricket", "skateboard", "snowboard", "salsa", "tango", "pilates", "surfing",
+    "tennis",
+    "golf",
+    "yoga",
+    "football",
+    "jazz",
+    "karate",
+    "judo",
+    "ski",
+    "hockey",
+    "rugby",
+    "volleyball",
+    "basketball",
+    "baseball",
+    "poker",
+    "origami",
+    "sudoku",
+    "badminton",
+    "bowling",
+    "cricket",
+    "skateboard",
+    "snowboard",
+    "salsa",
+    "tango",
+    "pilates",
+    "surfing",
 }
 
 
@@ -68,8 +90,13 @@ def test_each_phrase_contains_its_own_keyword_and_no_other_topics() -> None:
 
 def test_spec_example_translations() -> None:
     assert TOPICS["ocean"] == {
-        "en": "the ocean", "fr": "l'océan", "es": "el océano", "de": "der Ozean",
-        "it": "l'oceano", "pt": "o oceano", "nl": "de oceaan",
+        "en": "the ocean",
+        "fr": "l'océan",
+        "es": "el océano",
+        "de": "der Ozean",
+        "it": "l'oceano",
+        "pt": "o oceano",
+        "nl": "de oceaan",
     }
     assert TOPIC_KEYWORDS["ocean"]["fr"][0] == "océan"
     assert TOPIC_KEYWORDS["ocean"]["de"][0] == "Ozean"
@@ -96,9 +123,7 @@ def test_every_message_mentions_its_topic_and_only_it() -> None:
     for turn in all_user_turns():
         assert turn.topic in TOPICS
         assert _words_regex(TOPIC_KEYWORDS[turn.topic]["en"]).search(turn.text), turn.text
-        others = [
-            t for t in TOPICS if t != turn.topic and _words_regex(TOPIC_KEYWORDS[t]["en"]).search(turn.text)
-        ]
+        others = [t for t in TOPICS if t != turn.topic and _words_regex(TOPIC_KEYWORDS[t]["en"]).search(turn.text)]
         assert not others, (turn.text, others)
 
 
@@ -113,7 +138,7 @@ def test_no_topic_repeats_within_window(exclude_recent: int) -> None:
     turns = sample_user_turns(500, seed=11, exclude_recent=exclude_recent)
     assert len(turns) == 500
     for i, turn in enumerate(turns):
-        window = turns[max(0, i - exclude_recent):i]
+        window = turns[max(0, i - exclude_recent) : i]
         assert turn.topic not in {t.topic for t in window}, i
 
 
@@ -144,7 +169,7 @@ def test_own_messages_do_not_repeat_within_window() -> None:
     pool = [UserTurn(text=f"message {i}", topic=None) for i in range(8)]
     turns = sample_user_turns(100, seed=2, exclude_recent=4, pool=pool)
     for i in range(4, len(turns)):
-        assert len({t.text for t in turns[i - 4:i + 1]}) == 5
+        assert len({t.text for t in turns[i - 4 : i + 1]}) == 5
 
 
 def test_sampling_rejects_bad_arguments() -> None:
@@ -293,8 +318,9 @@ def test_blank_lines_in_jsonl_are_ignored(tmp_path: Path) -> None:
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_malformed_jsonl_names_file_line_and_problem(tmp_path: Path, case: str) -> None:
     messages, problem = MALFORMED[case]
-    path = _write_jsonl(tmp_path / "data.jsonl", [{"messages": DIALOGUES[2]}, {"messages": DIALOGUES[0]},
-                                                  {"messages": messages}])
+    path = _write_jsonl(
+        tmp_path / "data.jsonl", [{"messages": DIALOGUES[2]}, {"messages": DIALOGUES[0]}, {"messages": messages}]
+    )
     with pytest.raises(ValueError) as info:
         load_dialogues(path)
     assert f"data.jsonl:3: {problem}" in str(info.value)

@@ -87,7 +87,13 @@ def masked_attention(
 
 
 def _fast_attention(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, is_causal: bool, scale: float | None, dropout_p: float
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    dropout_p: float,
 ) -> Tensor:
     query_length, key_length = query.shape[2], key.shape[2]
     # SDPA's own is_causal is aligned top-left; it equals ours when Tq == Tk, and a single query sees every key.
@@ -102,7 +108,12 @@ def _fast_attention(
 
 
 def _explicit_attention(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, score: AttentionScore, dropout_p: float,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None,
+    score: AttentionScore,
+    dropout_p: float,
     split_softmax: SplitSoftmax | None = None,
 ) -> tuple[Tensor, Tensor]:
     batch, heads, query_length, _ = query.shape
@@ -112,7 +123,9 @@ def _explicit_attention(
     # copied n_rep times (with a long KV cache, the copies would cost more than the attention itself).
     grouped = n_rep > 1 and isinstance(score, (ScaledDotScore, DotScore))
     if grouped:
-        grouped_query = query.reshape(batch, kv_heads, n_rep * query_length, query.shape[-1])  # heads h = kv * n_rep + r
+        grouped_query = query.reshape(
+            batch, kv_heads, n_rep * query_length, query.shape[-1]
+        )  # heads h = kv * n_rep + r
         scores = score(grouped_query, key).view(batch, heads, query_length, key_length)
     else:
         key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)  # (B, H, Tk, D)
@@ -134,7 +147,12 @@ def _explicit_attention(
 
 
 def segmented_attention(
-    query: Tensor, key: Tensor, value: Tensor, spans: list[list[tuple[int, int]]], *, scale: float | None = None,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    spans: list[list[tuple[int, int]]],
+    *,
+    scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> Tensor:
     """Causal attention inside each packed segment, without a (T, T) mask.
@@ -150,7 +168,12 @@ def segmented_attention(
         lengths = [e - s for s, e in row_spans]
         pieces = [
             F.scaled_dot_product_attention(
-                q[None], k[None], v[None], dropout_p=dropout_p, is_causal=q.shape[1] > 1, scale=scale,
+                q[None],
+                k[None],
+                v[None],
+                dropout_p=dropout_p,
+                is_causal=q.shape[1] > 1,
+                scale=scale,
                 enable_gqa=grouped,
             )  # (1, H, len, Dv)
             for q, k, v in zip(q_row.split(lengths, dim=1), k_row.split(lengths, dim=1), v_row.split(lengths, dim=1))

@@ -16,7 +16,9 @@ from gatt.split_softmax import SplitSoftmax
 class KVCache(Protocol):
     """What the module needs of a cache: Hugging Face's `DynamicCache` and friends satisfy it."""
 
-    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]: ...
+    def update(
+        self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[Tensor, Tensor]: ...
 
 
 def check_forward_inputs(
@@ -50,16 +52,20 @@ def check_forward_inputs(
         if value_states is not None:
             raise ValueError("value_states needs key_value_states: it is the value source of cross-attention")
         if key_position_embeddings is not None:
-            raise ValueError("key_position_embeddings is for cross-attention (with key_value_states); "
-                             "self-attention rotates keys by position_embeddings")
+            raise ValueError(
+                "key_position_embeddings is for cross-attention (with key_value_states); "
+                "self-attention rotates keys by position_embeddings"
+            )
         if kdim != hidden_size or vdim != hidden_size:
             raise ValueError(
                 f"this module takes keys of width kdim={kdim} and values of width vdim={vdim}, not "
                 f"hidden_size={hidden_size}: pass key_value_states (and value_states) for cross-attention"
             )
         if position_embeddings is None:
-            raise ValueError("position_embeddings (cos, sin) is required for self-attention; "
-                             "only cross-attention may pass None (no RoPE)")
+            raise ValueError(
+                "position_embeddings (cos, sin) is required for self-attention; "
+                "only cross-attention may pass None (no RoPE)"
+            )
     else:
         if key_value_states.ndim != 3 or key_value_states.shape[0] != batch or key_value_states.shape[-1] != kdim:
             raise ValueError(
@@ -77,11 +83,15 @@ def check_forward_inputs(
                 f"got {tuple(value_states.shape)}"
             )
         if (position_embeddings is None) != (key_position_embeddings is None):
-            raise ValueError("cross-attention RoPE needs both position_embeddings (queries) and "
-                             "key_position_embeddings (keys), or neither (no RoPE)")
+            raise ValueError(
+                "cross-attention RoPE needs both position_embeddings (queries) and "
+                "key_position_embeddings (keys), or neither (no RoPE)"
+            )
         if past_key_values is not None:
-            raise ValueError("past_key_values is for self-attention: a cache appends keys, and cross-attention's "
-                             "keys come whole from key_value_states at every call")
+            raise ValueError(
+                "past_key_values is for self-attention: a cache appends keys, and cross-attention's "
+                "keys come whole from key_value_states at every call"
+            )
         if spans is not None:
             raise ValueError("spans (packed self-attention segments) does not apply to cross-attention")
     if query_padding_mask is not None and tuple(query_padding_mask.shape) != (batch, query_length):
@@ -89,8 +99,13 @@ def check_forward_inputs(
             f"query_padding_mask must have shape (batch, Tq) = {(batch, query_length)}, got {tuple(query_padding_mask.shape)}"
         )
     if linformer:
-        given = {"is_causal=True": bool(is_causal), "past_key_values": past_key_values is not None,
-                 "mask": mask is not None, "spans": spans is not None, "split_softmax": split_softmax is not None}
+        given = {
+            "is_causal=True": bool(is_causal),
+            "past_key_values": past_key_values is not None,
+            "mask": mask is not None,
+            "spans": spans is not None,
+            "split_softmax": split_softmax is not None,
+        }
         refused = [name for name, present in given.items() if present]
         if refused:
             raise ValueError(

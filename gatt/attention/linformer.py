@@ -60,4 +60,6 @@ def linformer_attention(
         key, value = key.masked_fill(~real, 0.0), value.masked_fill(~real, 0.0)
     key = E[:, :key_length] @ key  # (k, Tk) @ (B, Hkv, Tk, D) -> (B, Hkv, k, D)
     value = F[:, :key_length] @ value  # (B, Hkv, k, Dv)
-    return masked_attention(query, key, value, score=score, scale=scale, dropout_p=dropout_p, return_weights=return_weights)
+    return masked_attention(
+        query, key, value, score=score, scale=scale, dropout_p=dropout_p, return_weights=return_weights
+    )

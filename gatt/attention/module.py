@@ -144,9 +144,21 @@ class MaskedMultiHeadAttention(nn.Module):
         """
         cross = key_value_states is not None
         check_forward_inputs(
-            hidden_states, position_embeddings, mask, is_causal, past_key_values, spans, split_softmax,
-            key_value_states, value_states, key_position_embeddings, query_padding_mask,
-            hidden_size=self.hidden_size, kdim=self.kdim, vdim=self.vdim, linformer=self.linformer_e is not None,
+            hidden_states,
+            position_embeddings,
+            mask,
+            is_causal,
+            past_key_values,
+            spans,
+            split_softmax,
+            key_value_states,
+            value_states,
+            key_position_embeddings,
+            query_padding_mask,
+            hidden_size=self.hidden_size,
+            kdim=self.kdim,
+            vdim=self.vdim,
+            linformer=self.linformer_e is not None,
         )
         if is_causal is None:
             is_causal = not cross and self.linformer_e is None
@@ -154,16 +166,26 @@ class MaskedMultiHeadAttention(nn.Module):
         key_source = key_value_states if key_value_states is not None else hidden_states  # (B, Tk, kdim)
         value_source = value_states if value_states is not None else key_source  # (B, Tk, vdim)
         key_length = key_source.shape[1]
-        query = self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        key = self.k_proj(key_source).view(batch, key_length, self.num_key_value_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, Tk, D)
-        value = self.v_proj(value_source).view(batch, key_length, self.num_key_value_heads, self.head_dim).transpose(1, 2)
+        query = (
+            self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        )  # (B, H, T, D)
+        key = (
+            self.k_proj(key_source).view(batch, key_length, self.num_key_value_heads, self.head_dim).transpose(1, 2)
+        )  # (B, Hkv, Tk, D)
+        value = (
+            self.v_proj(value_source).view(batch, key_length, self.num_key_value_heads, self.head_dim).transpose(1, 2)
+        )
         if not cross:
             assert position_embeddings is not None  # check_forward_inputs refused None for self-attention
             query, key = apply_rotary(query, key, *position_embeddings)
         elif position_embeddings is not None and key_position_embeddings is not None:
             query, key = _rotate(query, *position_embeddings), _rotate(key, *key_position_embeddings)
         if self.attention_dtype is not None:  # e.g. fp32 attention and KV cache in a bf16 model (gatt/numerics.py)
-            query, key, value = query.to(self.attention_dtype), key.to(self.attention_dtype), value.to(self.attention_dtype)
+            query, key, value = (
+                query.to(self.attention_dtype),
+                key.to(self.attention_dtype),
+                value.to(self.attention_dtype),
+            )
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)  # (B, Hkv, Tk, D)
         if key_padding_mask is not None and tuple(key_padding_mask.shape) != (batch, key.shape[2]):
@@ -174,19 +196,38 @@ class MaskedMultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         if self.linformer_e is not None and self.linformer_f is not None:
             output, weights = linformer_attention(
-                query, key, value, self.linformer_e, self.linformer_f, key_padding_mask=key_padding_mask,
-                score=self.score, dropout_p=dropout_p, return_weights=return_weights,
+                query,
+                key,
+                value,
+                self.linformer_e,
+                self.linformer_f,
+                key_padding_mask=key_padding_mask,
+                score=self.score,
+                dropout_p=dropout_p,
+                return_weights=return_weights,
             )
-        elif (spans is not None and self.score is None and not return_weights and split_softmax is None
-              and key_padding_mask is None):
+        elif (
+            spans is not None
+            and self.score is None
+            and not return_weights
+            and split_softmax is None
+            and key_padding_mask is None
+        ):
             output, weights = segmented_attention(query, key, value, spans, dropout_p=dropout_p), None
         else:
             if key_padding_mask is not None:
                 real_keys = key_padding_mask.bool()[:, None, None, :]  # (B, 1, 1, Tk)
                 mask = real_keys if mask is None else mask & real_keys
             output, weights = masked_attention(
-                query, key, value, mask, is_causal=is_causal, score=self.score, dropout_p=dropout_p,
-                return_weights=return_weights, split_softmax=split_softmax,
+                query,
+                key,
+                value,
+                mask,
+                is_causal=is_causal,
+                score=self.score,
+                dropout_p=dropout_p,
+                return_weights=return_weights,
+                split_softmax=split_softmax,
             )
         output = output.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)  # (B, T, H*D)
         output = self.o_proj(output.to(hidden_states.dtype))  # (B, T, C)

@@ -13,7 +13,9 @@ from torch import Tensor, nn
 class RotaryEmbedding(nn.Module):
     """Maps position ids (B, T) to the (cos, sin) tables (B, T, D) shared by every layer."""
 
-    def __init__(self, head_dim: int, base: float = 10000.0, inv_freq: Tensor | None = None, scaling: float = 1.0) -> None:
+    def __init__(
+        self, head_dim: int, base: float = 10000.0, inv_freq: Tensor | None = None, scaling: float = 1.0
+    ) -> None:
         super().__init__()
         self.head_dim, self.base, self.scaling = head_dim, base, scaling
         if inv_freq is None:

@@ -32,12 +32,16 @@ def weight_files(path: str | Path) -> list[tuple[str, int, int]]:
     return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
 
 
-def fingerprint(model_path: str | Path, column: str, dialogues: Sequence[EvalDialogue], config: RolloutConfig,
-                **settings: Any) -> str:
+def fingerprint(
+    model_path: str | Path, column: str, dialogues: Sequence[EvalDialogue], config: RolloutConfig, **settings: Any
+) -> str:
     """A hash of what a column's replies depend on."""
     key = {
-        "column": column, "weights": weight_files(model_path), "rollout": asdict(config),
-        "dialogues": [repr(d) for d in dialogues], **settings,
+        "column": column,
+        "weights": weight_files(model_path),
+        "rollout": asdict(config),
+        "dialogues": [repr(d) for d in dialogues],
+        **settings,
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 

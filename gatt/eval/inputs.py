@@ -28,7 +28,7 @@ from gatt.dialogues import (
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 TURN_FORMATS = (
-    f"{TEXT_FORMAT}, .jsonl (one {{\"content\": ..., \"checks\": [...]}} or {{\"messages\": [...]}} object "
+    f'{TEXT_FORMAT}, .jsonl (one {{"content": ..., "checks": [...]}} or {{"messages": [...]}} object '
     "per line), .parquet or a folder written by datasets' save_to_disk (a `messages` column)"
 )
 

@@ -21,7 +21,9 @@ def other_questions(dialogues: Sequence[EvalDialogue]) -> list[str]:
     return list(dict.fromkeys(turn.user for d in dialogues for turn in d.turns if turn.kind == "chat"))
 
 
-def _items(transcript: dict[str, Any], dialogue: EvalDialogue, pool: Sequence[str], seed: int, others: int) -> list[GateItem]:
+def _items(
+    transcript: dict[str, Any], dialogue: EvalDialogue, pool: Sequence[str], seed: int, others: int
+) -> list[GateItem]:
     items: list[GateItem] = []
     earlier: list[GateTurn] = []
     for number, turn in enumerate(transcript["turns"], start=1):
@@ -35,8 +37,14 @@ def _items(transcript: dict[str, Any], dialogue: EvalDialogue, pool: Sequence[st
     return items
 
 
-def apply_gate(transcripts: list[dict[str, Any]], dialogues: Sequence[EvalDialogue], gate: AnswerGate, *,
-               seed: int = 0, others: int = 3) -> None:
+def apply_gate(
+    transcripts: list[dict[str, Any]],
+    dialogues: Sequence[EvalDialogue],
+    gate: AnswerGate,
+    *,
+    seed: int = 0,
+    others: int = 3,
+) -> None:
     """Judge every reply in place; `passed` becomes checks and gate, `checks_passed` keeps the checks alone."""
     by_id = {d.id: d for d in dialogues}
     pool = other_questions(dialogues)

@@ -41,7 +41,9 @@ def stratify(constraints: Sequence[Constraint]) -> dict[str, list[Constraint]]:
     trained_families = {c.family for c in constraints if c.split == "train"}
     strata: dict[str, list[Constraint]] = {name: [] for name in STRATA}
     for c in constraints:
-        stratum = "train" if c.split == "train" else "heldout_value" if c.family in trained_families else "heldout_family"
+        stratum = (
+            "train" if c.split == "train" else "heldout_value" if c.family in trained_families else "heldout_family"
+        )
         strata[stratum].append(c)
     return strata
 
@@ -78,7 +80,9 @@ def plan_dialogues(
 ) -> list[EvalDialogue]:
     """`dialogues` with one constraint each (strata and families balanced) and `no_instruction` without any."""
     if dialogues < 0 or no_instruction < 0 or turns < 1:
-        raise ValueError(f"need dialogues >= 0, no_instruction >= 0 and turns >= 1, got {dialogues}, {no_instruction}, {turns}")
+        raise ValueError(
+            f"need dialogues >= 0, no_instruction >= 0 and turns >= 1, got {dialogues}, {no_instruction}, {turns}"
+        )
     if not pool:
         raise ValueError("the user-turn pool is empty")
     strata = {name: members for name, members in stratify(constraints).items() if members}

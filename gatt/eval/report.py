@@ -20,7 +20,12 @@ TITLES: dict[str, str] = {
 }
 
 
-NOT_MODELS: tuple[str, ...] = ("settings", "followable", "paired", "rounds")  # report keys that are not a model's scores
+NOT_MODELS: tuple[str, ...] = (
+    "settings",
+    "followable",
+    "paired",
+    "rounds",
+)  # report keys that are not a model's scores
 
 
 def build_report(transcripts: list[Transcript], settings: dict[str, Any]) -> dict[str, Any]:
@@ -29,7 +34,9 @@ def build_report(transcripts: list[Transcript], settings: dict[str, Any]) -> dic
     for t in transcripts:
         by_model.setdefault(t["model"], []).append(t)
     if clash := sorted(set(by_model) & set(NOT_MODELS)):
-        raise ValueError(f"a model may not be named {', '.join(map(repr, clash))}: the report keeps other results there")
+        raise ValueError(
+            f"a model may not be named {', '.join(map(repr, clash))}: the report keeps other results there"
+        )
     report = {"settings": settings, **{name: score_model(group) for name, group in by_model.items()}}
     if paired := paired_differences(by_model):
         report["paired"] = paired
@@ -98,11 +105,19 @@ def _adherence_sections(report: dict[str, Any], checks_only: bool, level: str) -
         rows.append((split, cells))
     parts += [f"{level} Survival: mean turn of the first violation", _table("Split", models, rows)]
     rows = []
-    for key, where in (("no_regression", "without an instruction"), ("no_regression_instructed", "with the instruction")):
+    for key, where in (
+        ("no_regression", "without an instruction"),
+        ("no_regression_instructed", "with the instruction"),
+    ):
         regression = [scores[m].get(key) for m in models]
         if any(regression):
-            rows += [(f"on topic, {where}", [_cell(r, "on_topic") for r in regression]),
-                     (f"mean words per reply, {where}", ["–" if r is None else f"{r['mean_words']:.1f}" for r in regression])]
+            rows += [
+                (f"on topic, {where}", [_cell(r, "on_topic") for r in regression]),
+                (
+                    f"mean words per reply, {where}",
+                    ["–" if r is None else f"{r['mean_words']:.1f}" for r in regression],
+                ),
+            ]
     if rows:
         parts += [f"{level} No regression: on-topic rate and reply length (chat turns)", _table("", models, rows)]
     return parts
@@ -114,9 +129,11 @@ def _followable_section(report: dict[str, Any], level: str) -> list[str]:
     tables = [f["per_turn"].get(m, {}) for m in _models(report)]
     rows = [(str(t), [_cell(table.get(str(t))) for table in tables]) for t in _table_turns(tables)]
     beyond = ", ".join(f"{family} ({100 * a:.0f}%)" for family, a in f["beyond_the_model"].items()) or "none"
-    text = (f"Families that `{f['reference']}` follows in >= {100 * f['threshold']:.0f}% of all turns: "
-            f"{', '.join(f['families']) or 'none'}. Beyond the model even when reminded: {beyond}; "
-            "those are not GAtt failures.")
+    text = (
+        f"Families that `{f['reference']}` follows in >= {100 * f['threshold']:.0f}% of all turns: "
+        f"{', '.join(f['families']) or 'none'}. Beyond the model even when reminded: {beyond}; "
+        "those are not GAtt failures."
+    )
     parts = [f"{level} Adherence per turn (train constraints of families the reminded model follows)", text]
     return parts + ([_table("Turn", _models(report), rows)] if rows else [])
 
@@ -132,8 +149,10 @@ def _paired_section(paired: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
         return f"{100 * d['difference']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] (n={d['n']})"
 
     rows = [(str(t), [cell(paired[p].get(str(t))) for p in pairs]) for t in turns]
-    text = ("Points of adherence on trained values, A - B over the same dialogues, with the 95% interval of "
-            "the mean of the per-dialogue differences.")
+    text = (
+        "Points of adherence on trained values, A - B over the same dialogues, with the 95% interval of "
+        "the mean of the per-dialogue differences."
+    )
     return ["## Paired differences", text, _table("Turn", pairs, rows)]
 
 
@@ -141,15 +160,36 @@ def _rounds_section(rounds: list[dict[str, Any]]) -> list[str]:
     """One row per GAtt round: its teacher's reminded pass rate per family and its student's adherence per turn."""
     families = sorted({f for r in rounds for f in r["teacher_pass_rate_per_family"]})
     turns = _table_turns([r["per_turn"] for r in rounds])
-    columns = ["teacher", "records", "seconds (data + model)", *(f"teacher: {f}" for f in families),
-               *(f"student: turn {t}" for t in turns)]
-    rows = [(str(r["round"]), [f"`{r['teacher']}`", str(r["records"]), f"{r['seconds']:.0f}" if "seconds" in r else "–",
-                               *(f"{100 * r['teacher_pass_rate_per_family'][f]:.1f}%"
-                                 if f in r["teacher_pass_rate_per_family"] else "–" for f in families),
-                               *(_cell(r["per_turn"].get(str(t))) for t in turns)]) for r in rounds]
-    text = ("Round r+1's teacher is round r's GAtt model with the instruction appended to every user turn; each "
-            "round's student is trained on every round's data so far. Teacher: the share of its candidates that "
-            "pass the checks and the answer gate, in that family's dialogues. Student: adherence on train constraints.")
+    columns = [
+        "teacher",
+        "records",
+        "seconds (data + model)",
+        *(f"teacher: {f}" for f in families),
+        *(f"student: turn {t}" for t in turns),
+    ]
+    rows = [
+        (
+            str(r["round"]),
+            [
+                f"`{r['teacher']}`",
+                str(r["records"]),
+                f"{r['seconds']:.0f}" if "seconds" in r else "–",
+                *(
+                    f"{100 * r['teacher_pass_rate_per_family'][f]:.1f}%"
+                    if f in r["teacher_pass_rate_per_family"]
+                    else "–"
+                    for f in families
+                ),
+                *(_cell(r["per_turn"].get(str(t))) for t in turns),
+            ],
+        )
+        for r in rounds
+    ]
+    text = (
+        "Round r+1's teacher is round r's GAtt model with the instruction appended to every user turn; each "
+        "round's student is trained on every round's data so far. Teacher: the share of its candidates that "
+        "pass the checks and the answer gate, in that family's dialogues. Student: adherence on train constraints."
+    )
     return ["## GAtt rounds", text, _table("Round", columns, rows)]
 
 
@@ -163,10 +203,12 @@ def add_rounds(out_dir: Path, rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _markdown(report: dict[str, Any]) -> str:
     models = _models(report)
-    parts = ["# GAtt adherence report",
-             "A reply is adherent when it passes the instruction's checks **and** the answer gate (it is a real "
-             "answer: not empty, no loop, no repeat of an earlier reply, on the user's topic). The checks alone "
-             "are in the last section."]
+    parts = [
+        "# GAtt adherence report",
+        "A reply is adherent when it passes the instruction's checks **and** the answer gate (it is a real "
+        "answer: not empty, no loop, no repeat of an earlier reply, on the user's topic). The checks alone "
+        "are in the last section.",
+    ]
     parts += _adherence_sections(report, checks_only=False, level="##")
     if report.get("paired"):
         parts += _paired_section(report["paired"])
@@ -175,20 +217,30 @@ def _markdown(report: dict[str, Any]) -> str:
     gates = [report[m].get("answer_gate") for m in models]
     if any(gates):
         rows = [("real answers", ["–" if g is None else f"{100 * g['passed']:.1f}% (n={g['n']})" for g in gates])]
-        rows += [(f"failed: {reason}", ["–" if g is None else f"{100 * g['failed'][reason]:.1f}%" for g in gates])
-                 for reason in REASONS]
+        rows += [
+            (f"failed: {reason}", ["–" if g is None else f"{100 * g['failed'][reason]:.1f}%" for g in gates])
+            for reason in REASONS
+        ]
         parts += ["## Answer gate: share of all replies", _table("", models, rows)]
     attention = [report[m]["attention_on_instruction"] for m in models]
     if any(attention):
         heads = [report[m].get("attention_on_instruction_max_head") or {} for m in models]
         turns = _table_turns(attention)
-        rows = [(str(t), [f"{a[str(t)]:.3f}" if str(t) in a else "–" for a in attention]
-                 + [f"{h[str(t)]:.3f}" if str(t) in h else "–" for h in heads]) for t in turns]
+        rows = [
+            (
+                str(t),
+                [f"{a[str(t)]:.3f}" if str(t) in a else "–" for a in attention]
+                + [f"{h[str(t)]:.3f}" if str(t) in h else "–" for h in heads],
+            )
+            for t in turns
+        ]
         columns = [f"{m} (mean)" for m in models] + [f"{m} (max head)" for m in models]
-        parts += ["## Attention share on the instruction",
-                  "Mean: over every layer and head. Max head: the single (layer, head) with the largest share, "
-                  "its share averaged over the turn's replies (the paper's Figure 10 shows maxima).",
-                  _table("Turn", columns, rows)]
+        parts += [
+            "## Attention share on the instruction",
+            "Mean: over every layer and head. Max head: the single (layer, head) with the largest share, "
+            "its share averaged over the turn's replies (the paper's Figure 10 shows maxima).",
+            _table("Turn", columns, rows),
+        ]
     parts += ["## Checks alone, without the answer gate"] + _adherence_sections(report, checks_only=True, level="###")
     parts += ["## Settings", "\n".join(f"- {k}: {v}" for k, v in report["settings"].items())]
     return "\n\n".join(parts) + "\n"
@@ -197,7 +249,12 @@ def _markdown(report: dict[str, Any]) -> str:
 def _turn_series(table: dict[str, dict[str, Any]]) -> tuple[list[int], list[float], list[float], list[float]]:
     turns = [int(t) for t in table]
     values = [100 * table[str(t)]["adherence"] for t in turns]
-    return turns, values, [100 * table[str(t)]["ci95"][0] for t in turns], [100 * table[str(t)]["ci95"][1] for t in turns]
+    return (
+        turns,
+        values,
+        [100 * table[str(t)]["ci95"][0] for t in turns],
+        [100 * table[str(t)]["ci95"][1] for t in turns],
+    )
 
 
 def _adherence_figure(report: dict[str, Any]) -> Figure:
@@ -236,13 +293,23 @@ def _attention_figure(report: dict[str, Any], maps: dict[str, dict[str, list[lis
         axes = np.atleast_1d(fig.subplots(1, len(grids), sharey=True))
         for ax, m in zip(axes, grids):
             layers, heads = np.shape(next(iter(maps[m].values())))
-            image = ax.imshow(grids[m], aspect="auto", origin="lower", cmap="viridis", vmin=0.0, vmax=vmax,
-                              interpolation="nearest", extent=(-0.5, layers * heads - 0.5, min(turns[m]) - 0.5, max(turns[m]) + 0.5))
+            image = ax.imshow(
+                grids[m],
+                aspect="auto",
+                origin="lower",
+                cmap="viridis",
+                vmin=0.0,
+                vmax=vmax,
+                interpolation="nearest",
+                extent=(-0.5, layers * heads - 0.5, min(turns[m]) - 0.5, max(turns[m]) + 0.5),
+            )
             for boundary in range(1, layers):
                 ax.axvline(boundary * heads - 0.5, color="white", linewidth=0.4, alpha=0.6)
             step = max(1, layers // 8)
-            ax.set_xticks([layer * heads + (heads - 1) / 2 for layer in range(0, layers, step)],
-                          [str(layer) for layer in range(0, layers, step)])
+            ax.set_xticks(
+                [layer * heads + (heads - 1) / 2 for layer in range(0, layers, step)],
+                [str(layer) for layer in range(0, layers, step)],
+            )
             ax.set(xlabel=f"Layer ({heads} heads each)", title=m)
             ax.yaxis.get_major_locator().set_params(integer=True)
         axes[0].set_ylabel("Turn")
@@ -253,13 +320,25 @@ def _attention_figure(report: dict[str, Any], maps: dict[str, dict[str, list[lis
     ax = fig.subplots()
     for i, m in enumerate(models):
         color = f"C{i}"
-        for key, style, label in (("attention_on_instruction", "-", "mean"), ("attention_on_instruction_max_head", "--", "max head")):
+        for key, style, label in (
+            ("attention_on_instruction", "-", "mean"),
+            ("attention_on_instruction_max_head", "--", "max head"),
+        ):
             series = report[m].get(key)
             if series:
-                ax.plot([int(t) for t in series], list(series.values()), color=color, linestyle=style, marker="o",
-                        markersize=3, label=f"{m} ({label})")
+                ax.plot(
+                    [int(t) for t in series],
+                    list(series.values()),
+                    color=color,
+                    linestyle=style,
+                    marker="o",
+                    markersize=3,
+                    label=f"{m} ({label})",
+                )
     if ax.lines:
-        ax.set(xlabel="Turn", ylabel="Attention share on the instruction", title="Attention on the instruction per turn")
+        ax.set(
+            xlabel="Turn", ylabel="Attention share on the instruction", title="Attention on the instruction per turn"
+        )
         ax.legend()
     else:
         ax.text(0.5, 0.5, "attention not measured", ha="center", va="center", transform=ax.transAxes)

@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from accelerate import PartialState
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-from accelerate import PartialState
 
 from gatt.collator import Placement, append_instruction, place_instruction
 from gatt.distributed import gather_items, my_items
@@ -40,7 +39,9 @@ class RolloutConfig:
     placement: Placement = "system"  # where turn one gives the instruction
     repeat_instruction: bool = False  # the upper bound: the instruction appended to every user turn instead
     measure_attention: bool = False
-    split_softmax: float | None = None  # strength: boost every head's attention on the instruction (gatt/split_softmax.py)
+    split_softmax: float | None = (
+        None  # strength: boost every head's attention on the instruction (gatt/split_softmax.py)
+    )
     shrink: bool = True  # stopped rows leave the decoding batch, holes compacted each turn (False: the older path)
 
 
@@ -114,7 +115,12 @@ def transcript(row: _Rollout) -> dict[str, Any]:
         "stratum": d.stratum,
         "constraint": None
         if constraint is None
-        else {"name": constraint.name, "family": constraint.family, "value": constraint.value, "split": constraint.split},
+        else {
+            "name": constraint.name,
+            "family": constraint.family,
+            "value": constraint.value,
+            "split": constraint.split,
+        },
         "instruction": d.instruction,
         "stop_reason": row.stop_reason,
         "turns": row.turns,
@@ -135,22 +141,38 @@ def rollout(
 
     `batches`: roll out only these batches (of `config.batch_size` dialogues, numbered from 0): a process's share."""
     if not tokenizer.chat_template:
-        raise ValueError(f"{getattr(tokenizer, 'name_or_path', 'the tokenizer')} has no chat template: the evaluation needs a chat model")
+        raise ValueError(
+            f"{getattr(tokenizer, 'name_or_path', 'the tokenizer')} has no chat template: the evaluation needs a chat model"
+        )
     model.eval()
-    sampler = Sampler(do_sample=config.do_sample, temperature=config.temperature, top_p=config.top_p, seed=config.seed,
-                      repetition_penalty=config.repetition_penalty,
-                      no_repeat_ngram_size=config.no_repeat_ngram_size, device=model.device)
+    sampler = Sampler(
+        do_sample=config.do_sample,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        seed=config.seed,
+        repetition_penalty=config.repetition_penalty,
+        no_repeat_ngram_size=config.no_repeat_ngram_size,
+        device=model.device,
+    )
     transcripts: list[dict[str, Any]] = []
-    starts = [start for b, start in enumerate(range(0, len(dialogues), config.batch_size)) if batches is None or b in batches]
+    starts = [
+        start for b, start in enumerate(range(0, len(dialogues), config.batch_size)) if batches is None or b in batches
+    ]
     total = sum(len(d.turns) for start in starts for d in dialogues[start : start + config.batch_size])
     with tqdm(total=total, desc="rollout", unit="turn", disable=not progress) as bar:
         for start in starts:
             # Each batch samples from its own seed: its replies do not depend on which batches ran before it.
             sampler.generator.manual_seed(config.seed * 100_003 + start // config.batch_size)
             rows = [_Rollout(d) for d in dialogues[start : start + config.batch_size]]
-            chat = ChatBatch(model, tokenizer, sampler, max_new_tokens=config.max_new_tokens,
-                             measure_attention=config.measure_attention, split_softmax=config.split_softmax,
-                             shrink=config.shrink)
+            chat = ChatBatch(
+                model,
+                tokenizer,
+                sampler,
+                max_new_tokens=config.max_new_tokens,
+                measure_attention=config.measure_attention,
+                split_softmax=config.split_softmax,
+                shrink=config.shrink,
+            )
             for t in range(max(len(r.dialogue.turns) for r in rows)):
                 prompts, marked, users = {}, {}, {}
                 for i, row in enumerate(rows):
@@ -160,7 +182,9 @@ def rollout(
                         row.stop_reason = "turns"
                         continue
                     users[i] = user_message(row.dialogue, row.dialogue.turns[t], config)
-                    ids, span = render(tokenizer, row.dialogue, [*row.messages, {"role": "user", "content": users[i]}], config)
+                    ids, span = render(
+                        tokenizer, row.dialogue, [*row.messages, {"role": "user", "content": users[i]}], config
+                    )
                     if len(ids) + config.max_new_tokens > context_length(model):
                         row.stop_reason = "context"
                         bar.update(len(row.dialogue.turns) - t)
@@ -221,8 +245,12 @@ def reference_rollout(
                     bar.update(len(dialogue.turns) - t)
                     break
                 output = model.generate(
-                    input_ids=torch.tensor([ids], device=model.device), attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=model.device),
-                    do_sample=False, max_new_tokens=config.max_new_tokens, eos_token_id=stops, pad_token_id=pad,
+                    input_ids=torch.tensor([ids], device=model.device),
+                    attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=model.device),
+                    do_sample=False,
+                    max_new_tokens=config.max_new_tokens,
+                    eos_token_id=stops,
+                    pad_token_id=pad,
                 )
                 reply = tokenizer.decode(output[0, len(ids) :], skip_special_tokens=True).strip()
                 row.add(t + 1, turn, user, reply, None)
@@ -230,4 +258,3 @@ def reference_rollout(
             row.stop_reason = row.stop_reason or "turns"
             transcripts.append(transcript(row))
     return transcripts
-

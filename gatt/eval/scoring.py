@@ -55,7 +55,9 @@ def _scored_turns(transcripts: Iterable[Transcript], key: Key = "passed") -> lis
     return [turn for t in transcripts for turn in t["turns"] if turn[key] is not None]
 
 
-def adherence_per_turn(transcripts: Iterable[Transcript], strata: Sequence[str], key: Key = "passed") -> dict[str, dict[str, Any]]:
+def adherence_per_turn(
+    transcripts: Iterable[Transcript], strata: Sequence[str], key: Key = "passed"
+) -> dict[str, dict[str, Any]]:
     """Adherence at each turn ("1", "2", ...) over the dialogues whose stratum is in `strata`."""
     passed: Counter[int] = Counter()
     total: Counter[int] = Counter()
@@ -146,7 +148,9 @@ def attention_max_head(per_head: dict[str, list[list[float]]]) -> dict[str, floa
     return {turn: max(max(row) for row in heads) for turn, heads in per_head.items()}
 
 
-def no_regression(transcripts: Iterable[Transcript], key: Key = "passed", strata: Sequence[str] = ("none",)) -> dict[str, Any] | None:
+def no_regression(
+    transcripts: Iterable[Transcript], key: Key = "passed", strata: Sequence[str] = ("none",)
+) -> dict[str, Any] | None:
     """Over the chat turns of the dialogues without an instruction (or of `strata`): the share of replies on
     the user's topic, and their mean length.
 
@@ -160,7 +164,12 @@ def no_regression(transcripts: Iterable[Transcript], key: Key = "passed", strata
         return None
     scored = rate(sum(bool(f) for f in flags), len(flags))
     mean_words = sum(len(turn["reply"].split()) for turn in turns) / len(turns)
-    return {"on_topic": scored["adherence"], "n": scored["n"], "ci95": scored["ci95"], "mean_words": round(mean_words, 3)}
+    return {
+        "on_topic": scored["adherence"],
+        "n": scored["n"],
+        "ci95": scored["ci95"],
+        "mean_words": round(mean_words, 3),
+    }
 
 
 def answer_gate(transcripts: Iterable[Transcript]) -> dict[str, Any] | None:
@@ -169,8 +178,11 @@ def answer_gate(transcripts: Iterable[Transcript]) -> dict[str, Any] | None:
     if not verdicts:
         return None
     failed = Counter(reason for v in verdicts for reason in v["failed"])
-    return {"passed": round(sum(v["passed"] for v in verdicts) / len(verdicts), 6), "n": len(verdicts),
-            "failed": {reason: round(failed[reason] / len(verdicts), 6) for reason in REASONS}}
+    return {
+        "passed": round(sum(v["passed"] for v in verdicts) / len(verdicts), 6),
+        "n": len(verdicts),
+        "failed": {reason: round(failed[reason] / len(verdicts), 6) for reason in REASONS},
+    }
 
 
 def adherence_scores(transcripts: Sequence[Transcript], key: Key = "passed") -> dict[str, Any]:
@@ -202,15 +214,20 @@ def score_model(transcripts: Sequence[Transcript]) -> dict[str, Any]:
     }
 
 
-def paired_difference(a: Sequence[Transcript], b: Sequence[Transcript], strata: Sequence[str] = TRAIN,
-                      key: Key = "passed") -> dict[str, dict[str, Any]]:
+def paired_difference(
+    a: Sequence[Transcript], b: Sequence[Transcript], strata: Sequence[str] = TRAIN, key: Key = "passed"
+) -> dict[str, dict[str, Any]]:
     """Per turn, the mean of (a passed) - (b passed) over the dialogues both scored there, with its 95% interval.
 
     The same dialogues are rolled out with every model, so the difference is paired: its interval (normal
     approximation, sample variance of the per-dialogue differences) is narrower than two independent rates'
     where the models fail the same dialogues."""
-    b_passed = {(t["id"], turn["turn"]): bool(turn[key]) for t in _select(b, strata) for turn in t["turns"]
-                if turn[key] is not None}
+    b_passed = {
+        (t["id"], turn["turn"]): bool(turn[key])
+        for t in _select(b, strata)
+        for turn in t["turns"]
+        if turn[key] is not None
+    }
     diffs: dict[int, list[int]] = {}
     for t in _select(a, strata):
         for turn in t["turns"]:
@@ -251,7 +268,9 @@ def followable(report: dict[str, Any], transcripts: Sequence[Transcript]) -> dic
     kept = [t for t in transcripts if t["constraint"] is not None and t["constraint"]["family"] in families]
     models = list(dict.fromkeys(t["model"] for t in transcripts))
     return {
-        "reference": reference, "threshold": FOLLOWABLE, "families": families,
+        "reference": reference,
+        "threshold": FOLLOWABLE,
+        "families": families,
         "beyond_the_model": {f: a for f, a in sorted(overall.items()) if a < FOLLOWABLE},
         "per_turn": {m: adherence_per_turn([t for t in kept if t["model"] == m], TRAIN) for m in models},
     }
