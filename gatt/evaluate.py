@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -114,12 +113,14 @@ def evaluate(
             functools.partial(load_model, path, attention=attention, device=device, numerics=numerics)
         )
 
-        def key(column: str, column_config: RolloutConfig, path: str = path) -> str:
-            return fingerprint(path, column, dialogues, column_config, numerics=numerics, device=device)
+        # key, own_rollout and the lambdas below are called within this iteration (cache.column calls its
+        # rollout at once), so they never see a later iteration's loop values: ruff's B023 does not apply.
+        def key(column: str, column_config: RolloutConfig) -> str:
+            return fingerprint(path, column, dialogues, column_config, numerics=numerics, device=device)  # noqa: B023
 
-        def own_rollout(name: str = name, loaded: Callable[[], tuple] = model_and_tokenizer) -> list[dict[str, Any]]:
-            say(f"[eval] {name}: {len(dialogues)} dialogues x {max(len(d.turns) for d in dialogues)} turns")
-            return [{"model": name, **t} for t in distributed_rollout(*loaded(), dialogues, config, state)]
+        def own_rollout() -> list[dict[str, Any]]:
+            say(f"[eval] {name}: {len(dialogues)} dialogues x {max(len(d.turns) for d in dialogues)} turns")  # noqa: B023
+            return [{"model": name, **t} for t in distributed_rollout(*model_and_tokenizer(), dialogues, config, state)]  # noqa: B023
 
         own = cache.column(name, key(name, config), own_rollout)
         transcripts += own
@@ -132,9 +133,7 @@ def evaluate(
             transcripts += cache.column(
                 column,
                 key(column, column_config),
-                lambda c=column, cc=column_config, loaded=model_and_tokenizer, own=own: variant(
-                    c, *loaded(), own, dialogues, cc
-                ),
+                lambda: variant(column, *model_and_tokenizer(), own, dialogues, column_config),  # noqa: B023
             )
         model_and_tokenizer.cache_clear()
     return transcripts

@@ -2,8 +2,8 @@
 
 The blocks tested are the ```bash blocks that follow the line `<!-- tested: tests/test_readme.py -->` in
 README.md and in the pages of docs/ (in the site's order); a command edited there is the command run here,
-so the pages and the code cannot drift apart. README's "with your own model" block, marked
-`<!-- tested with a small model: tests/test_readme.py -->`, runs last, with the small model the training
+so the pages and the code cannot drift apart. The "with your own model" blocks (README, getting started),
+marked `<!-- tested with a small model: tests/test_readme.py -->`, run last, with the small model the training
 page's block made standing in for `path/to/chat-model` and small sizes appended (a later flag or key wins).
 """
 
@@ -51,17 +51,17 @@ def nav_pages(nav: list) -> list[str]:
 
 
 def commands_to_run() -> list[str]:
-    """README's marked commands, then each documentation page's, then README's own-model block on a small model."""
+    """README's marked commands, then each documentation page's, then the own-model blocks on a small model."""
     texts = [(ROOT / "README.md").read_text(encoding="utf-8")]
     texts += [
         (ROOT / "docs" / page).read_text(encoding="utf-8")
         for page in nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
     ]
-    commands = list(dict.fromkeys(c for text in texts for c in block_commands(text)))  # a command shown twice runs once
-    for command in block_commands(texts[0], SMALL_MODEL_MARK):
+    commands = [c for text in texts for c in block_commands(text)]
+    for command in (c for text in texts for c in block_commands(text, SMALL_MODEL_MARK)):
         sizes = next(extra for prefix, extra in SMALL_SIZES.items() if command.startswith(prefix))
         commands.append(command.replace(PLACEHOLDER, "runs/smoke/final") + sizes)
-    return commands
+    return list(dict.fromkeys(commands))  # a command shown twice (README and a page) runs once
 
 
 def test_block_commands_parse_comments_and_continuations() -> None:
