@@ -30,7 +30,9 @@ model, `gatt_values_per_family=K` keeps K train values of each family in the GAt
 
 A stage whose inputs (its command, and the stages before it) are unchanged since it finished is
 skipped; an interrupted stage resumes (data shards, training checkpoints); a stage whose inputs
-changed starts again from an empty output folder. Writes OUT/timings.json and prints the table.
+changed starts again from an empty output folder (the report keeps its finished columns, each checked
+against its own fingerprint). A resumed stage's seconds add up its attempts. Writes OUT/timings.json and
+prints the table.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ CPUS = available_cpus()
 # The speed `make demo`'s time goal is stated at: a 2-core machine's fp32 matmul, GFLOP/s. timings.json scales
 # each run's wall time to it (wall x measured GFLOP/s / 150), so runs on faster and slower machines compare.
 REFERENCE_GFLOPS = 150.0
+# How often a running stage records its seconds so far (stamps/STAGE.started), for a resumed stage's total.
+HEARTBEAT_SECONDS = 10.0
 
 
 @dataclass
@@ -114,6 +118,9 @@ class DemoConfig:
     eval_probe_every: int = 4  # a probe question every N turns from turn 2 (6: turns 2, 8, 14, 20)
     eval_baselines: bool = True  # also report `base` and `base+repeat`; false: the GAtt model alone
     eval_strict_gate: bool = False  # the report's answer gate for a real chat model (gatt.evaluate --strict-gate)
+    eval_relevance_numerics: str = (
+        "exact"  # the report's relevance scorer: exact or bf16 (gatt.evaluate --relevance-numerics)
+    )
     launcher: str = "accelerate"  # "accelerate" (accelerate launch) or "python"
     mixed_precision: str = (
         "no"  # accelerate launch --mixed_precision: no | bf16 (CPU autocast or a GPU that has it) | fp16
@@ -126,6 +133,9 @@ class Stage:
     command: list[str]
     output: Path  # emptied when the stage's inputs change
     resumable: bool  # an interrupted run continues in place
+    # A sub-folder of `output` kept when the stage starts again with other inputs: its files carry fingerprints of
+    # their own inputs (the report's finished columns, gatt/eval/cache.py), so only the stale ones are made again.
+    keep: str | None = None
 
 
 def _flag(name: str, value: str) -> list[str]:
@@ -147,8 +157,9 @@ def stages(config: DemoConfig) -> list[Stage]:
         raise ValueError(f"base_run reuses an embedded run's base model; base_model is {config.base_model!r}")
     if config.rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {config.rounds}")
-    if config.numerics not in NUMERICS:
-        raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}, got {config.numerics!r}")
+    for key in ("numerics", "eval_relevance_numerics"):
+        if getattr(config, key) not in NUMERICS:
+            raise ValueError(f"{key} must be one of {', '.join(NUMERICS)}, got {getattr(config, key)!r}")
     if config.mixed_precision not in ("no", "bf16", "fp16"):
         raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {config.mixed_precision!r}")
     precision = config.mixed_precision
@@ -309,11 +320,17 @@ def stages(config: DemoConfig) -> list[Stage]:
             "--out",
             str(report),
             *(["--strict-gate"] if config.eval_strict_gate else []),
+            *(
+                ["--relevance-numerics", config.eval_relevance_numerics]
+                if config.eval_relevance_numerics != "exact"
+                else []
+            ),
             *(["--repeat-instruction", "base"] if config.eval_baselines else []),
         ],
         report,
         True,
-    )  # finished columns are kept under report/rollouts (gatt/eval/cache.py)
+        keep="rollouts",
+    )
     if config.base_model == "smollm2":
         return [
             Stage("base-model", [*python, "-m", "gatt.pretrained", "--out", str(base / "final")], base, False),
@@ -435,6 +452,53 @@ def student_name(r: int, rounds: int) -> str:
     return "gatt" if rounds == 1 else f"gatt-r{r}"
 
 
+def clear(output: Path, keep: str | None) -> None:
+    """Remove `output`, all but its sub-folder `keep` (None: all of it)."""
+    if keep is None or not (output / keep).is_dir():
+        shutil.rmtree(output)
+        return
+    for path in output.iterdir():
+        if path.name == keep:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def run_stage(
+    command: list[str], env: dict[str, str], started: Path, key: str, before: float, every: float = HEARTBEAT_SECONDS
+) -> tuple[int, float]:
+    """Run a stage's command; its exit code and seconds, `before` (its interrupted attempts' seconds) included.
+
+    `started` holds "KEY SECONDS" from the start, rewritten every `every` seconds and at the end, so that a
+    run killed at any point (Ctrl-C, a closed session, a lost machine) still counts its time when resumed."""
+    begin = time.perf_counter()
+
+    def mark() -> float:
+        seconds = round(before + time.perf_counter() - begin, 1)
+        partial = started.with_name(started.name + ".tmp")
+        partial.write_text(f"{key} {seconds}")
+        partial.replace(started)  # atomic: a kill mid-write leaves the last mark, never an empty stamp
+        return seconds
+
+    mark()
+    process = subprocess.Popen(command, cwd=ROOT, env=env)
+    try:
+        while True:
+            try:
+                returncode = process.wait(timeout=every)
+                break
+            except subprocess.TimeoutExpired:
+                mark()
+    finally:
+        if process.poll() is None:  # interrupted here: stop the stage too
+            process.kill()
+            process.wait()
+        seconds = mark()
+    return returncode, seconds
+
+
 def fingerprint(stage: Stage, upstream: str) -> str:
     """What a stage's result depends on: its command, the files it names (configs, your constraints and user
     turns), and the result before (`upstream`: that stage's key and when it finished)."""
@@ -472,21 +536,18 @@ def run(config: DemoConfig) -> dict[str, Any]:
             upstream = " ".join(fields[:2])  # the result's identity; the seconds are bookkeeping
             continue
         done.unlink(missing_ok=True)
-        interrupted = started.exists() and started.read_text() == key
+        earlier = started.read_text().split() if started.exists() else []  # "KEY SECONDS" of interrupted attempts
+        interrupted = earlier[:1] == [key]
         if stage.output.exists() and not (interrupted and stage.resumable):
-            shutil.rmtree(stage.output)  # stale: made with other inputs (or not resumable)
-        started.write_text(key)
+            clear(stage.output, stage.keep)  # stale: made with other inputs (or not resumable)
         print(
             f"[{i}/{len(plan)} {stage.name}] {'resuming' if interrupted else 'running'}: {' '.join(stage.command)}",
             flush=True,
         )
-        begin = time.perf_counter()
-        result = subprocess.run(stage.command, cwd=ROOT, env=env)
-        if result.returncode != 0:
-            sys.exit(
-                f"[{i}/{len(plan)} {stage.name}] failed (exit {result.returncode}); rerun the same command to resume"
-            )
-        timings[stage.name] = round(time.perf_counter() - begin, 1)
+        before = float(earlier[1]) if interrupted and stage.resumable and len(earlier) > 1 else 0.0
+        returncode, timings[stage.name] = run_stage(stage.command, env, started, key, before)
+        if returncode != 0:
+            sys.exit(f"[{i}/{len(plan)} {stage.name}] failed (exit {returncode}); rerun the same command to resume")
         upstream = f"{key} {time.time_ns()}"  # a new result: every later stage runs again on it
         done.write_text(f"{upstream} {timings[stage.name]}")
         started.unlink()

@@ -11,7 +11,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "recipes"))
 
-from demo import DemoConfig, main, stages  # noqa: E402
+from demo import DemoConfig, main, run_stage, stages  # noqa: E402
 from variety_curve import main as variety_curve  # noqa: E402
 
 
@@ -78,6 +78,13 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     again = json.loads((out / "timings.json").read_text())  # each stage's time is the one it took when it was made
     assert again["stage_seconds"] == timings["stage_seconds"] and again["made_by_an_earlier_run"] == stage_names
     assert again["machine"] == timings["machine"]  # the calibration of the run that made the stages, not of this one
+    # A report-only change reruns the report; its finished columns (their models unchanged) are read, not rolled out.
+    rollouts = sorted((out / "report" / "rollouts").glob("*.jsonl"))
+    made = {path: path.stat().st_mtime_ns for path in rollouts}
+    main(["--config", str(config), f"out={out}", "rounds=2", "eval_relevance_numerics=bf16"])
+    printed = capsys.readouterr().out
+    assert printed.count("up to date, skipped") == 6 and "[7/7 report] running" in printed
+    assert len(rollouts) == 4 and {path: path.stat().st_mtime_ns for path in rollouts} == made
     overrides = "gatt_overrides=[max_steps=3, eval_every=0, batch_size=4]"
     main(["--config", str(config), f"out={out}", "rounds=2", overrides])
     printed = capsys.readouterr().out
@@ -127,6 +134,20 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
         out / "base" / "final"
     )
     assert not (variety / "base").exists() and not (variety / "data" / "base").exists()
+
+
+def test_a_resumed_stage_counts_the_seconds_of_its_interrupted_attempts(tmp_path):
+    """The started stamp records the seconds so far while the stage runs, so a killed attempt's time still counts."""
+    started, seen = tmp_path / "gatt-data.started", tmp_path / "seen"
+    watch = f"import time, pathlib; time.sleep(0.5); pathlib.Path({str(seen)!r}).write_text(pathlib.Path({str(started)!r}).read_text()); raise SystemExit(3)"
+    code, first = run_stage([sys.executable, "-c", watch], dict(os.environ), started, "KEY", before=100.0, every=0.1)
+    mid_run = seen.read_text().split()  # what a kill at that moment would have left
+    assert code == 3 and mid_run[0] == "KEY" and 100.3 <= float(mid_run[1]) <= first
+    assert started.read_text() == f"KEY {first}" and first >= 100.5
+    code, total = run_stage(
+        [sys.executable, "-c", "import time; time.sleep(0.2)"], dict(os.environ), started, "KEY", first
+    )
+    assert code == 0 and total >= first + 0.2 and started.read_text() == f"KEY {total}"
 
 
 def test_rounds_continue_trains_each_round_from_the_last_model_on_its_own_data():
