@@ -27,6 +27,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -52,19 +53,30 @@ def launcher(processes: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
 
 
-def timed(command: list[str], log: Path) -> float:
-    """Run `command` (from the repository root), its output to `log`; its wall time in seconds."""
+def timed(command: list[str], log: Path, timeout_s: float) -> float:
+    """Run `command` (from the repository root), its output to `log`; its wall time in seconds.
+
+    A command still running after `timeout_s` is killed with all its processes (a launcher's workers too) and
+    raises: a distributed job whose ranks wait on one another forever fails instead of hanging the benchmark."""
     begin = time.perf_counter()
     with log.open("w") as out:
-        result = subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            returncode = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise RuntimeError(
+                f"{' '.join(command)} still running after {timeout_s:.0f} s, killed; see {log}"
+            ) from None
     seconds = time.perf_counter() - begin
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed (exit {result.returncode}); see {log}")
+    if returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed (exit {returncode}); see {log}")
     return seconds
 
 
 def synthesis(
-    demo: Path, work: Path, processes: int, shares: int, sizes: dict[str, int], extra: list[str]
+    demo: Path, work: Path, processes: int, shares: int, sizes: dict[str, int], extra: list[str], timeout_s: float
 ) -> dict[str, Any]:
     """The demo's GAtt-data stage (its base model as teacher, k=2, 48 tokens) on `shares` shards."""
     shard = sizes["dialogues_per_shard"]
@@ -99,6 +111,7 @@ def synthesis(
             str(out),
         ],
         work / f"synthesis-{processes}.log",
+        timeout_s,
     )
     summary = json.loads((out / "gatt.summary.json").read_text())
     return {
@@ -110,7 +123,7 @@ def synthesis(
     }
 
 
-def training(demo: Path, work: Path, processes: int, sizes: dict[str, int]) -> dict[str, Any]:
+def training(demo: Path, work: Path, processes: int, sizes: dict[str, int], timeout_s: float) -> dict[str, Any]:
     """The demo's GAtt fine-tune (its saved config: batch 16, base records replayed) for a few steps."""
     out = work / f"training-{processes}"
     steps = sizes["train_steps"]
@@ -128,6 +141,7 @@ def training(demo: Path, work: Path, processes: int, sizes: dict[str, int]) -> d
             "warmup_steps=0",
         ],
         work / f"training-{processes}.log",
+        timeout_s,
     )
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     records = steps * yaml.safe_load((demo / GATT / "config.yaml").read_text())["batch_size"]
@@ -142,7 +156,7 @@ def training(demo: Path, work: Path, processes: int, sizes: dict[str, int]) -> d
 
 
 def evaluation(
-    demo: Path, work: Path, processes: int, shares: int, sizes: dict[str, int], extra: list[str]
+    demo: Path, work: Path, processes: int, shares: int, sizes: dict[str, int], extra: list[str], timeout_s: float
 ) -> dict[str, Any]:
     """The demo's report stage on its GAtt model: `shares` rollout batches of 30-turn dialogues."""
     out = work / f"evaluation-{processes}"
@@ -171,6 +185,7 @@ def evaluation(
             str(out),
         ],
         work / f"evaluation-{processes}.log",
+        timeout_s,
     )
     replies = sum(len(json.loads(line)["turns"]) for line in (out / "transcripts.jsonl").read_text().splitlines())
     return {"seconds": round(seconds, 1), "replies": replies, "replies_per_s": round(replies / seconds, 2)}
@@ -228,6 +243,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="more arguments for the synthesis and evaluation commands, e.g. "
         "'--constraints recipes/data/smollm2_constraints.yaml --repetition-penalty 1.2'",
     )
+    parser.add_argument(
+        "--stage-timeout",
+        type=float,
+        default=4 * 3600,
+        metavar="SECONDS",
+        help="kill a stage command still running after this long and fail (default: 4 hours)",
+    )
     args = parser.parse_args(argv)
     for needed in ("base/final", f"{GATT}/final", f"{GATT}/config.yaml"):
         if not (args.demo / needed).exists():
@@ -246,9 +268,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shares = 2 * max(args.processes)  # shards, rollout batches: the same work, an equal share for each process
     for processes in args.processes:
         print(f"== {processes} process(es)", flush=True)
-        stages["synthesis"][str(processes)] = synthesis(args.demo, work, processes, shares, sizes, extra)
-        stages["training"][str(processes)] = training(args.demo, work, processes, sizes)
-        stages["evaluation"][str(processes)] = evaluation(args.demo, work, processes, shares, sizes, extra)
+        stages["synthesis"][str(processes)] = synthesis(
+            args.demo, work, processes, shares, sizes, extra, args.stage_timeout
+        )
+        stages["training"][str(processes)] = training(args.demo, work, processes, sizes, args.stage_timeout)
+        stages["evaluation"][str(processes)] = evaluation(
+            args.demo, work, processes, shares, sizes, extra, args.stage_timeout
+        )
         for stage in HEADLINE:
             print(f"   {stage}: {stages[stage][str(processes)]}", flush=True)
     result = {

@@ -482,6 +482,9 @@ class Trainer:
                 self.save_checkpoint(step)
         progress.close()
         self.save_final()
+        # Every process waits for process 0 to write the final model before the group is destroyed: a process that
+        # left the group while a peer still worked has left that peer waiting in gloo's teardown forever.
+        acc.wait_for_everyone()
         acc.end_training()
         return last
 

@@ -45,6 +45,8 @@ def test_each_stage_runs_at_1_and_2_processes_and_reports_its_throughput(tmp_pat
             "--quick",
             "--size",
             "train_steps=2",
+            "--stage-timeout",
+            "600",  # a stage whose processes wait on one another forever fails instead of hanging the suite
         ]
     )
     assert json.loads((tmp_path / "out" / "scaling.json").read_text()) == result
@@ -61,3 +63,26 @@ def test_each_stage_runs_at_1_and_2_processes_and_reports_its_throughput(tmp_pat
     assert summary["processes"] == 2 and summary["per_rank"] == [8, 8]
     assert len((tmp_path / "work" / "training-2" / "metrics.jsonl").read_text().splitlines()) == 2
     assert "speed-up" in (tmp_path / "out" / "scaling.md").read_text()
+
+
+def test_a_stage_still_running_at_its_timeout_is_killed_with_its_workers_and_fails(tmp_path):
+    # A launcher that starts a worker and waits on it, like torchrun: both must go.
+    worker_pid = tmp_path / "worker.pid"
+    launcher = (
+        "import subprocess, sys, time\n"
+        "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(worker_pid)!r}, 'w').write(str(worker.pid))\n"
+        "worker.wait()\n"
+    )
+    log = tmp_path / "stage.log"
+    with pytest.raises(RuntimeError, match=r"still running after 3 s, killed; see .*stage\.log"):
+        bench_scaling.timed([sys.executable, "-c", launcher], log, timeout_s=3)
+    pid = int(worker_pid.read_text())
+    status = Path(f"/proc/{pid}/status")
+    # Gone, or a zombie waiting for its reaper: not sleeping on.
+    assert not status.exists() or "State:\tZ" in status.read_text()
+
+
+def test_a_stage_that_fails_names_its_exit_code_and_log(tmp_path):
+    with pytest.raises(RuntimeError, match=r"failed \(exit 3\); see .*stage\.log"):
+        bench_scaling.timed([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "stage.log", timeout_s=60)
