@@ -257,6 +257,14 @@ def build_parser() -> argparse.ArgumentParser:
         "NAME+repeat, for the named models (no names: all)",
     )
     parser.add_argument(
+        "--paired-baseline",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also pair every other model against this --model, per turn over the same dialogues "
+        "(report.json `paired`, 'A - NAME'), e.g. one fine-tune against another; repeatable",
+    )
+    parser.add_argument(
         "--split-softmax",
         action="append",
         default=[],
@@ -342,6 +350,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     unknown = sorted(set(repeat) - set(models))
     if unknown:
         raise ValueError(f"--repeat-instruction names no --model: {', '.join(unknown)}")
+    if unknown := sorted(set(args.paired_baseline) - set(models)):
+        raise ValueError(f"--paired-baseline names no --model: {', '.join(unknown)}")
     split = parse_split(args.split_softmax, models)
     no_instruction = args.dialogues // 4 if args.no_instruction_dialogues is None else args.no_instruction_dialogues
     constraints = load_eval_constraints(args.constraints)
@@ -399,6 +409,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = {
         "models": models,
         "repeat_instruction": repeat,
+        **({"paired_baselines": args.paired_baseline} if args.paired_baseline else {}),
         **({"split_softmax": split} if split else {}),
         "turns": args.turns,
         "dialogues": args.dialogues,
@@ -430,7 +441,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "versions": package_versions(),
     }
-    report = build_report(transcripts, settings)
+    report = build_report(transcripts, settings, args.paired_baseline)
     write_report(report, transcripts, args.out)
     print(format_table(report))
     print(f"wrote {args.out}/report.json, report.md, adherence.png, attention.png, transcripts.jsonl")

@@ -304,6 +304,19 @@ def test_cli_writes_the_report_and_is_deterministic(model_dir, eval_inputs, tmp_
     assert (tmp_path / "a" / "report.json").read_bytes() == (tmp_path / "b" / "report.json").read_bytes()
 
 
+def test_cli_pairs_one_fine_tune_against_another_and_rejects_an_unknown_baseline(
+    model_dir, eval_inputs, tmp_path
+) -> None:
+    quick = ("--no-attention", "--relevance-model", "none")
+    report = run_cli(model_dir, eval_inputs, tmp_path / "a", "--paired-baseline", "base", *quick)
+    assert report["settings"]["paired_baselines"] == ["base"]
+    assert list(report["paired"]) == ["other - base"]  # no reminded column: only the pair asked for
+    assert all(d["difference"] == 0 for d in report["paired"]["other - base"].values())  # the same model
+    with pytest.raises(SystemExit, match="--paired-baseline names no --model: nope"):
+        run_cli(model_dir, eval_inputs, tmp_path / "b", "--paired-baseline", "nope", *quick)
+    assert not (tmp_path / "b").exists()
+
+
 def test_an_interrupted_report_resumes_from_its_finished_columns(model_dir, eval_inputs, tmp_path, monkeypatch):
     model = tmp_path / "model"
     shutil.copytree(model_dir, model)

@@ -308,6 +308,20 @@ def test_paired_difference_is_the_mean_per_dialogue_difference_with_its_interval
     pairs = paired_differences({"gatt": gatt, "base": base, "base+repeat": reminded, "base+split": split})
     assert list(pairs) == ["gatt - base", "gatt - base+repeat"] and pairs["gatt - base"] == paired
     assert paired_differences({"gatt": gatt, "base": base}) == {}  # no reminded baseline, nothing to pair against
+    # a named baseline: one fine-tune against another (and nothing against a baseline that is not there)
+    assert paired_differences({"gatt": gatt, "base": base}, baselines=["base", "other"]) == {"gatt - base": paired}
+    later = [dict(t, model="gatt-r2") for t in base]  # a second fine-tune: no better than base
+    with_named = paired_differences(
+        {"gatt": gatt, "gatt-r2": later, "base": base, "base+repeat": reminded}, baselines=["gatt"]
+    )
+    assert list(with_named) == [
+        "gatt - base",
+        "gatt - base+repeat",
+        "gatt-r2 - base",
+        "gatt-r2 - base+repeat",
+        "gatt-r2 - gatt",
+    ]
+    assert with_named["gatt-r2 - gatt"]["2"]["difference"] == -0.75
     markdown = _markdown(build_report(gatt + base + reminded, {}))
     assert "## Paired differences" in markdown and "| 2 | +75.0 [+26.0, +100.0] (n=4) |" in markdown
 

@@ -3,6 +3,7 @@
 import io
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,11 @@ NOT_MODELS: tuple[str, ...] = (
 )  # report keys that are not a model's scores
 
 
-def build_report(transcripts: list[Transcript], settings: dict[str, Any]) -> dict[str, Any]:
-    """`{"settings": settings, <model>: score_model(<its transcripts>), ...}`, models in order of appearance."""
+def build_report(
+    transcripts: list[Transcript], settings: dict[str, Any], baselines: Sequence[str] = ()
+) -> dict[str, Any]:
+    """`{"settings": settings, <model>: score_model(<its transcripts>), ...}`, models in order of appearance;
+    `paired`: every model minus NAME and NAME+repeat, and minus each of `baselines`."""
     by_model: dict[str, list[Transcript]] = {}
     for t in transcripts:
         by_model.setdefault(t["model"], []).append(t)
@@ -38,7 +42,7 @@ def build_report(transcripts: list[Transcript], settings: dict[str, Any]) -> dic
             f"a model may not be named {', '.join(map(repr, clash))}: the report keeps other results there"
         )
     report = {"settings": settings, **{name: score_model(group) for name, group in by_model.items()}}
-    if paired := paired_differences(by_model):
+    if paired := paired_differences(by_model, baselines):
         report["paired"] = paired
     reminded = followable(report, transcripts)
     return report if reminded is None else {**report, "followable": reminded}

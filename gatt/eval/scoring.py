@@ -244,14 +244,18 @@ def paired_difference(
     return out
 
 
-def paired_differences(by_model: Mapping[str, Sequence[Transcript]]) -> dict[str, dict[str, dict[str, Any]]]:
+def paired_differences(
+    by_model: Mapping[str, Sequence[Transcript]], baselines: Sequence[str] = ()
+) -> dict[str, dict[str, dict[str, Any]]]:
     """{"A - B": per-turn paired difference on trained values} for every model A against each baseline B: a model
-    given NAME+repeat (NAME) and its NAME+repeat column, where the two share scored dialogues. `by_model`: each
-    model's transcripts (as `build_report` groups them)."""
+    given NAME+repeat (NAME) and its NAME+repeat column, then the models named in `baselines` (one fine-tune
+    against another), where the two share scored dialogues. `by_model`: each model's transcripts (as
+    `build_report` groups them)."""
     reminded = [m for m in by_model if m.endswith(REPEAT_SUFFIX)]
-    baselines = [b for m in reminded for b in (m.removesuffix(REPEAT_SUFFIX), m) if b in by_model]
-    others = [m for m in by_model if m not in baselines and REPEAT_SUFFIX not in m and SPLIT_SUFFIX not in m]
-    pairs = {f"{a} - {b}": paired_difference(by_model[a], by_model[b]) for a in others for b in baselines}
+    upper = [b for m in reminded for b in (m.removesuffix(REPEAT_SUFFIX), m) if b in by_model]
+    others = [m for m in by_model if m not in upper and REPEAT_SUFFIX not in m and SPLIT_SUFFIX not in m]
+    against = list(dict.fromkeys(upper + [b for b in baselines if b in by_model]))
+    pairs = {f"{a} - {b}": paired_difference(by_model[a], by_model[b]) for a in others for b in against if a != b}
     return {pair: per_turn for pair, per_turn in pairs.items() if per_turn}  # pairs that share scored dialogues
 
 
