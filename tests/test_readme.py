@@ -112,17 +112,49 @@ def test_commands_run_as_printed(tmp_path: Path) -> None:
     assert {"base", "base+repeat", "gatt"} <= set(report)
 
 
-def test_readme_result_table_is_the_committed_report() -> None:
-    """README's result table holds the committed main job's adherence per turn, as report.json has it."""
+RESULT_BLOCK = re.compile(r"<!-- result: (\S+) (per_turn|rounds) -->\n(.*?)<!-- /result -->", re.S)
+
+
+def _rows(table: str) -> list[list[str]]:
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in table.strip().splitlines()]
+
+
+def _per_turn_cell(report: dict, column: str, turn: str) -> str:
+    """A model's adherence (`gatt`: "87.5%"), or a paired difference (`gatt - base`: "+12.5 [+3.1, +21.9]")."""
+    if column in report.get("paired", {}):
+        d = report["paired"][column][turn]
+        lo, hi = d["ci95"]
+        return f"{100 * d['difference']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    return f"{100 * report[column]['per_turn'][turn]['adherence']:.1f}%"
+
+
+def _rounds_cell(round_: dict, column: str) -> str:
+    """A round's `records`, its teacher's pass rate (`teacher: hobby`) or its student's adherence (`turn 20`)."""
+    if column == "records":
+        return str(round_["records"])
+    if column.startswith("teacher: "):
+        return f"{100 * round_['teacher_pass_rate_per_family'][column.removeprefix('teacher: ')]:.1f}%"
+    return f"{100 * round_['per_turn'][column.removeprefix('turn ')]['adherence']:.1f}%"
+
+
+def test_readme_result_tables_are_the_committed_reports() -> None:
+    """Every result table in README holds its committed report's figures: adherence per turn, paired
+    differences with their intervals, GAtt rounds; the main job's and the real model's are there."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"<!-- result: results/demo/report.json per_turn -->\n(.*?)<!-- /result -->", readme, re.S)
-    assert block is not None, "README lacks the main job's result table"
-    rows = [line.strip("|").split("|") for line in block.group(1).strip().splitlines()]
-    models = [name.strip() for name in rows[0][1:]]
-    report = json.loads((ROOT / "results" / "demo" / "report.json").read_text())
-    assert models == ["base", "base+repeat", "gatt"]
-    for row in rows[2:]:
-        turn = row[0].strip()
-        assert [cell.strip() for cell in row[1:]] == [
-            f"{100 * report[m]['per_turn'][turn]['adherence']:.1f}%" for m in models
-        ]
+    blocks = RESULT_BLOCK.findall(readme)
+    assert {(path, kind) for path, kind, _ in blocks} >= {
+        ("results/demo/report.json", "per_turn"),
+        ("results/smollm2-135m-full/report.json", "per_turn"),
+        ("results/smollm2-135m-full/report.json", "rounds"),
+    }
+    for path, kind, table in blocks:
+        report = json.loads((ROOT / path).read_text())
+        header, _, *rows = _rows(table)
+        for row in rows:
+            if kind == "per_turn":
+                expected = [_per_turn_cell(report, column, row[0]) for column in header[1:]]
+            else:
+                expected = [_rounds_cell(report["rounds"][int(row[0]) - 1], column) for column in header[1:]]
+            assert row[1:] == expected, f"README's {path} {kind} table, row {row[0]}"
+    demo = next(table for path, kind, table in blocks if path == "results/demo/report.json")
+    assert _rows(demo)[0][1:] == ["base", "base+repeat", "gatt"]
