@@ -322,6 +322,9 @@ def test_paired_difference_is_the_mean_per_dialogue_difference_with_its_interval
         "gatt-r2 - gatt",
     ]
     assert with_named["gatt-r2 - gatt"]["2"]["difference"] == -0.75
+    # two named baselines: each pair once, the later minus the earlier
+    both = paired_differences({"gatt": gatt, "gatt-r2": later, "base": base}, baselines=["gatt", "gatt-r2"])
+    assert list(both) == ["gatt-r2 - gatt", "base - gatt", "base - gatt-r2"]
     markdown = _markdown(build_report(gatt + base + reminded, {}))
     assert "## Paired differences" in markdown and "| 2 | +75.0 [+26.0, +100.0] (n=4) |" in markdown
 

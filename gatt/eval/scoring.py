@@ -255,7 +255,9 @@ def paired_differences(
     upper = [b for m in reminded for b in (m.removesuffix(REPEAT_SUFFIX), m) if b in by_model]
     others = [m for m in by_model if m not in upper and REPEAT_SUFFIX not in m and SPLIT_SUFFIX not in m]
     against = list(dict.fromkeys(upper + [b for b in baselines if b in by_model]))
-    pairs = {f"{a} - {b}": paired_difference(by_model[a], by_model[b]) for a in others for b in against if a != b}
+    # a model that is a baseline itself is paired only against those named before it (r2 - r1, not r1 - r2 too)
+    earlier = {a: against[: against.index(a)] if a in against else against for a in others}
+    pairs = {f"{a} - {b}": paired_difference(by_model[a], by_model[b]) for a in others for b in earlier[a]}
     return {pair: per_turn for pair, per_turn in pairs.items() if per_turn}  # pairs that share scored dialogues
 
 
