@@ -27,8 +27,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,6 +40,7 @@ GATT = Path("round-1") / "gatt"
 sys.path.insert(0, str(ROOT))
 
 from gatt.machine import machine_calibration  # noqa: E402
+from gatt.processes import run as run_tree  # noqa: E402
 
 FULL = {"dialogues_per_shard": 24, "max_turns": 30, "train_steps": 40, "eval_dialogues": 24, "eval_turns": 30}
 QUICK = {"dialogues_per_shard": 4, "max_turns": 6, "train_steps": 4, "eval_dialogues": 4, "eval_turns": 6}
@@ -56,19 +55,11 @@ def launcher(processes: int) -> list[str]:
 def timed(command: list[str], log: Path, timeout_s: float) -> float:
     """Run `command` (from the repository root), its output to `log`; its wall time in seconds.
 
-    A command still running after `timeout_s` is killed with all its processes (a launcher's workers too) and
-    raises: a distributed job whose ranks wait on one another forever fails instead of hanging the benchmark."""
+    A command still running after `timeout_s` is killed with all its processes (a launcher's ranks too, though
+    torchrun puts each in a session of its own) and raises, naming the stuck ranks: a distributed job whose ranks
+    wait on one another forever fails instead of hanging the benchmark."""
     begin = time.perf_counter()
-    with log.open("w") as out:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            returncode = process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            raise RuntimeError(
-                f"{' '.join(command)} still running after {timeout_s:.0f} s, killed; see {log}"
-            ) from None
+    returncode = run_tree(command, log, timeout_s, cwd=ROOT).returncode
     seconds = time.perf_counter() - begin
     if returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed (exit {returncode}); see {log}")

@@ -13,7 +13,8 @@ with ACCELERATE_USE_CPU=1, NCCL on GPUs) and picks this process's device (cuda:L
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TypeVar
 
@@ -50,7 +51,22 @@ def end_job() -> None:
     state = process_state()
     if state.num_processes > 1:
         state.wait_for_everyone()
-        state.destroy_process_group()
+        with last_reference_in_python():
+            state.destroy_process_group()
+
+
+@contextmanager
+def last_reference_in_python() -> Iterator[None]:
+    """Destroy the process group inside this block, and its last reference is dropped here, from Python.
+
+    Gloo's destructor joins its worker threads, and a worker may need the GIL to free a tensor it still holds.
+    torch's Python binding of a process group releases the GIL before destroying it; a C++ owner (DDP's reducer,
+    torch's own registry) does not, and the join then waits forever on a thread that waits for the GIL: the
+    teardown deadlock seen in CI. Holding the group here while `destroy_process_group` empties the registry
+    makes this reference the last one (free any DDP model before: its reducer holds the group too)."""
+    group = torch.distributed.group.WORLD if torch.distributed.is_initialized() else None
+    yield
+    del group  # the last reference: the binding drops the GIL while gloo joins its threads
 
 
 def check_launch(num_processes: int) -> None:

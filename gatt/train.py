@@ -17,6 +17,7 @@ import os
 import random
 import shutil
 import time
+import weakref
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 from transformers import (
     AutoModelForCausalLM,
@@ -38,7 +40,7 @@ from transformers import (
 
 import gatt  # noqa: F401  (registers the "gatt" model type and attention)
 from gatt.collator import IGNORE_INDEX, GAttCollator
-from gatt.distributed import check_launch, on_cpu
+from gatt.distributed import check_launch, last_reference_in_python, on_cpu
 from gatt.model_folder import check_model_folder
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
@@ -482,11 +484,31 @@ class Trainer:
                 self.save_checkpoint(step)
         progress.close()
         self.save_final()
-        # Every process waits for process 0 to write the final model before the group is destroyed: a process that
-        # left the group while a peer still worked has left that peer waiting in gloo's teardown forever.
-        acc.wait_for_everyone()
-        acc.end_training()
+        self.close()
         return last
+
+    def close(self) -> None:
+        """End the job: every process waits for the others, drops the wrapped model, then leaves the process group.
+
+        The order is what makes teardown safe. DDP's reducer holds a reference to the process group; if the group is
+        destroyed first, the reducer holds the last one, and freeing the model later (with the GIL held) runs gloo's
+        destructor, which joins worker threads that may need the GIL to free a tensor: a deadlock, seen in CI on a
+        rank that had already written `final/` (native stack: `~Reducer` -> `~ProcessGroupGloo` -> `thread::join`,
+        a gloo thread in `gil_scoped_acquire`). Dropped first, while the group is still registered, the model frees
+        no group; the group is then destroyed with its last reference held in Python (`last_reference_in_python`).
+        """
+        acc = self.accelerator
+        # Every process waits for process 0 to write the final model before the group goes.
+        acc.wait_for_everyone()
+        if acc.num_processes > 1:
+            # Only DDP's reducer holds the group; FSDP2 keeps its modules in torch's own registry, so they may stay.
+            ddp = weakref.ref(self.model) if isinstance(self.model, DistributedDataParallel) else None
+            del self.model, self.optimizer
+            acc.free_memory()  # Accelerate's own references (its model and optimizer lists), then gc.collect()
+            if ddp is not None and ddp() is not None:
+                raise RuntimeError("the DDP model outlived the trainer's references: its reducer would free the group")
+        with last_reference_in_python():
+            acc.end_training()  # trackers finished, the group destroyed
 
     def _log(self, path: Path, metrics: dict[str, Any]) -> None:
         self.accelerator.log({k: v for k, v in metrics.items() if k != "step"}, step=metrics["step"])

@@ -55,6 +55,7 @@ from gatt.cli import exit_on_bad_input
 from gatt.eval.report import add_rounds, format_table
 from gatt.machine import available_cpus, machine_calibration
 from gatt.numerics import NUMERICS
+from gatt.processes import ProcessTree, TreeTimeout
 from gatt.train import dataclass_from_dict, read_yaml_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,6 +123,7 @@ class DemoConfig:
         "exact"  # the report's relevance scorer: exact or bf16 (gatt.evaluate --relevance-numerics)
     )
     launcher: str = "accelerate"  # "accelerate" (accelerate launch) or "python"
+    stage_timeout: float = 0.0  # seconds a stage may run before it is killed with all its processes (0: no limit)
     mixed_precision: str = (
         "no"  # accelerate launch --mixed_precision: no | bf16 (CPU autocast or a GPU that has it) | fp16
     )
@@ -467,12 +469,20 @@ def clear(output: Path, keep: str | None) -> None:
 
 
 def run_stage(
-    command: list[str], env: dict[str, str], started: Path, key: str, before: float, every: float = HEARTBEAT_SECONDS
+    command: list[str],
+    env: dict[str, str],
+    started: Path,
+    key: str,
+    before: float,
+    every: float = HEARTBEAT_SECONDS,
+    timeout_s: float = 0.0,
 ) -> tuple[int, float]:
     """Run a stage's command; its exit code and seconds, `before` (its interrupted attempts' seconds) included.
 
     `started` holds "KEY SECONDS" from the start, rewritten every `every` seconds and at the end, so that a
-    run killed at any point (Ctrl-C, a closed session, a lost machine) still counts its time when resumed."""
+    run killed at any point (Ctrl-C, a closed session, a lost machine) still counts its time when resumed.
+    A stage still running after `timeout_s` (0: no limit) is killed with every process it started, and
+    `TreeTimeout` names the processes that were stuck (a launcher's ranks by their rank)."""
     begin = time.perf_counter()
 
     def mark() -> float:
@@ -483,19 +493,20 @@ def run_stage(
         return seconds
 
     mark()
-    process = subprocess.Popen(command, cwd=ROOT, env=env)
-    try:
-        while True:
-            try:
-                returncode = process.wait(timeout=every)
-                break
-            except subprocess.TimeoutExpired:
-                mark()
-    finally:
-        if process.poll() is None:  # interrupted here: stop the stage too
-            process.kill()
-            process.wait()
-        seconds = mark()
+    # A process tree: interrupted here, the stage ends with every process it started (a launcher's ranks too).
+    with ProcessTree(command, None, cwd=ROOT, env=env) as tree:
+        try:
+            while True:
+                try:
+                    returncode = tree.process.wait(timeout=every)
+                    break
+                except subprocess.TimeoutExpired:
+                    mark()
+                    if timeout_s and time.perf_counter() - begin > timeout_s:
+                        stuck = "; ".join(member.describe() for member in tree.kill())
+                        raise TreeTimeout(f"still running after {timeout_s:.0f} s, killed: {stuck}") from None
+        finally:
+            seconds = mark()
     return returncode, seconds
 
 
@@ -545,7 +556,9 @@ def run(config: DemoConfig) -> dict[str, Any]:
             flush=True,
         )
         before = float(earlier[1]) if interrupted and stage.resumable and len(earlier) > 1 else 0.0
-        returncode, timings[stage.name] = run_stage(stage.command, env, started, key, before)
+        returncode, timings[stage.name] = run_stage(
+            stage.command, env, started, key, before, timeout_s=config.stage_timeout
+        )
         if returncode != 0:
             sys.exit(f"[{i}/{len(plan)} {stage.name}] failed (exit {returncode}); rerun the same command to resume")
         upstream = f"{key} {time.time_ns()}"  # a new result: every later stage runs again on it

@@ -2,11 +2,12 @@
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from gatt import processes
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -49,20 +50,20 @@ def test_attention_benchmarks_write_results_with_their_machine(tmp_path: Path, m
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_bad_benchmark_key_is_one_error_line() -> None:
-    result = subprocess.run(
-        [sys.executable, "benchmarks/run.py", "--only", "nope"], cwd=ROOT, capture_output=True, text=True
-    )
+def test_bad_benchmark_key_is_one_error_line(tmp_path) -> None:
+    command = [sys.executable, "benchmarks/run.py", "--only", "nope"]
+    result = processes.run(command, tmp_path / "run.log", timeout_s=300, cwd=ROOT, split_errors=True)
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith("error: --only: unknown benchmark(s) nope")
-    assert "Traceback" not in result.stderr
+    assert result.errors.strip().splitlines()[-1].startswith("error: --only: unknown benchmark(s) nope")
+    assert "Traceback" not in result.errors
 
 
-def test_docs_table_is_the_committed_results() -> None:
+def test_docs_table_is_the_committed_results(tmp_path) -> None:
     """The benchmarks page's table is `run.py --markdown` of results/benchmarks.json, byte for byte."""
-    table = subprocess.run(
-        [sys.executable, "benchmarks/run.py", "--markdown"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout
+    command = [sys.executable, "benchmarks/run.py", "--markdown"]
+    result = processes.run(command, tmp_path / "run.log", timeout_s=300, cwd=ROOT, split_errors=True)
+    assert result.returncode == 0, result.errors
+    table = result.output
     page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     block = re.search(
         r"<!-- benchmarks: python benchmarks/run.py --markdown -->\n(.*?)<!-- /benchmarks -->", page, re.S

@@ -1,13 +1,17 @@
 """Every command line reports bad input the same way: one `error: ...` line naming what is at fault, exit 1, no traceback."""
 
+import importlib
 import os
-import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from gatt import processes
+
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "recipes"))
 
 BAD_INPUTS = {
     "evaluate: a missing model": (
@@ -75,20 +79,41 @@ BAD_INPUTS = {
 }
 
 
+def entry_point(argv: list[str]) -> tuple[Callable[[], object], list[str]]:
+    """The `main` that `python ARGV` runs, and the sys.argv it sees (a `-m` module's, or a recipe script's)."""
+    if argv[0] == "-m":
+        module = importlib.import_module(f"{argv[1]}.__main__" if argv[1] == "data_gen" else argv[1])
+        return module.main, [argv[1], *argv[2:]]
+    assert argv[0].startswith("recipes/"), argv[0]  # a recipe script, importable from recipes/
+    return importlib.import_module(Path(argv[0]).stem).main, argv
+
+
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
-def test_bad_input_is_one_error_line(name: str, tmp_path: Path) -> None:
+def test_bad_input_is_one_error_line(name: str, tmp_path: Path, monkeypatch) -> None:
+    """Each command's `main`, as `python ARGV` calls it, in this process (a process costs seconds of imports; the
+    next test runs whole commands): it exits with the one `error: ...` message, and writes nothing."""
+    argv, expected = BAD_INPUTS[name]
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    main, sys_argv = entry_point(argv)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("GATT_TRACEBACK", "")
+    monkeypatch.setattr(sys, "argv", sys_argv)
+    with pytest.raises(SystemExit) as exit_:
+        main()  # an exception other than SystemExit (a traceback) fails the test
+    message = str(exit_.value.code)  # sys.exit(message): Python prints it to stderr and exits with status 1
+    assert message.startswith("error: ") and "\n" not in message, message
+    assert expected.format(tmp=tmp_path) in message, message
+    assert not any(p.name.startswith(("report", "data", "smoke")) for p in tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("name", ["evaluate: a missing model", "train_gatt: an unknown key"])
+def test_a_command_with_bad_input_prints_one_line_and_exits_1(name: str, tmp_path: Path) -> None:
+    """Whole commands, as a user runs them: the message is the last line of stderr, the exit status 1."""
     argv, expected = BAD_INPUTS[name]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GATT_TRACEBACK": ""}
-    result = subprocess.run(
-        [sys.executable, *(a.format(tmp=tmp_path) for a in argv)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: ") and expected.format(tmp=tmp_path) in last, result.stderr
-    assert not any(p.name.startswith(("report", "data", "smoke")) for p in tmp_path.iterdir())  # nothing written
+    command = [sys.executable, *(a.format(tmp=tmp_path) for a in argv)]
+    result = processes.run(command, tmp_path / "logs" / "run.log", timeout_s=300, env=env, cwd=ROOT, split_errors=True)
+    assert result.returncode == 1, result.errors
+    assert "Traceback" not in result.errors
+    last = result.errors.strip().splitlines()[-1]
+    assert last.startswith("error: ") and expected.format(tmp=tmp_path) in last, result.errors

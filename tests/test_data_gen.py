@@ -2,8 +2,6 @@
 
 import json
 import random
-import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -20,6 +18,7 @@ from data_gen.teacher import TurnRequest
 from data_gen.toy_world import ToyResponder, base_corpus
 from data_gen.user_turns import UserTurn, all_user_turns, split_user_turns
 from gatt.checks import Check, Constraint, passes_all
+from gatt.processes import ProcessTree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -263,13 +262,12 @@ def test_same_seed_gives_byte_identical_output(tmp_path, gatt_run):
 
 def test_killed_generation_resumes_without_duplicates_or_losses(tmp_path):
     command = [sys.executable, "-m", "data_gen", *gatt_args(tmp_path / "killed", n=240)]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = ProcessTree(command, tmp_path / "killed.log", cwd=ROOT)
     shards = tmp_path / "killed" / "gatt.shards"
     deadline = time.time() + 120
-    while len(list(shards.glob("shard-*.jsonl"))) < 3 and time.time() < deadline and process.poll() is None:
+    while len(list(shards.glob("shard-*.jsonl"))) < 3 and time.time() < deadline and process.process.poll() is None:
         time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    process.kill()
     done = len(list(shards.glob("shard-*.jsonl")))
     assert 3 <= done < 30, "the run should have been killed part-way"
     assert not (tmp_path / "killed" / "gatt.jsonl").exists()

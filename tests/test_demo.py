@@ -2,24 +2,88 @@
 
 import json
 import os
+import re
 import sys
+import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
+import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "recipes"))
 
+import demo as demo_module  # noqa: E402
+import train_gatt  # noqa: E402
+from accelerate.state import AcceleratorState, GradientState  # noqa: E402
 from demo import DemoConfig, main, run_stage, stages  # noqa: E402
 from variety_curve import main as variety_curve  # noqa: E402
 
+import data_gen.__main__  # noqa: E402
+import gatt.evaluate  # noqa: E402
+import gatt.pretrained  # noqa: E402
+from gatt.processes import TreeTimeout, running  # noqa: E402
 
-def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
+# The `main` each stage command runs: `python -m MODULE ARGS` or `python SCRIPT ARGS`.
+STAGE_MAINS = {
+    "data_gen": lambda args: data_gen.__main__.main(args),
+    "gatt.evaluate": lambda args: gatt.evaluate.main(args),
+    "gatt.pretrained": lambda args: gatt.pretrained.main(args),
+    str(ROOT / "recipes" / "train_gatt.py"): lambda args: train_gatt.main(),  # reads sys.argv
+}
+
+
+def in_process_stage(command, env, started, key, before, every=0.0, timeout_s=0.0) -> tuple[int, float]:
+    """`demo.run_stage`'s contract (exit code, seconds with `before`, the started stamp), the stage's command run
+    by its `main` in this process: a process would spend seconds on imports and on loading the language detector,
+    most of each stage of these tiny demos. Stages as processes run in README's demo-smoke command
+    (tests/test_readme.py) and the heartbeat test."""
+    python, *args = command
+    assert python == sys.executable, command
+    target, args = (args[1], args[2:]) if args[0] == "-m" else (args[0], args[1:])
+    begin = time.perf_counter()
+    started.write_text(f"{key} {before}")
+    threads, argv, cwd, path = torch.get_num_threads(), sys.argv, os.getcwd(), list(sys.path)
+    AcceleratorState._reset_state(reset_partial_state=True)  # each stage is a new process: a new Accelerate state
+    GradientState._reset_state()
+    try:
+        with mock.patch.dict(os.environ, env, clear=True):
+            os.chdir(ROOT)
+            sys.argv = [target, *args]
+            sys.path[:0] = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]  # as at a start
+            STAGE_MAINS[target](args)
+        returncode = 0
+    except SystemExit as exit_:
+        returncode = exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
+    finally:
+        torch.set_num_threads(threads)
+        sys.argv, sys.path[:] = argv, path
+        os.chdir(cwd)
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    seconds = round(before + time.perf_counter() - begin, 1)
+    started.write_text(f"{key} {seconds}")
+    return returncode, seconds
+
+
+def smoke_config(tmp_path: Path, name: str = "demo_smoke.yaml") -> Path:
+    """A demo config with its training stages under plain python (README's demo-smoke command runs them under
+    `accelerate launch`)."""
+    config = yaml.safe_load((ROOT / "recipes" / "configs" / name).read_text())
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({**config, "launcher": "python"}))
+    return path
+
+
+def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys, monkeypatch):
     """Two GAtt rounds: round 2's teacher is round 1's model, its data carries its round, its student learns from both."""
-    config = ROOT / "recipes" / "configs" / "demo_smoke.yaml"
+    monkeypatch.setattr(demo_module, "run_stage", in_process_stage)
+    config = smoke_config(tmp_path)
     out = tmp_path / "demo"
-    report = main(["--config", str(config), f"out={out}", "rounds=2"])
+    demo = ["--config", str(config), f"out={out}", "rounds=2"]
+    report = main(demo)
     printed = capsys.readouterr().out
     assert set(report) == {"settings", "base", "gatt-r1", "gatt-r2", "base+repeat", "followable", "paired", "rounds"}
     for name in ("base", "gatt-r1", "gatt-r2", "base+repeat"):
@@ -73,7 +137,7 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     assert machine["fp32_matmul_gflops"] > 0 and machine["threads"] >= 1 and machine["cpu"] and machine["torch"]
     assert "| Turn | base | base+repeat | gatt-r1 | gatt-r2 |" in printed
     # Same inputs: every stage is skipped. A changed GAtt stage reruns it and what follows, not what precedes.
-    main(["--config", str(config), f"out={out}", "rounds=2"])
+    main(demo)
     assert capsys.readouterr().out.count("up to date, skipped") == 7
     again = json.loads((out / "timings.json").read_text())  # each stage's time is the one it took when it was made
     assert again["stage_seconds"] == timings["stage_seconds"] and again["made_by_an_earlier_run"] == stage_names
@@ -81,19 +145,19 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys):
     # A report-only change reruns the report; its finished columns (their models unchanged) are read, not rolled out.
     rollouts = sorted((out / "report" / "rollouts").glob("*.jsonl"))
     made = {path: path.stat().st_mtime_ns for path in rollouts}
-    main(["--config", str(config), f"out={out}", "rounds=2", "eval_relevance_numerics=bf16"])
+    main([*demo, "eval_relevance_numerics=bf16"])
     printed = capsys.readouterr().out
     assert printed.count("up to date, skipped") == 6 and "[7/7 report] running" in printed
     assert len(rollouts) == 4 and {path: path.stat().st_mtime_ns for path in rollouts} == made
     overrides = "gatt_overrides=[max_steps=3, eval_every=0, batch_size=4]"
-    main(["--config", str(config), f"out={out}", "rounds=2", overrides])
+    main([*demo, overrides])
     printed = capsys.readouterr().out
     assert printed.count("up to date, skipped") == 3 and "[4/7 gatt-model] running" in printed
     assert "[5/7 gatt-data-2] running" in printed  # round 1's model changed: round 2's teacher did
     assert json.loads((round_2 / "gatt" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
     # A stage made again with the same command gives a new result: the stages after it run again too.
     (out / "stamps" / "gatt-model-2.done").unlink()
-    main(["--config", str(config), f"out={out}", "rounds=2", overrides])
+    main([*demo, overrides])
     printed = capsys.readouterr().out
     assert printed.count("up to date, skipped") == 5 and "[7/7 report] running" in printed
     # The variety curve: GAtt-side stages on this run's base model, one value per family, the GAtt model alone.
@@ -148,6 +212,17 @@ def test_a_resumed_stage_counts_the_seconds_of_its_interrupted_attempts(tmp_path
         [sys.executable, "-c", "import time; time.sleep(0.2)"], dict(os.environ), started, "KEY", first
     )
     assert code == 0 and total >= first + 0.2 and started.read_text() == f"KEY {total}"
+
+
+def test_a_stage_past_its_timeout_is_killed_with_every_process_it_started(tmp_path):
+    # Like a launcher: the stage starts a rank in a session of its own, which waits forever.
+    rank = "import os, subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], env={**os.environ, 'RANK': '0'}, start_new_session=True).wait()"
+    with pytest.raises(TreeTimeout, match=r"still running after 1 s, killed: .*rank 0 \(pid") as error:
+        run_stage(
+            [sys.executable, "-c", rank], dict(os.environ), tmp_path / "s.started", "KEY", 0.0, every=0.2, timeout_s=1
+        )
+    pids = [int(p) for p in re.findall(r"pid (\d+)", str(error.value))]
+    assert len(pids) == 2 and not any(running(pid) for pid in pids)
 
 
 def test_rounds_continue_trains_each_round_from_the_last_model_on_its_own_data():
@@ -213,9 +288,11 @@ USER_TURNS = [
 ]
 
 
-def test_smollm2_demo_runs_every_stage_on_a_users_own_files(tmp_path, monkeypatch):
+def test_smollm2_demo_runs_every_stage_on_a_users_own_files(tmp_path, monkeypatch, smollm2):
     """make demo-smollm2's wiring on the real model: the user's constraints (a probe-only persona, their own python
     checks) and a .txt of their messages reach every stage, and every stage makes its output."""
+    monkeypatch.setattr(demo_module, "run_stage", in_process_stage)
+    monkeypatch.setattr(gatt.pretrained, "load_smollm2", lambda: smollm2)  # the export stage: the suite's one load
     code = tmp_path / "code"
     code.mkdir()
     (code / "smoke_checks.py").write_text(USER_CHECKS)
@@ -228,7 +305,7 @@ def test_smollm2_demo_runs_every_stage_on_a_users_own_files(tmp_path, monkeypatc
     report = main(
         [
             "--config",
-            str(ROOT / "recipes" / "configs" / "demo_smollm2_smoke.yaml"),
+            str(smoke_config(tmp_path, "demo_smollm2_smoke.yaml")),
             f"out={out}",
             f"constraints={constraints}",
             f"user_turns={turns}",

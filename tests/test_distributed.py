@@ -3,9 +3,6 @@ process, each process doing its share and no dialogue made twice; a killed 2-pro
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,35 +13,29 @@ from test_data_gen import gatt_args, read_jsonl, tiny_teacher_dir
 from data_gen.__main__ import main as data_gen_main
 from data_gen.teacher import ModelTeacher, TurnRequest
 from data_gen.user_turns import UserTurn
+from gatt import processes
 from gatt.distributed import my_items
 from gatt.evaluate import main as evaluate_main
+from gatt.processes import ProcessTree
 
 ROOT = Path(__file__).resolve().parents[1]
 # One thread in every process: the runs compared below do the same arithmetic in the same order.
 ENV = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
 
 
-def torchrun(module: str, *args: str) -> subprocess.Popen:
-    """`torchrun --standalone --nproc_per_node 2 -m MODULE ARGS` (its own session, so a test can kill every process)."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "-m",
-        module,
-        *args,
-    ]
-    return subprocess.Popen(
-        command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+def torchrun(work: Path, module: str, *args: str) -> ProcessTree:
+    """`torchrun --standalone --nproc_per_node 2 -m MODULE ARGS` as a process tree (each rank's output in its own file
+    under WORK/ranks-N too): a test that times out kills every process and names the rank that was stuck."""
+    run = len(list(work.glob("ranks-*")))
+    ranks = work / f"ranks-{run}"
+    command = processes.torchrun(2, ranks, "--standalone", "-m", module, *args)
+    return ProcessTree(command, work / f"torchrun-{run}.log", env=ENV, cwd=ROOT, rank_logs=ranks)
 
 
-def finish(process: subprocess.Popen) -> str:
-    output, _ = process.communicate(timeout=300)
-    assert process.returncode == 0, output
+def finish(tree: ProcessTree) -> str:
+    returncode = tree.wait(timeout_s=300)
+    output = tree.output()
+    assert returncode == 0, output
     return output
 
 
@@ -86,7 +77,7 @@ def compare_synthesis(one: Path, two: Path, num_dialogues: int, shard_size: int)
 
 def test_oracle_synthesis_on_two_processes_writes_the_one_process_bytes(tmp_path):
     data_gen_main(gatt_args(tmp_path / "one", n=44))
-    output = finish(torchrun("data_gen", *gatt_args(tmp_path / "two", n=44)))
+    output = finish(torchrun(tmp_path, "data_gen", *gatt_args(tmp_path / "two", n=44)))
     assert output.count('"per_rank"') == 1  # one summary for the job, from process 0
     compare_synthesis(tmp_path / "one", tmp_path / "two", 44, 8)
 
@@ -123,7 +114,7 @@ def test_model_teacher_synthesis_on_two_processes_writes_the_one_process_bytes(t
         str(tmp_path / "turns.txt"),
     ]
     data_gen_main([*args, "--out", str(tmp_path / "one")])
-    finish(torchrun("data_gen", *args, "--out", str(tmp_path / "two")))
+    finish(torchrun(tmp_path, "data_gen", *args, "--out", str(tmp_path / "two")))
     records = read_jsonl(tmp_path / "one" / "gatt.jsonl")
     assert len(records) >= 6 and len({r["messages"][1]["content"] for r in records}) > 1  # sampled, varied text
     compare_synthesis(tmp_path / "one", tmp_path / "two", 12, 3)
@@ -131,16 +122,16 @@ def test_model_teacher_synthesis_on_two_processes_writes_the_one_process_bytes(t
 
 def test_killed_two_process_synthesis_resumes_without_duplicates_or_losses(tmp_path):
     args = gatt_args(tmp_path / "killed", n=320)
-    process = torchrun("data_gen", *args)
+    tree = torchrun(tmp_path, "data_gen", *args)
     shards = tmp_path / "killed" / "gatt.shards"
     deadline = time.time() + 120
-    while len(list(shards.glob("shard-*.jsonl"))) < 4 and time.time() < deadline and process.poll() is None:
+    while len(list(shards.glob("shard-*.jsonl"))) < 4 and time.time() < deadline and tree.process.poll() is None:
         time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)  # the launcher and both workers
-    process.wait()
+    killed = tree.kill()  # the launcher and both workers
+    assert sorted(m.rank for m in killed if m.rank is not None) == ["0", "1"] and tree.members() == []
     done = len(list(shards.glob("shard-*.jsonl")))
     assert 4 <= done < 40 and not (tmp_path / "killed" / "gatt.jsonl").exists(), "killed part-way"
-    finish(torchrun("data_gen", *args))  # the same command resumes
+    finish(torchrun(tmp_path, "data_gen", *args))  # the same command resumes
     data_gen_main(gatt_args(tmp_path / "whole", n=320))
     assert (tmp_path / "killed" / "gatt.jsonl").read_bytes() == (tmp_path / "whole" / "gatt.jsonl").read_bytes()
     ids = [r["id"] for r in read_jsonl(tmp_path / "killed" / "gatt.jsonl")]
@@ -174,7 +165,7 @@ def test_evaluation_on_two_processes_writes_the_one_process_report(tmp_path):
         "none",
     ]
     evaluate_main([*args, "--out", str(tmp_path / "one")])
-    output = finish(torchrun("gatt.evaluate", *args, "--out", str(tmp_path / "two")))
+    output = finish(torchrun(tmp_path, "gatt.evaluate", *args, "--out", str(tmp_path / "two")))
     assert output.count("wrote ") == 1  # process 0 reports
     for name in ("report.json", "transcripts.jsonl", "report.md"):
         assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name

@@ -153,10 +153,8 @@ def test_the_config_moves_the_bars():
 
 
 @pytest.fixture(scope="module")
-def scorer() -> RelevanceScorer:
-    from gatt.pretrained import load_smollm2
-
-    model, tokenizer = load_smollm2()
+def scorer(smollm2) -> RelevanceScorer:
+    model, tokenizer = smollm2  # SmolLM2-135M-Instruct, as `gatt.pretrained.load_smollm2()` returns it
     return RelevanceScorer(model, tokenizer)
 
 

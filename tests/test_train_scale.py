@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from data_gen.__main__ import main as data_gen_main
+from gatt import processes
 from gatt.collator import IGNORE_INDEX
 from gatt.train import TrainConfig, Trainer, load_config
 
@@ -76,11 +76,12 @@ def recipe_args(data: Path, out: Path, **overrides: object) -> list[str]:
     return [str(RECIPE), "--config", str(SMOKE), *(f"{k}={v}" for k, v in values.items())]
 
 
-def run(command: list[str], env: dict[str, str] = CPU_ONE_THREAD) -> str:
-    """Run to completion on CPU with one thread per process; its output (failing the test with it if it fails)."""
-    done = subprocess.run(command, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout + done.stderr
+def run(command: list[str], log: Path, env: dict[str, str] = CPU_ONE_THREAD, rank_logs: Path | None = None) -> str:
+    """Run to completion on CPU with one thread per process, as a process tree (killed whole on a timeout, naming the
+    stuck rank); its output (failing the test with it if it fails)."""
+    done = processes.run(command, log, timeout_s=300, env={**os.environ, **env}, cwd=ROOT, rank_logs=rank_logs)
+    assert done.returncode == 0, done.output
+    return done.output
 
 
 def free_port() -> int:
@@ -115,7 +116,7 @@ def assert_same_weights(one: Path, other: Path) -> None:
 def one_process(data, tmp_path_factory) -> Path:
     """The reference run: one process, no accumulation (the whole batch of 8 in one micro-batch)."""
     out = tmp_path_factory.mktemp("one")
-    run([sys.executable, *recipe_args(data, out, gradient_accumulation_steps=1)])
+    run([sys.executable, *recipe_args(data, out, gradient_accumulation_steps=1)], out / "run.log")
     return out
 
 
@@ -181,7 +182,10 @@ def test_fsdp2_on_two_cpu_processes_follows_the_one_process_trajectory_and_saves
         "--main_process_port",
         str(free_port()),
     ]
-    output = run([*launcher, str(driver), *recipe_args(data, out, gradient_accumulation_steps=2, save_every=2)])
+    output = run(
+        [*launcher, str(driver), *recipe_args(data, out, gradient_accumulation_steps=2, save_every=2)],
+        tmp_path / "run.log",
+    )
     # What the config alone gets on CPU: MULTI_CPU (DDP) with accelerate 1.15, see FORCE_FSDP_ON_CPU; a later
     # Accelerate that picks FSDP itself leaves the wrapper nothing to do.
     assert "accelerate chose MULTI_CPU" in output or "accelerate chose FSDP" in output
@@ -302,15 +306,8 @@ def test_two_processes_accumulating_4_follow_one_process_without_accumulation(da
 
     Plain torchrun, without ACCELERATE_USE_CPU: on a machine with no GPU the trainer still joins the processes
     into one job (Accelerate alone would see no backend and let each process train the whole batch)."""
-    out = tmp_path / "two"
-    launcher = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(free_port()),
-    ]
-    run([*launcher, *recipe_args(data, out, gradient_accumulation_steps=4)], env={"OMP_NUM_THREADS": "1"})
+    out, ranks = tmp_path / "two", tmp_path / "ranks"
+    launcher = processes.torchrun(2, ranks, "--master_port", free_port())
+    command = [*launcher, *recipe_args(data, out, gradient_accumulation_steps=4)]
+    run(command, tmp_path / "run.log", env={"OMP_NUM_THREADS": "1"}, rank_logs=ranks)
     assert_same_trajectory(one_process, out)

@@ -4,7 +4,6 @@ through synthesis and the report (in this process and in others)."""
 import json
 import multiprocessing
 import os
-import subprocess
 import sys
 import textwrap
 from collections import Counter
@@ -18,6 +17,7 @@ from data_gen.__main__ import main as data_gen_main
 from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.teacher import TurnRequest
 from data_gen.user_turns import split_user_turns
+from gatt import processes
 from gatt.checks import Check, CheckError, load_constraints
 from gatt.evaluate import main as evaluate_main
 from gatt.modeling import GattConfig, GattForCausalLM
@@ -211,7 +211,8 @@ def _passes_in_child(check: Check) -> list[bool]:
 def test_a_python_check_is_imported_by_name_in_a_spawned_process(checks_module):
     check = Check.from_dict({"type": "python", "function": "user_checks_mod:mentions", "args": {"word": "tennis"}})
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        assert pool.apply(_passes_in_child, (check,)) == [True, False]
+        # a child stuck past the timeout fails the test; leaving the block terminates it
+        assert pool.apply_async(_passes_in_child, (check,)).get(timeout=120) == [True, False]
 
 
 # --- the report: a persona and a python check through `python -m gatt.evaluate` ------------------------------
@@ -343,12 +344,12 @@ def test_each_stage_imports_the_check_in_its_own_process(checks_module, model_di
         "--constraints",
         str(constraints),
     ]
-    done = subprocess.run(run, cwd=checks_module, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout)["records"] == 2
+    done = processes.run(run, tmp_path / "data.log", timeout_s=300, env=env, cwd=checks_module, split_errors=True)
+    assert done.returncode == 0, done.errors[-2000:]
+    assert json.loads(done.output)["records"] == 2
     run = [sys.executable, "-m", "gatt.evaluate", *eval_args(model_dir, constraints, tmp_path / "report")]
-    done = subprocess.run(run, cwd=checks_module, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = processes.run(run, tmp_path / "report.log", timeout_s=300, env=env, cwd=checks_module, split_errors=True)
+    assert done.returncode == 0, done.errors[-2000:]
     checks = [
         c
         for line in (tmp_path / "report" / "transcripts.jsonl").read_text().splitlines()

@@ -1,0 +1,66 @@
+"""Fixtures shared by the whole suite, and its last lines.
+
+- SmolLM2-135M-Instruct, loaded once from its GGUF file (transformers parses the file for ~10 s a load): as
+  transformers' own Llama, and converted to the library's model (sharing its weights) with its tokenizer.
+- The suite ends by printing the machine it ran on and its time at the project's reference speed, so that suite
+  times from different machines compare: pytest's seconds x this machine's fp32 GFLOP/s / 150.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerBase
+
+from gatt.machine import available_cpus, cpu_name, matmul_gflops
+from gatt.modeling import GattForCausalLM
+
+REFERENCE_GFLOPS = 150.0  # fp32 matrix products on the 2-core machine the project's time goals are stated for
+
+
+@pytest.fixture(scope="session")
+def smollm2_llama() -> LlamaForCausalLM:
+    """SmolLM2-135M-Instruct from PyPI's GGUF file, de-quantised, as transformers' `LlamaForCausalLM` (eval mode)."""
+    from gatt.pretrained import SMOLLM2_GGUF, smollm2_dir
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF).eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_llama: LlamaForCausalLM) -> tuple[GattForCausalLM, PreTrainedTokenizerBase]:
+    """What `gatt.pretrained.load_smollm2()` returns, without parsing the file again: the library's model converted
+    from `smollm2_llama` (its weights shared: do not train it) and the tokenizer read from the GGUF file."""
+    from gatt.pretrained import SMOLLM2_GGUF, smollm2_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF)
+    return GattForCausalLM.from_llama(smollm2_llama).eval(), tokenizer
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[STARTED] = time.perf_counter()
+
+
+STARTED = pytest.StashKey[float]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    seconds = time.perf_counter() - config.stash.get(STARTED, time.perf_counter())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(available_cpus())
+    try:
+        fp32 = matmul_gflops(torch.float32, seconds=2.0)
+        bf16 = matmul_gflops(torch.bfloat16, size=256, seconds=0.5)  # small: without bf16 instructions it crawls
+    finally:
+        torch.set_num_threads(threads)
+    at_reference = seconds * fp32 / REFERENCE_GFLOPS
+    terminalreporter.write_sep("=", "machine calibration")
+    terminalreporter.write_line(
+        f"{cpu_name()}, {available_cpus()} CPUs: fp32 {fp32} GFLOP/s, bf16 {bf16} GFLOP/s (torch {torch.__version__}, "
+        f"{torch.backends.cpu.get_cpu_capability()})"
+    )
+    terminalreporter.write_line(
+        f"suite: {seconds:.0f} s here = {at_reference:.0f} s ({at_reference / 60:.1f} min) at the reference speed "
+        f"({REFERENCE_GFLOPS:.0f} GFLOP/s)"
+    )
