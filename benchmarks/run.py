@@ -65,7 +65,8 @@ BENCHMARKS: dict[str, str] = {
     "smollm2_teacher_vs_hf_generate": "bench_smollm2",
 }
 GPU_ONLY = {"teacher_batched_vs_single": "bench_teacher"}
-CPU_ONLY = {key for key, module in BENCHMARKS.items() if module == "bench_smollm2"}  # CPU paths, sized for 2 CPU cores
+# SmolLM2's bf16/int8 rollouts and its scorer's share measure CPU numerics; its rows against generate() run anywhere.
+CPU_ONLY = {"smollm2_rollout_tokens_per_s", "smollm2_report_scorer_share"}
 LABELS = {
     "train_vs_trl": "training loop vs TRL SFTTrainer",
     "one_pass_vs_expand": 'mode="all" + packing vs one example per reply',

@@ -10,6 +10,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 
 import bench_smollm2  # noqa: E402
+import run as runner  # noqa: E402
 from test_generation import model, tokenizer  # noqa: E402,F401  (the tiny model and tokenizer fixtures)
 
 
@@ -61,6 +62,10 @@ def test_generate_and_teacher_rows_time_the_same_work_on_both_sides(results):
         assert row["ratio"] == pytest.approx(row["ours"] / row["theirs"], rel=1e-3)
 
 
-def test_only_the_cpu_is_measured():
-    with pytest.raises(ValueError, match="--device cpu"):
-        bench_smollm2.run(quick=True, device="cuda")
+def test_the_cpu_numerics_rows_refuse_another_device():
+    # bf16 and int8 against the exact path, and the scorer's share, measure CPU numerics; the rows against
+    # generate() run on a GPU too (make gpu-check).
+    for row in bench_smollm2.CPU_ROWS:
+        with pytest.raises(ValueError, match=f"bench_smollm2: {row} measure the CPU paths"):
+            bench_smollm2.run(quick=True, device="cuda", only=[row])
+    assert set(bench_smollm2.CPU_ROWS) == runner.CPU_ONLY
