@@ -84,7 +84,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="stress-") as tmp:
         counts = stress_tests(args.repeat, args.timeout, Path(tmp))
     report = {"repeat": args.repeat, **counts, "hangs": sum(c["hung"] for c in counts["tests"].values())}
-    report["machine"] = {k: v for k, v in calibration.items() if k != "versions"}
+    report["machine"] = calibration
     print(json.dumps(report, indent=2))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -55,13 +55,14 @@ def members(tag: str) -> list[Member]:
     found = []
     if not PROC.is_dir():
         return found
-    needle = f"{TAG}={tag}".encode()
+    prefix = f"{TAG}=".encode()
     for entry in PROC.iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             environ = (entry / "environ").read_bytes().split(b"\0")
-            if needle not in environ or (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            tags = next((v[len(prefix) :].decode().split(",") for v in environ if v.startswith(prefix)), [])
+            if tag not in tags or (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 continue
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         except (FileNotFoundError, ProcessLookupError, PermissionError):
@@ -131,6 +132,8 @@ class ProcessTree:
         self.command = command if isinstance(command, str) else shlex.join(str(c) for c in command)
         self.log = Path(log) if log is not None else None
         self.tag = uuid.uuid4().hex
+        # A tree started inside another (a demo stage inside gpu-check) carries both tags: ending the outer ends it.
+        base = os.environ if env is None else env
         if self.log is not None:
             self.log.parent.mkdir(parents=True, exist_ok=True)
         with (
@@ -140,7 +143,7 @@ class ProcessTree:
             self.process = subprocess.Popen(
                 command,
                 cwd=cwd,
-                env={**(os.environ if env is None else env), TAG: self.tag},
+                env={**base, TAG: ",".join(filter(None, [base.get(TAG, ""), self.tag]))},
                 stdout=out,
                 stderr=err or subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

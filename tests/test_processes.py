@@ -84,3 +84,21 @@ def test_members_ignore_processes_of_other_trees(tmp_path):
         with ProcessTree([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "b.log") as b:
             assert [m.pid for m in a.members()] == [a.pid] and [m.pid for m in b.members()] == [b.pid]
             assert os.getpid() not in {m.pid for m in a.members()}
+
+
+def test_a_tree_started_inside_a_tree_ends_with_the_outer_one(tmp_path):
+    # gpu-check runs the demo as a tree, and the demo runs each stage as a tree of its own: killing the outer tree
+    # must end the stage too (an orphaned report stage once held a GPU's memory after its check was killed).
+    inner = tmp_path / "inner.pid"
+    script = (
+        "from gatt.processes import ProcessTree\n"
+        "import sys, time\n"
+        f"tree = ProcessTree([sys.executable, '-c', 'import time; time.sleep(300)'], {str(tmp_path / 'inner.log')!r})\n"
+        f"open({str(inner)!r}, 'w').write(str(tree.pid))\n"
+        "tree.process.wait()\n"
+    )
+    outer = ProcessTree([sys.executable, "-c", script], tmp_path / "outer.log")
+    with pytest.raises(TreeTimeout):
+        outer.wait(timeout_s=5)
+    assert inner.exists(), outer.output()
+    assert not running(int(inner.read_text())) and outer.members() == []
