@@ -172,14 +172,6 @@ class ProcessTree:
         self.process.wait()
         return alive
 
-    def signal(self, signum: int) -> None:
-        """Send `signum` to every live process of the tree (a launcher forwards it to its ranks too)."""
-        for member in self.members():
-            try:
-                os.kill(member.pid, signum)
-            except ProcessLookupError:
-                pass
-
     def wait(self, timeout_s: float) -> int:
         """The command's exit code. At `timeout_s`, the tree is killed and `TreeTimeout` names what still ran;
         a command that exits leaving processes behind has them killed and raises `TreeLeftovers`."""
