@@ -241,6 +241,8 @@ def device_record(device: str) -> dict[str, Any]:
 
 def collect(args: argparse.Namespace, outcomes: list[Outcome], kept: dict[str, list[str | None]]) -> dict[str, Any]:
     """Copy the small result files into RESULTS (each written whole, then renamed) and write gpu_check.json."""
+    from run import write_json  # benchmarks/run.py, beside this file (it imports the project: after the install)
+
     from gatt.machine import machine_calibration
 
     args.results.mkdir(parents=True, exist_ok=True)
@@ -274,12 +276,6 @@ def atomic_copy(source: Path, target: Path) -> None:
     tmp = target.with_name(f".{target.name}.tmp")
     shutil.copyfile(source, tmp)
     tmp.replace(target)
-
-
-def write_json(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

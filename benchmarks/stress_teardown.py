@@ -22,6 +22,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from run import write_json  # noqa: E402  (benchmarks/run.py)
+
 from gatt import processes  # noqa: E402
 from gatt.machine import machine_calibration  # noqa: E402
 
@@ -87,10 +89,7 @@ def main() -> None:
     report["machine"] = calibration
     print(json.dumps(report, indent=2))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp_out = args.out.with_name(args.out.name + ".tmp")
-        tmp_out.write_text(json.dumps(report, indent=2) + "\n")
-        tmp_out.replace(args.out)
+        write_json(args.out, report)
 
 
 if __name__ == "__main__":

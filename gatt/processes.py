@@ -62,7 +62,7 @@ def members(tag: str) -> list[Member]:
         try:
             environ = (entry / "environ").read_bytes().split(b"\0")
             tags = next((v[len(prefix) :].decode().split(",") for v in environ if v.startswith(prefix)), [])
-            if tag not in tags or (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            if tag not in tags or not running(int(entry.name)):
                 continue
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         except (FileNotFoundError, ProcessLookupError, PermissionError):
@@ -172,17 +172,21 @@ class ProcessTree:
         self.process.wait()
         return alive
 
+    def time_out(self, timeout_s: float) -> TreeTimeout:
+        """Kill the whole tree, which ran past `timeout_s`; the error to raise, naming what still ran."""
+        stuck = self.kill()
+        return TreeTimeout(
+            f"still running after {timeout_s:.0f} s, killed: {'; '.join(m.describe(self.rank_logs) for m in stuck)}\n"
+            f"command: {self.command}\nits output: {self.log}\n{tail(self.log)}"
+        )
+
     def wait(self, timeout_s: float) -> int:
         """The command's exit code. At `timeout_s`, the tree is killed and `TreeTimeout` names what still ran;
         a command that exits leaving processes behind has them killed and raises `TreeLeftovers`."""
         try:
             returncode = self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            stuck = self.kill()
-            raise TreeTimeout(
-                f"still running after {timeout_s:.0f} s, killed: {'; '.join(m.describe(self.rank_logs) for m in stuck)}\n"
-                f"command: {self.command}\nits output: {self.log}\n{tail(self.log)}"
-            ) from None
+            raise self.time_out(timeout_s) from None
         left = kill(self.tag)
         if left:
             raise TreeLeftovers(

@@ -55,7 +55,7 @@ from gatt.cli import exit_on_bad_input
 from gatt.eval.report import add_rounds, format_table
 from gatt.machine import available_cpus, machine_calibration
 from gatt.numerics import NUMERICS
-from gatt.processes import ProcessTree, TreeTimeout
+from gatt.processes import ProcessTree
 from gatt.train import dataclass_from_dict, read_yaml_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -503,8 +503,7 @@ def run_stage(
                 except subprocess.TimeoutExpired:
                     mark()
                     if timeout_s and time.perf_counter() - begin > timeout_s:
-                        stuck = "; ".join(member.describe() for member in tree.kill())
-                        raise TreeTimeout(f"still running after {timeout_s:.0f} s, killed: {stuck}") from None
+                        raise tree.time_out(timeout_s) from None
         finally:
             seconds = mark()
     return returncode, seconds
