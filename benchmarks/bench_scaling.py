@@ -69,7 +69,8 @@ def timed(command: list[str], log: Path, timeout_s: float) -> float:
 def synthesis(
     demo: Path, work: Path, processes: int, shares: int, sizes: dict[str, int], extra: list[str], timeout_s: float
 ) -> dict[str, Any]:
-    """The demo's GAtt-data stage (its base model as teacher, k=2, 48 tokens) on `shares` shards."""
+    """The demo's GAtt-data stage (its base model, the one its GAtt fine-tune started from, as teacher; k=2, 48
+    tokens) on `shares` shards."""
     shard = sizes["dialogues_per_shard"]
     dialogues = shares * shard
     out = work / f"synthesis-{processes}"
@@ -80,7 +81,7 @@ def synthesis(
             "data_gen",
             "gatt",
             "--teacher",
-            str(demo / "base" / "final"),
+            yaml.safe_load((demo / GATT / "config.yaml").read_text())["model"],
             "--num-dialogues",
             str(dialogues),
             "--min-turns",
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="kill a stage command still running after this long and fail (default: 4 hours)",
     )
     args = parser.parse_args(argv)
-    for needed in ("base/final", f"{GATT}/final", f"{GATT}/config.yaml"):
+    for needed in (f"{GATT}/final", f"{GATT}/config.yaml"):
         if not (args.demo / needed).exists():
             raise SystemExit(f"error: {args.demo / needed} not found: run `make demo` (or pass --demo DIR)")
     sizes = dict(QUICK if args.quick else FULL)

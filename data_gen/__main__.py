@@ -43,6 +43,7 @@ from data_gen.user_turns import UserTurn, load_user_turns, split_user_turns
 from gatt.checks import Constraint, hold_out_families, load_constraints
 from gatt.cli import exit_on_bad_input
 from gatt.distributed import end_job, process_state
+from gatt.embedded import model_path
 from gatt.generation import add_sampler_arguments
 from gatt.model_folder import check_model_folder
 from gatt.numerics import NUMERICS
@@ -105,7 +106,9 @@ def _user_turns(parser: argparse.ArgumentParser) -> None:
 
 def _teacher(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--teacher", required=True, help="'oracle' (the toy world's responder) or a causal LM directory"
+        "--teacher",
+        required=True,
+        help="'oracle' (the toy world's responder), 'embedded' (the shipped chat model) or a causal LM directory",
     )
     add_sampler_arguments(parser)  # a model teacher's decoding
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -145,6 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     base = commands.add_parser("base", help="write the toy world's base SFT corpus")
     _common(base)
+    base.add_argument(
+        "--max-turns",
+        type=int,
+        default=12,
+        help="longest dialogue with local instructions or none (system-prompt dialogues have 1-2 turns)",
+    )
     gatt = commands.add_parser("gatt", help="write GAtt dialogues by context distillation")
     _common(gatt)
     _dialogues(gatt)
@@ -226,7 +235,14 @@ def run_base(args: argparse.Namespace) -> dict:
     path, tmp = args.out / "base.jsonl", args.out / ".base.jsonl.tmp"
     kinds, turns = Counter(), 0
     with tmp.open("w", encoding="utf-8") as f:
-        records = base_corpus(args.num_dialogues, args.seed, constraints, train_turns, short_prob=args.short_prob)
+        records = base_corpus(
+            args.num_dialogues,
+            args.seed,
+            constraints,
+            train_turns,
+            short_prob=args.short_prob,
+            max_turns=args.max_turns,
+        )
         for record in tqdm(records, total=args.num_dialogues, desc="base corpus", unit="dialogue"):
             kinds[record["kind"]] += 1
             turns += sum(m["role"] == "assistant" for m in record["messages"])
@@ -243,9 +259,12 @@ def run_base(args: argparse.Namespace) -> dict:
 def make_teacher(args: argparse.Namespace, constraints: list[Constraint]) -> Teacher:
     if args.teacher == "oracle":
         return OracleTeacher(constraints)
-    check_model_folder(args.teacher, "--teacher", hint=" ('oracle' is the toy world's responder)")
+    teacher = model_path(args.teacher)
+    check_model_folder(
+        teacher, "--teacher", hint=" ('oracle' is the toy world's responder, 'embedded' the shipped chat model)"
+    )
     return ModelTeacher(
-        args.teacher,
+        teacher,
         temperature=args.temperature,
         top_p=args.top_p,
         repetition_penalty=args.repetition_penalty,

@@ -113,8 +113,12 @@ def base_corpus(
     user_pool: Sequence[UserTurn],
     *,
     short_prob: float = 0.5,
+    max_turns: int = 12,
 ) -> Iterator[dict[str, Any]]:
-    """Yield base SFT records {"id", "kind", "messages"} in the Hugging Face `messages` format."""
+    """Yield base SFT records {"id", "kind", "messages"} in the Hugging Face `messages` format: dialogues with
+    local instructions (or none) of 1 to `max_turns` turns, system-prompt dialogues of 1 or 2."""
+    if max_turns < 2:
+        raise ValueError(f"max_turns must be >= 2, got {max_turns}")
     responder = ToyResponder(catalogue)
     # Families drawn uniformly (then values): all caps, one value, is drawn as often as 22 hobbies, so the
     # corpus shows enough capitalised topics for the model to write them.
@@ -124,7 +128,7 @@ def base_corpus(
     for index in range(num_dialogues):
         rng = random.Random(f"base-{seed}-{index}")
         kind = rng.choices(kinds, weights=(0.5, 0.3, 0.2))[0]
-        num_turns = rng.randint(1, 2) if kind == "system" else rng.randint(1, 12)
+        num_turns = rng.randint(1, 2) if kind == "system" else rng.randint(1, max_turns)
         messages: list[dict[str, str]] = []
         system: list[Constraint] = []
         if kind == "system":

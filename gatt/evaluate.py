@@ -31,6 +31,7 @@ import gatt  # noqa: F401  (registers the "gatt" attention and the library's mod
 from gatt.checks import hold_out_families
 from gatt.cli import exit_on_bad_input
 from gatt.distributed import end_job, process_state
+from gatt.embedded import model_path
 from gatt.eval.cache import RolloutCache, fingerprint
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.judge import apply_gate
@@ -81,6 +82,7 @@ def parse_models(specs: list[str]) -> dict[str, str]:
             raise ValueError(f"--model expects NAME=DIR, got {spec!r}")
         if name in models or name in NOT_MODELS:
             raise ValueError(f"--model name {name!r} is used twice or reserved")
+        path = model_path(path)
         check_model_folder(path, f"--model {name}=")
         models[name] = path
     return models
@@ -210,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m gatt.evaluate",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example: python -m gatt.evaluate --model base=runs/demo/base/final --model gatt=runs/demo/gatt/final "
+        epilog="example: python -m gatt.evaluate --model base=embedded --model gatt=runs/demo/round-1/gatt/final "
         "--turns 30 --dialogues 64 --seed 0 --out runs/demo/report --repeat-instruction base --split-softmax base:0.5",
     )
     parser.add_argument(
@@ -218,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         required=True,
         metavar="NAME=DIR",
-        help="a model under test: a chat-model directory (or .gguf file); repeat for several",
+        help="a model under test: a chat-model directory (or .gguf file; `embedded`: the shipped chat model); repeat "
+        "for several",
     )
     parser.add_argument("--turns", type=int, default=24, help="turns per dialogue (default: 24)")
     parser.add_argument("--dialogues", type=int, default=64, help="dialogues with an instruction (default: 64)")

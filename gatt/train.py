@@ -29,6 +29,7 @@ import yaml
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LambdaLR
 from tqdm.auto import tqdm
 from transformers import (
     AutoModelForCausalLM,
@@ -41,6 +42,7 @@ from transformers import (
 import gatt  # noqa: F401  (registers the "gatt" model type and attention)
 from gatt.collator import IGNORE_INDEX, GAttCollator
 from gatt.distributed import check_launch, last_reference_in_python, on_cpu
+from gatt.embedded import model_path
 from gatt.model_folder import check_model_folder
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
@@ -87,7 +89,8 @@ class TrainConfig:
     max_length: int = 1024
     packing: bool = True
     padding_free: bool = False  # with packing: each micro-batch in one row, no padding (the model must honour segments)
-    # model: a directory (the library's model or any Hugging Face causal LM), or a GattConfig to start from scratch
+    # model: a directory (the library's model or any Hugging Face causal LM; `embedded`: the shipped chat model), or a
+    # GattConfig to start from scratch
     model: str | None = None
     gguf_file: str | None = None
     model_config: dict[str, Any] | None = None
@@ -101,6 +104,11 @@ class TrainConfig:
     lr_restarts: int = (
         0  # > 0: cosine with this many hard restarts to the peak, each cycle ending at 0 (min_lr_ratio unused)
     )
+    # Re-warming: until step `lr_rewarm_step` the cosine runs as if max_steps were `lr_first_horizon`; after it, over
+    # max_steps, so the learning rate rises to where the longer cosine is (0: one cosine over max_steps). This is a run
+    # stopped at lr_rewarm_step and resumed on a longer schedule, written as one run.
+    lr_first_horizon: int = 0
+    lr_rewarm_step: int = 0
     warmup_steps: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -120,6 +128,9 @@ class TrainConfig:
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
         """Build from a mapping; unknown keys are refused naming them and listing the valid ones."""
         config = dataclass_from_dict(cls, values, source)
+        config.model, config.tokenizer = (
+            None if v is None else model_path(v) for v in (config.model, config.tokenizer)
+        )
         config.validate(source)
         return config
 
@@ -133,6 +144,16 @@ class TrainConfig:
             raise ValueError(f"{source}: max_steps must be >= 1, got {self.max_steps}")
         if self.lr_restarts < 0:
             raise ValueError(f"{source}: lr_restarts must be >= 0, got {self.lr_restarts}")
+        if (self.lr_rewarm_step > 0) != (self.lr_first_horizon > 0) or not (
+            self.lr_rewarm_step <= self.lr_first_horizon <= self.max_steps
+        ):
+            raise ValueError(
+                f"{source}: re-warming needs 0 < lr_rewarm_step <= lr_first_horizon <= max_steps (or both 0), got "
+                f"lr_rewarm_step={self.lr_rewarm_step}, lr_first_horizon={self.lr_first_horizon}, "
+                f"max_steps={self.max_steps}"
+            )
+        if self.lr_restarts and self.lr_rewarm_step:
+            raise ValueError(f"{source}: lr_restarts and lr_rewarm_step are two schedules; set one")
         if not train_files(self) or not all(isinstance(path, str) and path for path in train_files(self)):
             raise ValueError(
                 f"{source}: train_file must be a path or a non-empty list of paths, got {self.train_file!r}"
@@ -293,6 +314,26 @@ def build_model(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> torc
     return model
 
 
+def learning_rate_schedule(config: TrainConfig, optimizer: torch.optim.Optimizer) -> LambdaLR:
+    """Linear warm-up, then a cosine to `min_lr_ratio` (hard restarts or one re-warming where the config asks)."""
+    if config.lr_restarts:
+        return get_cosine_with_hard_restarts_schedule_with_warmup(
+            optimizer, config.warmup_steps, config.max_steps, num_cycles=config.lr_restarts + 1
+        )
+
+    def cosine(horizon: int) -> LambdaLR:
+        return get_cosine_with_min_lr_schedule_with_warmup(
+            optimizer, config.warmup_steps, horizon, min_lr_rate=config.min_lr_ratio
+        )
+
+    if not config.lr_rewarm_step:
+        return cosine(config.max_steps)
+    first, then = cosine(config.lr_first_horizon).lr_lambdas[0], cosine(config.max_steps).lr_lambdas[0]
+    # The scheduler's step s sets the rate of optimizer step s + 1: step lr_rewarm_step + 1 still has the first
+    # cosine's rate, as in a resumed run, whose optimizer state carries the rate it was stopped at.
+    return LambdaLR(optimizer, lambda step: first(step) if step <= config.lr_rewarm_step else then(step))
+
+
 class Trainer:
     """Holds the run's pieces; `train()` runs (or resumes) it to `max_steps`."""
 
@@ -368,14 +409,7 @@ class Trainer:
             [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=config.learning_rate,
         )
-        if config.lr_restarts:
-            scheduler = get_cosine_with_hard_restarts_schedule_with_warmup(
-                optimizer, config.warmup_steps, config.max_steps, num_cycles=config.lr_restarts + 1
-            )
-        else:
-            scheduler = get_cosine_with_min_lr_schedule_with_warmup(
-                optimizer, config.warmup_steps, config.max_steps, min_lr_rate=config.min_lr_ratio
-            )
+        scheduler = learning_rate_schedule(config, optimizer)
         # The scheduler stays unprepared: Accelerate would step it once per process for every optimizer step.
         # Our model computes the training loss without the full (B, T, V) logits; others get the stock call.
         base = model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -1,15 +1,22 @@
-"""The main job end to end: base model -> GAtt data -> GAtt fine-tune -> report.
+"""The main job end to end: chat model -> GAtt data -> GAtt fine-tune -> report; and `make base-model`.
 
   python recipes/demo.py --config recipes/configs/demo.yaml [key=value ...]          (make demo)
+  python recipes/demo.py --config recipes/configs/base_model.yaml                    (make base-model)
   python recipes/demo.py --config recipes/configs/demo_smollm2.yaml [key=value ...]  (make demo-smollm2)
 
 Stages, each the project's own command run as a subprocess (the same commands work by hand). On the
-embedded default (`base_model: embedded`):
-  1. base-data   python -m data_gen base                 the toy world's SFT corpus
-  2. base-model  recipes/train_gatt.py (base config)     the embedded chat model, from scratch
-  3. gatt-data   python -m data_gen gatt --teacher BASE  context distillation with rejection sampling
-  4. gatt-model  recipes/train_gatt.py (GAtt config)     the GAtt fine-tune, base corpus replayed
-  5. report      python -m gatt.evaluate                 base, gatt and the base+repeat upper bound
+embedded default (`base_model: embedded`), GAtt starts from the chat model shipped in the package
+(gatt/embedded.py, the model folder named `embedded`), as a user's job starts from their own model:
+  1. base-data   python -m data_gen base                 the toy world's SFT corpus, replayed in the fine-tune
+  2. gatt-data   python -m data_gen gatt --teacher BASE  context distillation with rejection sampling
+  3. gatt-model  recipes/train_gatt.py (GAtt config)     the GAtt fine-tune, base corpus replayed
+  4. report      python -m gatt.evaluate                 base, gatt and the base+repeat upper bound
+With `rebuild_base: true` (make demo BASE=rebuild), the chat model is trained first, from scratch, by the
+`base-model` stage (recipes/train_gatt.py with `base_config`, tokenizer included) after base-data, and GAtt
+starts from it. `make base-model` is that stage alone (`rounds: 0`): the base model's report (base and
+base+repeat: the reminded model's pass rate per family) and OUT/embedded, the model packaged with its record
+(command, configs, seed, versions, calibration, report figures, weights' hash, greedy replies), which
+`make ship-base-model` puts in the package.
 With `rounds: N` > 1, GAtt is iterated (expert iteration): round r+1's teacher is round r's GAtt model with the
 instruction appended to every user turn, best of k by the checks and the answer gate, and round r+1's student
 is trained from the base model on every round's data so far. Round R's data and model are in OUT/round-R/
@@ -24,9 +31,8 @@ On SmolLM2-135M-Instruct (`base_model: smollm2`), the model is its own teacher:
 Your own files: `constraints=FILE.yaml` (split tags: train / heldout) goes to the GAtt data and the
 report; `user_turns=FILE` (.txt, .jsonl, .parquet, datasets folder) to the teacher, the replay data and
 the report, unless `eval_user_turns=FILE` names other messages for the report.
-Variety studies (recipes/variety_curve.py): `base_run=runs/demo` reuses a finished run's base data and
-model, `gatt_values_per_family=K` keeps K train values of each family in the GAtt data, and
-`eval_baselines=false` reports the GAtt model alone.
+Variety studies (recipes/variety_curve.py): `gatt_values_per_family=K` keeps K train values of each family in
+the GAtt data, and `eval_baselines=false` reports the GAtt model alone.
 
 A stage whose inputs (its command, and the stages before it) are unchanged since it finished is
 skipped; an interrupted stage resumes (data shards, training checkpoints); a stage whose inputs
@@ -38,9 +44,11 @@ prints the table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -52,11 +60,13 @@ from typing import Any
 import torch
 
 from gatt.cli import exit_on_bad_input
+from gatt.embedded import FOLDER as EMBEDDED_FOLDER
+from gatt.embedded import package, weights_sha256
 from gatt.eval.report import add_rounds, format_table
 from gatt.machine import available_cpus, machine_calibration
 from gatt.numerics import NUMERICS
 from gatt.processes import ProcessTree
-from gatt.train import dataclass_from_dict, read_yaml_config
+from gatt.train import TrainConfig, dataclass_from_dict, load_config, read_yaml_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # `accelerate launch` gives each process OMP_NUM_THREADS=1 unless it is set: on a CPU that halves training speed.
@@ -72,7 +82,8 @@ HEARTBEAT_SECONDS = 10.0
 class DemoConfig:
     out: str = "runs/demo"
     seed: int = 0
-    base_model: str = "embedded"  # "embedded": trained here from scratch; "smollm2": SmolLM2-135M-Instruct from PyPI
+    base_model: str = "embedded"  # "embedded": the shipped chat model; "smollm2": SmolLM2-135M-Instruct from PyPI
+    rebuild_base: bool = False  # embedded: train the chat model from scratch first (make base-model's stages)
     constraints: str = ""  # YAML with split tags for the GAtt data and the report (default: the built-in catalogue)
     user_turns: str = ""  # your user messages for the teacher, the replay data and the report (default: built-in pools)
     eval_user_turns: str = ""  # other messages for the report (default: user_turns, else the built-in held-out pool)
@@ -80,8 +91,8 @@ class DemoConfig:
         default_factory=list
     )  # families kept out of the GAtt data, reported as held out
     base_dialogues: int = 20000
+    base_max_turns: int = 12  # longest base-corpus dialogue with local instructions (data_gen base --max-turns)
     base_config: str = "recipes/configs/base_tiny.yaml"
-    base_run: str = ""  # embedded: a finished run's folder (e.g. runs/demo) whose base data and model this run uses
     base_overrides: list[str] = field(default_factory=list)  # key=value for the base training config
     teacher: str = "base"  # "base": the base model writes the GAtt data (context distillation); or "oracle"
     gatt_dialogues: int = 1500
@@ -105,7 +116,8 @@ class DemoConfig:
     numerics: str = "exact"  # how the teacher, replay and report models generate: exact (fp32), bf16 or int8 (CPU; gatt/numerics.py)
     replay_dialogues: int = 0  # smollm2: the model's own instruction-free dialogues replayed in the fine-tune
     replay_max_turns: int = 8
-    rounds: int = 1  # GAtt rounds: round r+1's teacher is round r's GAtt model, reminded (expert iteration)
+    rounds: int = 1  # GAtt rounds (expert iteration: round r+1's teacher is round r's GAtt model, reminded); 0 with
+    # rebuild_base: make base-model (the base model's report, and the model packaged in OUT/embedded)
     rounds_continue: bool = (
         False  # round r+1's student continues from round r's model on its own data (default: base on the union)
     )
@@ -155,10 +167,12 @@ def stages(config: DemoConfig) -> list[Stage]:
         raise ValueError(f"teacher must be 'base' (or 'oracle' on the embedded model), got {config.teacher!r}")
     if config.base_model == "smollm2" and config.replay_dialogues < 1:
         raise ValueError(f"replay_dialogues must be >= 1 on smollm2 (its replay data), got {config.replay_dialogues}")
-    if config.base_run and config.base_model != "embedded":
-        raise ValueError(f"base_run reuses an embedded run's base model; base_model is {config.base_model!r}")
-    if config.rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {config.rounds}")
+    if config.rebuild_base and config.base_model != "embedded":
+        raise ValueError(f"rebuild_base trains the embedded chat model; base_model is {config.base_model!r}")
+    if config.rounds < (0 if config.rebuild_base and config.eval_baselines else 1):
+        raise ValueError(
+            f"rounds must be >= 1 (0: make base-model, with rebuild_base and eval_baselines), got {config.rounds}"
+        )
     for key in ("numerics", "eval_relevance_numerics"):
         if getattr(config, key) not in NUMERICS:
             raise ValueError(f"{key} must be one of {', '.join(NUMERICS)}, got {getattr(config, key)!r}")
@@ -176,13 +190,6 @@ def stages(config: DemoConfig) -> list[Stage]:
     out = Path(config.out)
     data, base, report = out / "data", out / "base", out / "report"
     base_data = data / "base"
-    if config.base_run:
-        base, base_data = Path(config.base_run) / "base", Path(config.base_run) / "data" / "base"
-        for needed in (base / "final", base_data / "base.jsonl"):
-            if not needed.exists():
-                raise FileNotFoundError(
-                    f"base_run {config.base_run}: no {needed} (run make demo with out={config.base_run} first)"
-                )
     python = [sys.executable]
     train = (
         [
@@ -263,7 +270,7 @@ def stages(config: DemoConfig) -> list[Stage]:
             )
         )
         union = [str(gatt_data_dir(out, i) / "gatt.jsonl") for i in range(1, r + 1)]
-        start = gatt_dir(out, r - 1) / "final" if config.rounds_continue and r > 1 else base / "final"
+        start = gatt_dir(out, r - 1) / "final" if config.rounds_continue and r > 1 else base_model_dir(config)
         data_files = union[-1:] if config.rounds_continue else union
         rounds.append(
             Stage(
@@ -291,7 +298,7 @@ def stages(config: DemoConfig) -> list[Stage]:
         if config.eval_no_instruction_dialogues is None
         else ["--no-instruction-dialogues", str(config.eval_no_instruction_dialogues)]
     )
-    models = [f"base={base / 'final'}"] if config.eval_baselines else []
+    models = [f"base={base_model_dir(config)}"] if config.eval_baselines else []
     models += [f"{student_name(r, config.rounds)}={gatt_dir(out, r) / 'final'}" for r in range(1, config.rounds + 1)]
     report_stage = Stage(
         "report",
@@ -372,6 +379,8 @@ def stages(config: DemoConfig) -> list[Stage]:
                 "base",
                 "--num-dialogues",
                 str(config.base_dialogues),
+                "--max-turns",
+                str(config.base_max_turns),
                 "--seed",
                 str(config.seed),
                 "--out",
@@ -382,28 +391,37 @@ def stages(config: DemoConfig) -> list[Stage]:
         ),
         Stage(
             "base-model",
-            [
-                *train,
-                "--config",
-                config.base_config,
-                f"train_file={base_data / 'base.jsonl'}",
-                f"output_dir={base}",
-                f"seed={config.seed}",
-                *config.base_overrides,
-                "--resume",
-            ],
+            [*train, "--config", config.base_config, *base_train_overrides(config), "--resume"],
             base,
             True,
         ),
     ]
-    return [*([] if config.base_run else base_stages), *rounds, report_stage]
+    return [*base_stages[: 2 if config.rebuild_base else 1], *rounds, report_stage]
+
+
+def base_train_overrides(config: DemoConfig) -> list[str]:
+    """The base-model stage's overrides of `base_config`: where its data and output are, the seed, then yours."""
+    out = Path(config.out)
+    return [
+        f"train_file={out / 'data' / 'base' / 'base.jsonl'}",
+        f"output_dir={out / 'base'}",
+        f"seed={config.seed}",
+        *config.base_overrides,
+    ]
+
+
+def base_model_dir(config: DemoConfig) -> Path:
+    """The chat model GAtt starts from: the shipped one, or the one this run trained (rebuild_base, smollm2)."""
+    if config.base_model == "embedded" and not config.rebuild_base:
+        return EMBEDDED_FOLDER
+    return Path(config.out) / "base" / "final"
 
 
 def round_teacher(config: DemoConfig, r: int) -> str:
     """Round r's teacher: the base model (or the oracle) in round 1, then round r-1's GAtt model."""
     if r > 1:
         return str(gatt_dir(Path(config.out), r - 1) / "final")
-    return "oracle" if config.teacher == "oracle" else str(Path(config.base_run or config.out) / "base" / "final")
+    return "oracle" if config.teacher == "oracle" else str(base_model_dir(config))
 
 
 def round_entries(config: DemoConfig, report: dict[str, Any], timings: dict[str, float]) -> list[dict[str, Any]]:
@@ -517,15 +535,16 @@ def fingerprint(stage: Stage, upstream: str) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def run(config: DemoConfig) -> dict[str, Any]:
+def run(config: DemoConfig, command: str = "") -> dict[str, Any]:
+    """Run (or skip) every stage of `config`; `command` is the command line, for make base-model's record."""
     out = Path(config.out)
     stamps = out / "stamps"
     stamps.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}  # seconds each stage took when it was made (now, or by an earlier run)
     skipped: list[str] = []
-    # With base_run, the base model's own stamp: later stages run again when that base model is remade.
-    base_stamp = Path(config.base_run) / "stamps" / "base-model.done"
-    upstream = " ".join(base_stamp.read_text().split()[:2]) if config.base_run and base_stamp.exists() else ""
+    # From the shipped model: its weights are an input of every stage (a re-shipped model makes them all again).
+    shipped = config.base_model == "embedded" and not config.rebuild_base
+    upstream = weights_sha256(EMBEDDED_FOLDER) if shipped else ""
     calibration = machine_calibration(CPUS)
     print(
         f"machine: {calibration['cpu']}, {CPUS} threads, fp32 matmul {calibration['fp32_matmul_gflops']} GFLOP/s",
@@ -580,6 +599,9 @@ def run(config: DemoConfig) -> dict[str, Any]:
         "machine": calibration,
     }
     timings_file.write_text(json.dumps(summary, indent=2) + "\n")
+    if config.rounds == 0:
+        packaged = package_base_model(config, command, report, summary)
+        print(f"packaged: {packaged} (to ship it: make ship-base-model)")
     print("\n" + format_table(report))
     print(
         "stage times: "
@@ -591,6 +613,28 @@ def run(config: DemoConfig) -> dict[str, Any]:
     return report
 
 
+def package_base_model(config: DemoConfig, command: str, report: dict[str, Any], timings: dict[str, Any]) -> Path:
+    """make base-model's product: OUT/embedded, the trained model with the record of how it was made (`timings`:
+    timings.json's content)."""
+    out = Path(config.out)
+    train_config: TrainConfig = load_config(config.base_config, base_train_overrides(config))
+    reminded = report["base+repeat"]
+    record = {
+        "name": "embedded",
+        "command": command,
+        "demo_config": dataclasses.asdict(config),
+        "train_config": dataclasses.asdict(train_config),
+        "data_seed": config.seed,
+        **{key: timings[key] for key in ("machine", "stage_seconds", "total_seconds_at_reference_speed")},
+        "report": {
+            "reminded_pass_rate_per_family": {f: v["overall"] for f, v in reminded["per_family"].items()},
+            "reminded_per_turn": reminded["per_turn"],
+            "base_per_turn": report["base"]["per_turn"],
+        },
+    }
+    return package(out / "base" / "final", out / "embedded", record)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -600,8 +644,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a config key (value read as YAML)")
     args = parser.parse_args(argv)
+    command = shlex.join(["python", "recipes/demo.py", *(sys.argv[1:] if argv is None else argv)])
     with exit_on_bad_input():
-        return run(dataclass_from_dict(DemoConfig, read_yaml_config(args.config, args.overrides), args.config))
+        config = dataclass_from_dict(DemoConfig, read_yaml_config(args.config, args.overrides), args.config)
+        return run(config, command)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Fine-tuning with GAtt vs boosting attention at inference: split-softmax at several strengths beside GAtt.
 
-  python recipes/split_softmax_sweep.py --base runs/demo/base/final --gatt runs/demo/round-1/gatt/final \
+  python recipes/split_softmax_sweep.py --base embedded --gatt runs/demo/round-1/gatt/final \
       --like results/demo/report.json --strengths 0.25 0.5 0.75 --out results/split-softmax/embedded
 
 One `python -m gatt.evaluate` run with the settings of an earlier report (`--like`: same dialogues, turns,
@@ -232,7 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", required=True, help="the base chat model folder")
+    parser.add_argument("--base", required=True, help="the base chat model folder (`embedded`: the shipped chat model)")
     parser.add_argument("--gatt", required=True, help="the GAtt model folder (fine-tuned from --base)")
     parser.add_argument("--like", required=True, type=Path, help="a report.json whose settings the sweep reuses")
     parser.add_argument(

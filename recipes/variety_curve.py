@@ -1,13 +1,13 @@
 """Held-out adherence against the variety of the GAtt data: does GAtt learn "keep what the system message
 says", or a list of constraints?
 
-  python recipes/variety_curve.py --values 1 4 all [--base-run runs/demo] [--out runs/variety] [key=value ...]
+  python recipes/variety_curve.py --values 1 4 all [--demo-run runs/demo] [--out runs/variety] [key=value ...]
 
-For each K in --values, the main job's GAtt stages run on one finished run's base model (`base_run`):
-GAtt data with at most K train values of each family (`data_gen gatt --values-per-family K`, a nested
-fixed-seed draw), the GAtt fine-tune, and the report of the GAtt model alone, under OUT/K/ (stages skip
-and resume as in recipes/demo.py); K = all is the base run's own GAtt model, read from its report (so
---config should be the one that made it). Then OUT/variety.json and OUT/variety.png: the distinct values
+For each K in --values, the main job's GAtt stages run again on its chat model (the shipped one, as in
+--config): GAtt data with at most K train values of each family (`data_gen gatt --values-per-family K`, a
+nested fixed-seed draw), the GAtt fine-tune, and the report of the GAtt model alone, under OUT/K/ (stages
+skip and resume as in recipes/demo.py); K = all is a finished main job's own GAtt model (--demo-run), read
+from its report (so --config should be the one that made it). Then OUT/variety.json and OUT/variety.png: the distinct values
 each family had in the GAtt data -> adherence at --turn on trained values, held-out values and the
 held-out family. `key=value` overrides DemoConfig fields of --config for every point.
 """
@@ -47,10 +47,10 @@ def distinct_values(gatt_file: Path) -> dict[str, int]:
     return {family: len(v) for family, v in sorted(values.items())}
 
 
-def point(config: DemoConfig, values: str, out: Path, turn: str) -> dict[str, Any]:
-    """One K: run its stages (K = all: the base run's own GAtt model and report) and read back its figures."""
+def point(config: DemoConfig, values: str, out: Path, turn: str, demo_run: Path) -> dict[str, Any]:
+    """One K: run its stages (K = all: the demo run's own GAtt model and report) and read back its figures."""
     if values == "all":
-        folder = Path(config.base_run)
+        folder = demo_run
         report = json.loads((folder / "report" / "report.json").read_text())
     else:
         folder = out / values
@@ -100,7 +100,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         default=str(ROOT / "recipes" / "configs" / "demo.yaml"),
         help="the DemoConfig YAML the points share (default: recipes/configs/demo.yaml)",
     )
-    parser.add_argument("--base-run", default="runs/demo", help="a finished make-demo folder: its base model is used")
+    parser.add_argument(
+        "--demo-run", type=Path, default=Path("runs/demo"), help="a finished make-demo folder: the point K = all"
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/variety"), help="one folder per point, and the curve")
     parser.add_argument("--turn", default="20", help="the turn the curve reads (default: 20)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a DemoConfig key for every point")
@@ -109,12 +111,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         bad = [v for v in args.values if v != "all" and not (v.isdigit() and int(v) >= 1)]
         if bad:
             raise ValueError(f"--values takes positive integers or 'all', got {', '.join(bad)}")
-        values = read_yaml_config(args.config, [*args.overrides, f"base_run={args.base_run}"])
+        values = read_yaml_config(args.config, args.overrides)
         config = dataclass_from_dict(DemoConfig, values, args.config)
-        points = [point(config, v, args.out, args.turn) for v in args.values]
+        points = [point(config, v, args.out, args.turn, args.demo_run) for v in args.values]
         args.out.mkdir(parents=True, exist_ok=True)
         tmp = args.out / ".variety.json.tmp"
-        tmp.write_text(json.dumps({"turn": args.turn, "base_run": args.base_run, "points": points}, indent=2) + "\n")
+        tmp.write_text(
+            json.dumps({"turn": args.turn, "demo_run": str(args.demo_run), "points": points}, indent=2) + "\n"
+        )
         os.replace(tmp, args.out / "variety.json")
         plot(points, args.turn, args.out / "variety.png")
     for p in points:

@@ -25,8 +25,6 @@ def test_each_stage_runs_at_1_and_2_processes_and_reports_its_throughput(tmp_pat
     data_gen_main(
         ["gatt", "--teacher", "oracle", "--num-dialogues", "16", "--max-turns", "4", "--out", str(tmp_path / "data")]
     )
-    (demo / "base").mkdir(parents=True)
-    (demo / "base" / "final").symlink_to(model)
     (demo / "round-1" / "gatt").mkdir(parents=True)
     (demo / "round-1" / "gatt" / "final").symlink_to(model)
     config = yaml.safe_load((ROOT / "recipes" / "configs" / "smoke.yaml").read_text())

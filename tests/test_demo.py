@@ -24,6 +24,8 @@ from variety_curve import main as variety_curve  # noqa: E402
 import data_gen.__main__  # noqa: E402
 import gatt.evaluate  # noqa: E402
 import gatt.pretrained  # noqa: E402
+from gatt.embedded import FOLDER as EMBEDDED_FOLDER  # noqa: E402
+from gatt.embedded import greedy_replies, read_record, ship, weights_sha256  # noqa: E402
 from gatt.processes import TreeTimeout, running  # noqa: E402
 
 # The `main` each stage command runs: `python -m MODULE ARGS` or `python SCRIPT ARGS`.
@@ -90,7 +92,6 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys, monkeyp
         assert list(report[name]["per_turn"]) == [str(t) for t in range(1, 7)]
     for path in (
         "data/base/base.jsonl",
-        "base/final/config.json",
         "round-1/data/gatt/gatt.jsonl",
         "round-1/gatt/final/config.json",
         "round-2/data/gatt/gatt.summary.json",
@@ -105,15 +106,14 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys, monkeyp
     settings = [
         json.loads((r / "data" / "gatt" / "gatt.shards" / "settings.json").read_text()) for r in (round_1, round_2)
     ]
-    assert [s["teacher"] for s in settings] == ["oracle", str(round_1 / "gatt" / "final")]
+    assert [s["teacher"] for s in settings] == [str(EMBEDDED_FOLDER), str(round_1 / "gatt" / "final")]
     assert [s["config"]["round"] for s in settings] == [1, 2]
     for r, folder in ((1, round_1), (2, round_2)):
         records = [json.loads(line) for line in (folder / "data" / "gatt" / "gatt.jsonl").read_text().splitlines()]
         assert all(record["meta"]["round"] == r for record in records)
     trained = [yaml.safe_load((r / "gatt" / "config.yaml").read_text()) for r in (round_1, round_2)]
-    assert [t["model"] for t in trained] == [
-        str(out / "base" / "final")
-    ] * 2  # each round's student starts from the base model
+    assert [t["model"] for t in trained] == [str(EMBEDDED_FOLDER)] * 2  # each round's student: from the shipped model
+    assert not (out / "base").exists()
     assert trained[0]["train_file"] == str(round_1 / "data" / "gatt" / "gatt.jsonl")
     assert trained[1]["train_file"] == [str(r / "data" / "gatt" / "gatt.jsonl") for r in (round_1, round_2)]
     assert [(r["round"], r["student"]) for r in report["rounds"]] == [(1, "gatt-r1"), (2, "gatt-r2")]
@@ -124,7 +124,7 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys, monkeyp
     assert json.loads((out / "report" / "report.json").read_text())["rounds"] == report["rounds"]
     assert "## GAtt rounds" in (out / "report" / "report.md").read_text()
     timings = json.loads((out / "timings.json").read_text())
-    stage_names = ["base-data", "base-model", "gatt-data", "gatt-model", "gatt-data-2", "gatt-model-2", "report"]
+    stage_names = ["base-data", "gatt-data", "gatt-model", "gatt-data-2", "gatt-model-2", "report"]
     assert list(timings["stage_seconds"]) == stage_names
     seconds = timings["stage_seconds"]
     assert [e["seconds"] for e in report["rounds"]] == [
@@ -138,7 +138,7 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys, monkeyp
     assert "| Turn | base | base+repeat | gatt-r1 | gatt-r2 |" in printed
     # Same inputs: every stage is skipped. A changed GAtt stage reruns it and what follows, not what precedes.
     main(demo)
-    assert capsys.readouterr().out.count("up to date, skipped") == 7
+    assert capsys.readouterr().out.count("up to date, skipped") == 6
     again = json.loads((out / "timings.json").read_text())  # each stage's time is the one it took when it was made
     assert again["stage_seconds"] == timings["stage_seconds"] and again["made_by_an_earlier_run"] == stage_names
     assert again["machine"] == timings["machine"]  # the calibration of the run that made the stages, not of this one
@@ -147,20 +147,20 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys, monkeyp
     made = {path: path.stat().st_mtime_ns for path in rollouts}
     main([*demo, "eval_relevance_numerics=bf16"])
     printed = capsys.readouterr().out
-    assert printed.count("up to date, skipped") == 6 and "[7/7 report] running" in printed
+    assert printed.count("up to date, skipped") == 5 and "[6/6 report] running" in printed
     assert len(rollouts) == 4 and {path: path.stat().st_mtime_ns for path in rollouts} == made
     overrides = "gatt_overrides=[max_steps=3, eval_every=0, batch_size=4]"
     main([*demo, overrides])
     printed = capsys.readouterr().out
-    assert printed.count("up to date, skipped") == 3 and "[4/7 gatt-model] running" in printed
-    assert "[5/7 gatt-data-2] running" in printed  # round 1's model changed: round 2's teacher did
+    assert printed.count("up to date, skipped") == 2 and "[3/6 gatt-model] running" in printed
+    assert "[4/6 gatt-data-2] running" in printed  # round 1's model changed: round 2's teacher did
     assert json.loads((round_2 / "gatt" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
     # A stage made again with the same command gives a new result: the stages after it run again too.
     (out / "stamps" / "gatt-model-2.done").unlink()
     main([*demo, overrides])
     printed = capsys.readouterr().out
-    assert printed.count("up to date, skipped") == 5 and "[7/7 report] running" in printed
-    # The variety curve: GAtt-side stages on this run's base model, one value per family, the GAtt model alone.
+    assert printed.count("up to date, skipped") == 4 and "[6/6 report] running" in printed
+    # The variety curve: GAtt-side stages on the same chat model, one value per family, the GAtt model alone.
     points = variety_curve(
         [
             "--values",
@@ -170,7 +170,7 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys, monkeyp
             "6",
             "--config",
             str(config),
-            "--base-run",
+            "--demo-run",
             str(out),
             "--out",
             str(tmp_path / "curve"),
@@ -190,14 +190,44 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys, monkeyp
         "rounds",
     }  # no base+repeat
     assert list(json.loads((variety / "timings.json").read_text())["stage_seconds"]) == [
+        "base-data",
         "gatt-data",
         "gatt-model",
         "report",
     ]
-    assert yaml.safe_load((variety / "round-1" / "gatt" / "config.yaml").read_text())["model"] == str(
-        out / "base" / "final"
-    )
-    assert not (variety / "base").exists() and not (variety / "data" / "base").exists()
+    assert yaml.safe_load((variety / "round-1" / "gatt" / "config.yaml").read_text())["model"] == str(EMBEDDED_FOLDER)
+
+
+def test_base_model_trains_the_chat_model_from_scratch_and_packages_it_with_its_record(tmp_path, monkeypatch):
+    """make base-model's wiring (rebuild_base, rounds 0) at toy size: data, tokenizer, training, the base model's
+    report and the packaged folder that make ship-base-model puts in the package."""
+    monkeypatch.setattr(demo_module, "run_stage", in_process_stage)
+    out = tmp_path / "base-model"
+    report = main(["--config", str(smoke_config(tmp_path)), f"out={out}", "rebuild_base=true", "rounds=0"])
+    assert set(report) == {"settings", "base", "base+repeat", "followable", "rounds"} and report["rounds"] == []
+    timings = json.loads((out / "timings.json").read_text())
+    assert list(timings["stage_seconds"]) == ["base-data", "base-model", "report"]
+    packaged = out / "embedded"
+    record = read_record(packaged)
+    assert record["weights_sha256"] == weights_sha256(packaged) and record["data_seed"] == 0
+    assert record["train_config"]["max_steps"] == 12 and record["train_config"]["output_dir"] == str(out / "base")
+    assert record["report"]["reminded_pass_rate_per_family"] == {
+        f: v["overall"] for f, v in report["base+repeat"]["per_family"].items()
+    }
+    assert record["report"]["base_per_turn"] == report["base"]["per_turn"]
+    assert record["greedy_replies"]["tokens"] == greedy_replies(packaged)
+    assert record["parameters"] > 0 and record["machine"]["fp32_matmul_gflops"] > 0
+    model_files = [p.name for p in (out / "base" / "final").iterdir()]
+    assert sorted(p.name for p in packaged.iterdir()) == sorted([*model_files, "record.json"])
+    # Shipped elsewhere (not over the package's own model), it is the packaged folder, byte for byte.
+    ship(packaged, into=tmp_path / "shipped")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "shipped").iterdir()} == {
+        p.name: p.read_bytes() for p in packaged.iterdir()
+    }
+    # With rebuild_base, make demo's GAtt starts from the model it trained, not from the shipped one.
+    commands = {s.name: s.command for s in stages(DemoConfig(out=str(out), rebuild_base=True))}
+    assert list(commands) == ["base-data", "base-model", "gatt-data", "gatt-model", "report"]
+    assert f"model={out / 'base' / 'final'}" in commands["gatt-model"]
 
 
 def test_a_resumed_stage_counts_the_seconds_of_its_interrupted_attempts(tmp_path):
@@ -232,7 +262,7 @@ def test_rounds_continue_trains_each_round_from_the_last_model_on_its_own_data()
         command = commands[f"gatt-model-{r}"]
         assert f"model={previous}" in command
         assert f"train_file={out / f'round-{r}' / 'data' / 'gatt' / 'gatt.jsonl'}" in command
-    assert f"model={out / 'base' / 'final'}" in commands["gatt-model"]  # round 1 starts from the base model
+    assert f"model={EMBEDDED_FOLDER}" in commands["gatt-model"]  # round 1 starts from the shipped chat model
 
 
 def test_demo_refuses_an_unknown_key_naming_it():

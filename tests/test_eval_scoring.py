@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gatt.eval.report import _markdown, build_report, format_table, write_report
+from gatt.eval.report import _adherence_figure, _markdown, _models, build_report, format_table, write_report
 from gatt.eval.scoring import (
     STRATA_INSTRUCTED,
     adherence_per_turn,
@@ -373,6 +373,21 @@ def test_write_report_files(tmp_path: Path) -> None:
 
     lines = (out / "transcripts.jsonl").read_text(encoding="utf-8").splitlines()
     assert [json.loads(line) for line in lines] == run
+
+
+def test_adherence_figure_keeps_its_legend_off_the_curves_and_the_checks_in_their_own_panel() -> None:
+    report = build_report(long_run(), {"turns": 22, "seed": 0})
+    figure = _adherence_figure(report)
+    figure.draw_without_rendering()  # lays out the constrained figure
+    gated, checks = figure.axes
+    assert [ax.get_title() for ax in (gated, checks)] == ["Checks and answer gate", "Checks alone (trained values)"]
+    models = _models(report)
+    series = [m for m in models if report[m]["per_turn"]] + [m for m in models if report[m]["heldout_per_turn"]]
+    assert len(checks.lines) == len(models) and len(gated.lines) == len(series) > len(models)
+    (legend,) = figure.legends
+    box = legend.get_window_extent()
+    assert not any(box.overlaps(ax.get_window_extent()) for ax in figure.axes)
+    assert [text.get_text() for text in legend.get_texts()] == [line.get_label() for line in gated.lines]
 
 
 def test_attention_png_without_measurements(tmp_path: Path) -> None:

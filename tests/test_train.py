@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -122,6 +123,29 @@ def test_lr_restarts_return_the_learning_rate_to_its_peak_each_cycle(data, tmp_p
     assert restarted[10] < 1e-4 and restarted[11] == pytest.approx(3e-3) and restarted[19] < 2e-4
     with pytest.raises(ValueError, match="lr_restarts must be >= 0"):
         smoke_config(data, tmp_path / "bad", lr_restarts=-1)
+
+
+def test_a_rewarmed_run_is_a_run_resumed_on_a_longer_schedule(data, tmp_path):
+    """`lr_rewarm_step` + `lr_first_horizon` (make base-model's schedule) = a run stopped at that step and resumed
+    with a larger max_steps: same learning rates, same weights."""
+    small = {"eval_every": 0, "batch_size": 4, "save_every": 3, "warmup_steps": 1}
+    first = smoke_config(data, tmp_path / "resumed", max_steps=6, **small)
+    train(first)  # cosine over 6 steps, checkpoint at step 3
+    shutil.rmtree(tmp_path / "resumed" / "final")
+    resumed = train(smoke_config(data, tmp_path / "resumed", max_steps=9, **small), resume=True)
+    rewarmed = train(
+        smoke_config(data, tmp_path / "rewarmed", max_steps=9, lr_first_horizon=6, lr_rewarm_step=3, **small)
+    )
+    assert [m["lr"] for m in read_metrics(tmp_path / "rewarmed")][3:] == pytest.approx(
+        [m["lr"] for m in read_metrics(tmp_path / "resumed")][3:]
+    )
+    assert rewarmed["loss"] == pytest.approx(resumed["loss"], rel=1e-5)
+    weights = [
+        AutoModelForCausalLM.from_pretrained(tmp_path / run / "final").state_dict() for run in ("resumed", "rewarmed")
+    ]
+    assert all(torch.allclose(weights[0][k], weights[1][k], atol=1e-6) for k in weights[0])
+    with pytest.raises(ValueError, match="lr_rewarm_step <= lr_first_horizon <= max_steps"):
+        smoke_config(data, tmp_path / "bad", max_steps=9, lr_first_horizon=12, lr_rewarm_step=3)
 
 
 def test_batch_order_is_a_function_of_seed_and_step():

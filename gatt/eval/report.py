@@ -262,23 +262,28 @@ def _turn_series(table: dict[str, dict[str, Any]]) -> tuple[list[int], list[floa
 
 
 def _adherence_figure(report: dict[str, Any]) -> Figure:
-    fig = Figure(figsize=(7, 4.5))
-    ax = fig.subplots()
+    """Two panels sharing the turn axis: adherence (checks and the answer gate) on trained and held-out values, then
+    the checks alone on trained values; one legend outside both, so no curve is hidden under it."""
+    fig = Figure(figsize=(10, 4.5), layout="constrained")
+    gated, checks = fig.subplots(1, 2, sharey=True)
     for i, m in enumerate(_models(report)):
         color = f"C{i}"
         turns, values, lo, hi = _turn_series(report[m]["per_turn"])
         if turns:
-            ax.plot(turns, values, color=color, marker="o", markersize=3, label=f"{m} (train)")
-            ax.fill_between(turns, lo, hi, color=color, alpha=0.2)
+            gated.plot(turns, values, color=color, marker="o", markersize=3, label=f"{m}: trained values")
+            gated.fill_between(turns, lo, hi, color=color, alpha=0.2)
         turns, values, _, _ = _turn_series(report[m]["heldout_per_turn"])
         if turns:
-            ax.plot(turns, values, color=color, linestyle="--", label=f"{m} (held-out values)")
-        turns, values, _, _ = _turn_series(report[m]["checks_only"]["per_turn"])
+            gated.plot(turns, values, color=color, linestyle="--", label=f"{m}: held-out values")
+        turns, values, lo, hi = _turn_series(report[m]["checks_only"]["per_turn"])
         if turns:
-            ax.plot(turns, values, color=color, linestyle=":", linewidth=1, label=f"{m} (train, checks alone)")
-    ax.set(xlabel="Turn", ylabel="Adherence (%)", title="Instruction adherence per turn", ylim=(0, 102))
-    if ax.lines:
-        ax.legend()
+            checks.plot(turns, values, color=color, marker="o", markersize=3)
+            checks.fill_between(turns, lo, hi, color=color, alpha=0.2)
+    gated.set(xlabel="Turn", ylabel="Adherence (%)", title="Checks and answer gate", ylim=(0, 102))
+    checks.set(xlabel="Turn", title="Checks alone (trained values)")
+    fig.suptitle("Instruction adherence per turn (bands: 95% Wilson intervals)")
+    if gated.lines:
+        fig.legend(loc="outside right center")
     return fig
 
 

@@ -1,0 +1,68 @@
+"""The embedded chat model shipped in the package: it loads by name wherever a model folder is taken, its files are
+the ones its record describes (weights' hash, greedy replies), and `make base-model`'s config is the recorded one."""
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from data_gen.__main__ import main as data_gen_main
+from gatt.embedded import EMBEDDED, FOLDER, MAX_WEIGHT_BYTES, greedy_replies, model_path, read_record, weights_sha256
+from gatt.evaluate import parse_models
+from gatt.modeling import GattForCausalLM
+from gatt.train import TrainConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "recipes"))
+
+from demo import DemoConfig, base_train_overrides  # noqa: E402
+
+from gatt.train import dataclass_from_dict, read_yaml_config  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def record() -> dict:
+    return read_record()
+
+
+def test_the_shipped_files_are_the_ones_the_record_describes(record):
+    assert weights_sha256(FOLDER) == record["weights_sha256"]
+    assert (FOLDER / "model.safetensors").stat().st_size == record["weights_bytes"] <= MAX_WEIGHT_BYTES
+    # fp32 on the CPU, greedy: the replies the model gave when it was packaged, token for token.
+    assert greedy_replies(FOLDER) == record["greedy_replies"]["tokens"]
+    model = AutoModelForCausalLM.from_pretrained(model_path(EMBEDDED))
+    assert isinstance(model, GattForCausalLM) and model.num_parameters() == record["parameters"]
+    tokenizer = AutoTokenizer.from_pretrained(model_path(EMBEDDED))
+    assert tokenizer.chat_template and len(tokenizer) == model.config.vocab_size
+
+
+def test_make_base_models_config_is_the_recorded_one(record):
+    config_file = ROOT / "recipes" / "configs" / "base_model.yaml"
+    config = dataclass_from_dict(DemoConfig, read_yaml_config(config_file), str(config_file))
+    assert dataclasses.asdict(config) == record["demo_config"]
+    train = load_config(ROOT / config.base_config, base_train_overrides(config))
+    assert dataclasses.asdict(train) == record["train_config"]
+    assert record["data_seed"] == config.seed
+    assert record["command"].startswith("python recipes/demo.py --config recipes/configs/base_model.yaml")
+    # What the record says of the model's report is what make base-model measured.
+    reminded = record["report"]["reminded_pass_rate_per_family"]
+    assert set(reminded) >= {"caps", "figure", "hobby", "language", "signoff"}
+    assert all(0 <= v["adherence"] <= 1 and v["n"] > 0 for v in reminded.values())
+
+
+def test_every_place_that_takes_a_model_folder_takes_the_name(tmp_path):
+    assert model_path(EMBEDDED) == str(FOLDER) and model_path("runs/x") == "runs/x"
+    assert parse_models(["base=embedded"]) == {"base": str(FOLDER)}
+    smoke = yaml.safe_load((ROOT / "recipes" / "configs" / "smoke.yaml").read_text())
+    values = {**smoke, "model": EMBEDDED, "model_config": None, "tokenizer_vocab_size": 0}
+    assert TrainConfig.from_dict(values).model == str(FOLDER)
+    data_gen_main(
+        ["gatt", "--teacher", EMBEDDED, "--num-dialogues", "2", "--max-turns", "2", "--max-new-tokens", "8"]
+        + ["--out", str(tmp_path)]
+    )
+    settings = json.loads((tmp_path / "gatt.shards" / "settings.json").read_text())
+    assert settings["teacher"] == str(FOLDER)
