@@ -57,7 +57,8 @@ BAD_INPUTS = {
     # A folder that holds no model: every stage that loads one names the folder and what it lacks, the same way.
     "data_gen gatt: a teacher folder with no model": (
         ["-m", "data_gen", "gatt", "--teacher", "{tmp}", "--num-dialogues", "2", "--out", "{tmp}/data"],
-        "--teacher {tmp}: not a model folder ('oracle' is the toy world's responder): it has no config.json, "
+        "--teacher {tmp}: not a model folder ('oracle' is the toy world's responder, 'embedded' the shipped chat model): "
+        "it has no config.json, "
         "no model weights (model.safetensors or pytorch_model.bin), no tokenizer files",
     ),
     "evaluate: a model folder with no model": (
