@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from gatt.cli import exit_on_bad_input
 from gatt.embedded import FOLDER as EMBEDDED_FOLDER
@@ -66,7 +67,7 @@ from gatt.eval.report import add_rounds, format_table
 from gatt.machine import available_cpus, machine_calibration
 from gatt.numerics import NUMERICS
 from gatt.processes import ProcessTree
-from gatt.train import TrainConfig, dataclass_from_dict, load_config, read_yaml_config
+from gatt.train import dataclass_from_dict, read_yaml_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # `accelerate launch` gives each process OMP_NUM_THREADS=1 unless it is set: on a CPU that halves training speed.
@@ -543,8 +544,7 @@ def run(config: DemoConfig, command: str = "") -> dict[str, Any]:
     timings: dict[str, float] = {}  # seconds each stage took when it was made (now, or by an earlier run)
     skipped: list[str] = []
     # From the shipped model: its weights are an input of every stage (a re-shipped model makes them all again).
-    shipped = config.base_model == "embedded" and not config.rebuild_base
-    upstream = weights_sha256(EMBEDDED_FOLDER) if shipped else ""
+    upstream = weights_sha256(EMBEDDED_FOLDER) if base_model_dir(config) == EMBEDDED_FOLDER else ""
     calibration = machine_calibration(CPUS)
     print(
         f"machine: {calibration['cpu']}, {CPUS} threads, fp32 matmul {calibration['fp32_matmul_gflops']} GFLOP/s",
@@ -617,13 +617,12 @@ def package_base_model(config: DemoConfig, command: str, report: dict[str, Any],
     """make base-model's product: OUT/embedded, the trained model with the record of how it was made (`timings`:
     timings.json's content)."""
     out = Path(config.out)
-    train_config: TrainConfig = load_config(config.base_config, base_train_overrides(config))
     reminded = report["base+repeat"]
     record = {
         "name": "embedded",
         "command": command,
         "demo_config": dataclasses.asdict(config),
-        "train_config": dataclasses.asdict(train_config),
+        "train_config": yaml.safe_load((out / "base" / "config.yaml").read_text()),  # as the trainer ran it
         "data_seed": config.seed,
         **{key: timings[key] for key in ("machine", "stage_seconds", "total_seconds_at_reference_speed")},
         "report": {

@@ -11,7 +11,16 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data_gen.__main__ import main as data_gen_main
-from gatt.embedded import EMBEDDED, FOLDER, MAX_WEIGHT_BYTES, greedy_replies, model_path, read_record, weights_sha256
+from gatt.embedded import (
+    EMBEDDED,
+    FOLDER,
+    MAX_WEIGHT_BYTES,
+    greedy_replies,
+    model_path,
+    package,
+    read_record,
+    weights_sha256,
+)
 from gatt.evaluate import parse_models
 from gatt.modeling import GattForCausalLM
 from gatt.train import TrainConfig, load_config
@@ -66,3 +75,14 @@ def test_every_place_that_takes_a_model_folder_takes_the_name(tmp_path):
     )
     settings = json.loads((tmp_path / "gatt.shards" / "settings.json").read_text())
     assert settings["teacher"] == str(FOLDER)
+
+
+def test_packaging_that_fails_leaves_no_folder_behind(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    for path in FOLDER.iterdir():
+        if path.name not in ("tokenizer.json", "record.json"):
+            (model / path.name).write_bytes(path.read_bytes())
+    with pytest.raises(ValueError):  # no tokenizer: transformers cannot load one for the greedy replies
+        package(model, tmp_path / "embedded", {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
