@@ -56,7 +56,7 @@ bench: install
 	$(PYTHON) benchmarks/run.py --json results/benchmarks.json
 
 # One prepared GPU check (benchmarks/gpu_check.py): SmolLM2 GAtt end to end, the benchmarks and a DeepSpeed launch on
-# one CUDA GPU in about 8 minutes, each stage within its budget; the figures go to results/. It installs the lock's
+# one CUDA GPU in at most 9.25 minutes (one 10-minute call), each stage within its budget; the figures go to results/. It installs the lock's
 # runtime packages itself (the machine's CUDA torch kept): WHEELS=DIR installs from wheel files, with no network.
 # `make gpu-check DEVICE=cpu SIZE=smoke` runs the same stages at toy size on the CPU (tests/test_gpu_check.py).
 DEVICE ?= cuda

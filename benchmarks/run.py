@@ -40,6 +40,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +93,11 @@ def machine(device: str) -> dict[str, Any]:
     return record
 
 
-def run(keys: list[str], quick: bool, device: str) -> dict[str, Any]:
-    """Run the modules behind `keys` (each once, in order); returns the JSON payload."""
+def run(
+    keys: list[str], quick: bool, device: str, save: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """Run the modules behind `keys` (each once, in order); returns the JSON payload. `save` gets the payload after
+    each module, so a run killed at a time budget (make gpu-check) keeps the rows it finished."""
     payload: dict[str, Any] = {"machine": machine(device), "quick": quick, "seconds": {}}
     modules = list(dict.fromkeys(BENCHMARKS.get(key) or GPU_ONLY[key] for key in keys))
     for name in modules:
@@ -108,6 +112,8 @@ def run(keys: list[str], quick: bool, device: str) -> dict[str, Any]:
         results = module.run(quick, device, **wanted)  # a module that can run some of its rows runs only those
         payload["seconds"][name] = round(time.perf_counter() - start, 1)
         payload.update({key: value for key, value in results.items() if key in keys})
+        if save is not None:
+            save(payload)
     return payload
 
 
@@ -202,10 +208,10 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def merge_into(path: Path, payload: dict[str, Any], keys: list[str]) -> dict[str, Any]:
-    """An --only run's `keys` merged into the results already at `path`: each new result carries the machine and
-    `quick` of its own run (the file's top-level record stays that of the run that made the other keys)."""
-    merged = json.loads(path.read_text())
+def merge_into(earlier: dict[str, Any], payload: dict[str, Any], keys: list[str]) -> dict[str, Any]:
+    """An --only run's `keys` merged into the `earlier` results file's content: each new result carries the machine
+    and `quick` of its own run (the file's top-level record stays that of the run that made the other keys)."""
+    merged = json.loads(json.dumps(earlier))  # a copy: each save merges into the file as it was before the run
     for key in keys:
         merged[key] = {**payload[key], "machine": payload["machine"], "quick": payload["quick"]}
     merged.setdefault("seconds", {}).update(payload["seconds"])
@@ -263,13 +269,16 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"--only: {', '.join(k for k in keys if k in CPU_ONLY)} runs on the CPU (--device cpu)")
         if args.device == "cpu" and any(k in GPU_ONLY for k in keys):
             raise ValueError(f"--only: {', '.join(k for k in keys if k in GPU_ONLY)} needs --device cuda")
-        payload = run(keys, args.quick, args.device)
+        base = json.loads(args.json.read_text()) if args.json and args.only and args.json.is_file() else None
+
+        def save(payload: dict[str, Any]) -> None:
+            done = [key for key in keys if key in payload]
+            write_json(args.json, merge_into(base, payload, done) if base is not None else payload)
+
+        payload = run(keys, args.quick, args.device, save if args.json else None)
         print()
         print_table(payload)
         if args.json:
-            if args.only and args.json.is_file():
-                payload = merge_into(args.json, payload, keys)
-            write_json(args.json, payload)
             print(f"wrote {args.json}")
 
 

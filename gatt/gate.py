@@ -144,14 +144,18 @@ class RelevanceScorer:
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         *,
-        batch_size: int = 16,
+        batch_size: int | None = None,
         max_reply_tokens: int = GateConfig.relevance_tokens,
         progress: bool = False,
     ) -> None:
-        """`progress`: a progress bar over the batches of a call that has several (a report's whole gate)."""
+        """`batch_size`: replies scored in one pass; by default 16 on the CPU and 128 on a GPU (a report's gate ran
+        1,162 batches of 16 in 65 s on an H100, latency-bound). `progress`: a progress bar over the batches of a call
+        that has several (a report's whole gate)."""
         if not tokenizer.chat_template:
             raise ValueError("the relevance scorer needs a chat model (a tokenizer with a chat template)")
         self.model, self.tokenizer = model.eval(), tokenizer
+        if batch_size is None:
+            batch_size = 16 if model.device.type == "cpu" else 128
         self.batch_size, self.max_reply_tokens, self.progress = batch_size, max_reply_tokens, progress
         self._prompts: dict[str, list[int]] = {}
         self._scores: dict[tuple[str, str], tuple[float, int]] = {}  # a reply is often scored again (sweeps, reruns)

@@ -3,6 +3,7 @@
 import json
 import re
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,29 @@ def test_attention_benchmarks_write_results_with_their_machine(tmp_path: Path, m
     assert memory["theirs"] - memory["ours"] >= weights_mib
     assert memory["ratio"] == pytest.approx(memory["theirs"] / memory["ours"], rel=1e-3)
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_each_finished_module_is_saved_before_the_next_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run killed at a time budget (make gpu-check's benchmark stage) keeps the rows of the modules it finished,
+    merged into the file's earlier rows."""
+    out = tmp_path / "bench.json"
+    out.write_text(json.dumps({"machine": {"cpu": "earlier"}, "quick": False, "seconds": {}, "kept": {"ratio": 2.0}}))
+    finished, killed = types.ModuleType("bench_finished"), types.ModuleType("bench_killed")
+    finished.run = lambda quick, device: {"row_a": {"ratio": 1.5}}
+
+    def stuck(quick: bool, device: str) -> dict:
+        raise KeyboardInterrupt  # the stage's budget ran out in this module
+
+    killed.run = stuck
+    monkeypatch.setitem(sys.modules, "bench_finished", finished)
+    monkeypatch.setitem(sys.modules, "bench_killed", killed)
+    monkeypatch.setattr(runner, "BENCHMARKS", {"row_a": "bench_finished", "row_b": "bench_killed"})
+    with pytest.raises(KeyboardInterrupt):
+        runner.main(["--quick", "--only", "row_a", "row_b", "--json", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["kept"] == {"ratio": 2.0} and saved["machine"] == {"cpu": "earlier"}
+    assert saved["row_a"]["ratio"] == 1.5 and saved["row_a"]["quick"] is True
+    assert "row_b" not in saved and set(saved["seconds"]) == {"bench_finished"}
 
 
 def test_bad_benchmark_key_is_one_error_line(tmp_path) -> None:
