@@ -9,7 +9,8 @@
       the teacher's own answers to dialogues without instruction, gated -> DIR/replay.jsonl (resumable):
       replay data that keeps a fine-tune from forgetting how the model answers
   python -m data_gen pass-rate --teacher (oracle|MODEL_DIR) --out FILE.json [--constraints FILE.yaml] [--user-turns FILE]
-      each constraint's one-turn pass rate with the instruction in view (checks; checks and gate; best of k)
+      each constraint's one-turn pass rate with the instruction in view (checks; checks and gate; best of k):
+      FILE.json, and on stderr a table per constraint, then per family
   python -m data_gen eval-set --out DIR [--seed S]
       the built-in evaluation set -> DIR/constraints.yaml, DIR/user_turns.jsonl (the copy in
       gatt/eval/builtin is regenerated with --out gatt/eval/builtin)
@@ -44,7 +45,7 @@ from gatt.checks import Constraint, hold_out_families, load_constraints
 from gatt.cli import exit_on_bad_input
 from gatt.distributed import end_job, process_state
 from gatt.embedded import model_path
-from gatt.generation import add_sampler_arguments
+from gatt.generation import add_sampler_arguments, sampler_settings
 from gatt.model_folder import check_model_folder
 from gatt.numerics import NUMERICS
 
@@ -110,7 +111,7 @@ def _teacher(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="'oracle' (the toy world's responder), 'embedded' (the shipped chat model) or a causal LM directory",
     )
-    add_sampler_arguments(parser)  # a model teacher's decoding
+    add_sampler_arguments(parser, "the --teacher folder's")  # a model teacher's decoding
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=32, help="prompts per teacher generate() call")
     parser.add_argument(
@@ -130,7 +131,8 @@ def _teacher(parser: argparse.ArgumentParser) -> None:
         default="exact",
         help="exact (fp32, default); bf16 (faster on a CPU with bf16 instructions); or int8: the teacher's "
         "Linear layers dynamically quantised, CPU only. The fast modes draw other candidates "
-        "(gatt/numerics.py; int8 does not pay on SmolLM2-135M)",
+        "(gatt/numerics.py; int8 does not pay on SmolLM2-135M); auto: bf16 where the device has fast bf16 "
+        "arithmetic, else exact",
     )
     parser.add_argument(
         "--teacher-device-map",
@@ -197,7 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="For each constraint, --prompts user turns (a probe-only persona: its probe questions) with the "
         "instruction appended, --samples candidates each: the share passing the checks, the checks and the answer "
         "gate, and the share of prompts where one of the k passes both (what best-of-k rejection keeps). "
-        "Writes FILE.json and prints the per-family table.",
+        "Writes FILE.json (settings, per_constraint, per_family). Prints on stderr a markdown table with one row "
+        "per constraint (name, family, split, prompts, candidates, and the JSON's checks, checks_and_gate and "
+        "best_of_k as percentages), then the per-family table (left out when no constraint names a family: "
+        "all are 'custom'), and on stdout the per-family figures as JSON. The progress bar counts prompts and "
+        "steps as each constraint's candidates are written.",
     )
     pass_rate.add_argument("--out", type=Path, required=True, help="output JSON file")
     pass_rate.add_argument("--constraints", type=Path, help="YAML constraint file (default: the built-in catalogue)")
@@ -256,6 +262,12 @@ def run_base(args: argparse.Namespace) -> dict:
     }
 
 
+def teacher_decoding(args: argparse.Namespace) -> tuple[dict[str, float | int], dict[str, str]]:
+    """The teacher's sampler settings (each flag given, else the teacher folder's generation_config.json, else the
+    built-in default: the oracle has no folder) and where each came from."""
+    return sampler_settings(args, None if args.teacher == "oracle" else model_path(args.teacher))
+
+
 def make_teacher(args: argparse.Namespace, constraints: list[Constraint]) -> Teacher:
     if args.teacher == "oracle":
         return OracleTeacher(constraints)
@@ -263,12 +275,10 @@ def make_teacher(args: argparse.Namespace, constraints: list[Constraint]) -> Tea
     check_model_folder(
         teacher, "--teacher", hint=" ('oracle' is the toy world's responder, 'embedded' the shipped chat model)"
     )
+    decoding, _ = teacher_decoding(args)
     return ModelTeacher(
         teacher,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty,
-        no_repeat_ngram_size=args.no_repeat_ngram_size,
+        **decoding,
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         device=args.device,
@@ -328,7 +338,8 @@ def run_gatt(args: argparse.Namespace) -> dict:
 
 
 def run_pass_rate(args: argparse.Namespace) -> dict:
-    """Write the pass-rate JSON atomically, print its table, return it."""
+    """Write the pass-rate JSON atomically, print its per-constraint and per-family tables (stderr), return the
+    per-family figures."""
     constraints = _constraints(args)
     config = PassRateConfig(
         prompts=args.prompts,
@@ -338,13 +349,12 @@ def run_pass_rate(args: argparse.Namespace) -> dict:
         demonstration=args.demonstration,
     )
     result = measure_pass_rates(make_teacher(args, constraints), constraints, _user_pool(args), config)
+    decoding, sources = teacher_decoding(args)
     result["settings"].update(
         constraints=str(args.constraints or "built-in"),
         max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty,
-        no_repeat_ngram_size=args.no_repeat_ngram_size,
+        **decoding,  # the values used, and where each came from
+        decoding_sources=sources,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(f".{args.out.name}.tmp")

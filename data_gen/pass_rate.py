@@ -31,7 +31,7 @@ class PassRateConfig:
     samples: int = 2  # candidates per prompt (the k of best-of-k)
     seed: int = 0
     relevance_others: int = 3  # contrast questions where a turn has no on-topic check
-    chunk: int = 64  # prompts per teacher call (progress is shown per call)
+    chunk: int = 64  # at most this many prompts per teacher call; a call never mixes constraints (progress steps)
     strict_gate: bool = False  # judge with the real-model gate (GateConfig.strict()), as the report's --strict-gate
     demonstration: bool = (
         False  # precede each prompt with one passing exchange of the same constraint (`demonstrations`)
@@ -77,8 +77,12 @@ def _sample_and_judge(
     config: PassRateConfig,
     rng: random.Random,
     demonstrations: dict[str, Demonstration],
+    desc: str = "pass rates",
 ) -> list[list[tuple[str, bool, bool]]]:
-    """Per case, each candidate with whether it passes the checks, and the checks and the gate."""
+    """Per case, each candidate with whether it passes the checks, and the checks and the gate.
+
+    The teacher is called once per constraint (its prompts, in calls of at most `config.chunk`): the progress
+    bar, in prompts, steps as each constraint's candidates are written, so it shows a rate and an ETA."""
     requests = [
         TurnRequest(
             [*demonstrations.get(c.name, []), {"role": "user", "content": with_instruction(turn.text, instruction)}],
@@ -89,8 +93,11 @@ def _sample_and_judge(
     ]
     teacher.seed(config.seed)
     sampled: list[list[str]] = []
-    for start in tqdm(range(0, len(requests), config.chunk), desc="pass rates", unit="call"):
-        sampled += teacher.sample(requests[start : start + config.chunk], config.samples)
+    with tqdm(total=len(requests), desc=desc, unit="prompt") as progress:
+        for start, end in _calls(cases, config.chunk):
+            progress.set_postfix(constraint=cases[start][0].name, refresh=False)
+            sampled += teacher.sample(requests[start:end], config.samples)
+            progress.update(end - start)
     gate = AnswerGate(gate_config(strict_gate=config.strict_gate), scorer=teacher.scorer)
     items, owners = [], []
     checked = [
@@ -111,6 +118,17 @@ def _sample_and_judge(
     ]
 
 
+def _calls(cases: Sequence[Case], chunk: int) -> list[tuple[int, int]]:
+    """The [start, end) ranges of the teacher calls: each constraint's run of cases, cut every `chunk` cases."""
+    calls: list[tuple[int, int]] = []
+    start = 0
+    for end in range(1, len(cases) + 1):
+        if end == len(cases) or end - start == chunk or cases[end][0] is not cases[start][0]:
+            calls.append((start, end))
+            start = end
+    return calls
+
+
 def demonstrations(
     teacher: Teacher, constraints: Sequence[Constraint], user_pool: Sequence[UserTurn], config: PassRateConfig
 ) -> dict[str, Demonstration]:
@@ -120,7 +138,8 @@ def demonstrations(
     draw = replace(config, seed=config.seed + 1, demonstration=False)
     cases = _cases(constraints, user_pool, draw, rng)
     found: dict[str, Demonstration] = {}
-    for (c, turn, instruction), candidates in zip(cases, _sample_and_judge(teacher, cases, user_pool, draw, rng, {})):
+    judged = _sample_and_judge(teacher, cases, user_pool, draw, rng, {}, desc="demonstrations")
+    for (c, turn, instruction), candidates in zip(cases, judged):
         reply = next((text for text, _, gated in candidates if gated), None)
         if reply is not None and c.name not in found:
             found[c.name] = [
@@ -178,7 +197,22 @@ def measure_pass_rates(
     }
 
 
-def format_pass_rates(result: dict[str, Any]) -> str:
+def format_constraint_rates(result: dict[str, Any]) -> str:
+    """The per-constraint table in markdown, one row per constraint in the order measured: its name, family,
+    split, prompts and candidates, and the JSON's `checks`, `checks_and_gate` and `best_of_k` as percentages."""
+    k = result["settings"]["samples"]
+    lines = [
+        f"| constraint | family | split | prompts | candidates | checks | checks and gate | best of {k} |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in result["per_constraint"].items():
+        cells = [name.replace("|", "/") or "(no name)", r["family"], r["split"], r["prompts"], r["candidates"]]
+        cells += [f"{r[key]:.0%}" for key in ("checks", "checks_and_gate", "best_of_k")]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
+def format_family_rates(result: dict[str, Any]) -> str:
     """The per-family table in markdown."""
     k = result["settings"]["samples"]
     lines = [f"| family | candidates | checks | checks and gate | best of {k} |", "|---|---|---|---|---|"]
@@ -187,3 +221,12 @@ def format_pass_rates(result: dict[str, Any]) -> str:
             f"| {family} | {r['candidates']} | {r['checks']:.0%} | {r['checks_and_gate']:.0%} | {r['best_of_k']:.0%} |"
         )
     return "\n".join(lines)
+
+
+def format_pass_rates(result: dict[str, Any]) -> str:
+    """What `python -m data_gen pass-rate` prints: the per-constraint table, then the per-family table unless
+    every constraint is of the default family `custom` (a constraint file without `family` fields)."""
+    tables = [format_constraint_rates(result)]
+    if set(result["per_family"]) != {"custom"}:
+        tables.append(format_family_rates(result))
+    return "\n\n".join(tables)

@@ -176,7 +176,11 @@ def _gate_items(
     rng = random.Random(f"{config.draw_key}-{dialogue.index}-others-{len(dialogue.replies)}-{dialogue.redrawn}")
     pool = [t.text for t in user_pool if _key(t) != _key(turn)]
     others = tuple(rng.sample(pool, min(config.relevance_others, len(pool))))
-    return [GateItem(gate_turn(dialogue.constraints, turn, candidate), earlier, others) for candidate in candidates]
+    instruction = dialogue.instruction if dialogue.constraints else ""
+    return [
+        GateItem(gate_turn(dialogue.constraints, turn, candidate), earlier, others, instruction)
+        for candidate in candidates
+    ]
 
 
 def synthesize_shard(
@@ -186,13 +190,18 @@ def synthesize_shard(
     user_pool: Sequence[UserTurn],
     stats: Counter,
     progress: tqdm | None = None,
+    tally: Counter | None = None,
 ) -> None:
-    """Run every dialogue of a shard to its end, one batched teacher call per turn."""
+    """Run every dialogue of a shard to its end, one batched teacher call per turn.
+
+    `progress` (a tqdm bar) advances by one for each dialogue as it ends; its postfix shows the turn, the
+    dialogues still active, and the run's kept and dropped dialogues so far (`tally`, shared across shards)."""
     k = config.samples_per_turn
     gate = AnswerGate(gate_config(config.strict_repeats, config.strict_gate), scorer=teacher.scorer)
+    tally = Counter() if tally is None else tally
     while active := [d for d in dialogues if d.ended is None]:
-        if progress is not None:
-            progress.set_postfix(turn=len(active[0].replies) + 1, active=len(active))
+        turn = len(active[0].replies) + 1
+        _show(progress, tally, turn=turn, active=len(active), refresh=True)
         requests = [d.request() for d in active]
         sampled = teacher.sample(requests, k)
         # Candidates that pass the checks go to the answer gate, all dialogues' in one batch.
@@ -229,6 +238,19 @@ def synthesize_shard(
                 dialogue.redrawn = 0
                 if len(dialogue.replies) == len(dialogue.turns):
                     dialogue.ended = "complete"
+            if dialogue.ended is not None:  # one step of the bar per dialogue, as it ends
+                tally["kept" if len(dialogue.replies) >= config.min_turns else "dropped"] += 1
+                if progress is not None:
+                    _show(progress, tally, turn=turn, active=sum(d.ended is None for d in active), refresh=False)
+                    progress.update(1)
+
+
+def _show(progress: tqdm | None, tally: Counter, *, turn: int | None, active: int, refresh: bool) -> None:
+    """The bar's postfix: the turn being sampled and the dialogues still active (during a shard), and the
+    dialogues kept and dropped so far."""
+    if progress is not None:
+        shard = {"turn": turn, "active": active} if turn is not None else {}
+        progress.set_postfix({**shard, "kept": tally["kept"], "dropped": tally["dropped"]}, refresh=refresh)
 
 
 def to_record(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -> dict[str, Any]:
@@ -300,29 +322,35 @@ def synthesize(
     state = process_state()
     mine = my_items(num_shards, state)
     where = f" (process {state.process_index} of {state.num_processes})" if state.num_processes > 1 else ""
+    # Shards finished before an interruption count as done from the start (the bar's rate and ETA are this run's).
+    tally: Counter = Counter()
+    for shard in mine:
+        if _shard_path(shard_dir, shard).exists():
+            tally.update(_shard_tally(_shard_path(shard_dir, shard)))
     progress = tqdm(
         total=sum(len(_shard_indices(s, config)) for s in mine),
+        initial=tally.total(),
         desc=f"{name} synthesis{where}",
         unit="dialogue",
         disable=not state.is_local_main_process,
     )
+    _show(progress, tally, turn=None, active=0, refresh=False)
     for shard in mine:
         path = _shard_path(shard_dir, shard)
         indices = _shard_indices(shard, config)
-        if not path.exists():  # else finished before an interruption
+        if not path.exists():  # else finished before an interruption (counted in the bar's initial)
             # The shard's sampling depends on neither earlier shards nor, past round 1, the other rounds' samples.
             teacher.seed(config.seed * 100_003 + shard + (config.round - 1) * 1_000_000_007)
             dialogues = [draw_dialogue(i, config, sampler, user_pool) for i in indices]
             for d in dialogues:
                 d.demonstration = [m for c in d.constraints for m in demonstrations.get(c.name, [])]
             stats: Counter = Counter()
-            synthesize_shard(dialogues, teacher, config, user_pool, stats, progress)
+            synthesize_shard(dialogues, teacher, config, user_pool, stats, progress, tally)
             lines = [json.dumps(_shard_entry(d, teacher.name, config), ensure_ascii=False) for d in dialogues]
             # Stats first: the shard's .jsonl appearing is what marks it finished.
             made = {"process": state.process_index, "processes": state.num_processes, "counts": stats}
             _write_atomic(path.with_suffix(".stats.json"), json.dumps(made))
             _write_atomic(path, "".join(line + "\n" for line in lines))
-        progress.update(len(indices))
     progress.close()
     state.wait_for_everyone()  # every shard is written
     if state.is_main_process:
@@ -346,6 +374,14 @@ def _demonstrations(
 
 def _shard_path(shard_dir: Path, shard: int) -> Path:
     return shard_dir / f"shard-{shard:05d}.jsonl"
+
+
+def _shard_tally(path: Path) -> Counter:
+    """A finished shard's kept and dropped dialogues."""
+    tally: Counter = Counter()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        tally["kept" if json.loads(line)["kept"] else "dropped"] += 1
+    return tally
 
 
 def _shard_indices(shard: int, config: SynthesisConfig) -> range:

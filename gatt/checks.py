@@ -78,6 +78,17 @@ def _known_language_codes() -> frozenset[str]:
     return frozenset(language.iso_code_639_1.name.lower() for language in lingua.Language.all())
 
 
+def language_margin(text: str) -> float:
+    """How many times likelier the detector finds the text's most likely language than the next one, on the text
+    in lower case (as `detect_language` reads it); 0 for text without letters. A ratio, not the confidence itself:
+    a short English sentence gets 0.3-0.6 confidence in English, spread over its neighbours, yet 5x the next."""
+    values = _detector().compute_language_confidence_values(text.lower())
+    if not values:
+        return 0.0
+    second = values[1].value if len(values) > 1 else 0.0
+    return float("inf") if second == 0 else values[0].value / second
+
+
 def detect_language(text: str) -> str | None:
     """ISO 639-1 code (lower case) of the text's language, or None if undecidable."""
     if not text.strip():

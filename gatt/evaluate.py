@@ -40,9 +40,9 @@ from gatt.eval.report import NOT_MODELS, build_report, format_table, write_repor
 from gatt.eval.rollout import RolloutConfig, distributed_rollout
 from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
 from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
-from gatt.generation import add_sampler_arguments
+from gatt.generation import FLAG_GIVEN, add_sampler_arguments, folder_sampler_settings, sampler_settings
 from gatt.machine import package_versions
-from gatt.model_folder import check_model_folder
+from gatt.model_folder import check_model_folder, loading_model
 from gatt.modeling import GattForCausalLM
 from gatt.numerics import NUMERICS, Numerics, for_inference
 
@@ -56,15 +56,18 @@ def load_model(
     kwargs: dict[str, Any] = {}
     if path.suffix == ".gguf":
         path, kwargs["gguf_file"] = path.parent, path.name
-    check_model_folder(path / kwargs.get("gguf_file", ""), "model")
-    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    source = path / kwargs.get("gguf_file", "")  # the folder, or the .gguf file
+    check_model_folder(source, "model")
+    with loading_model(source):
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     if not tokenizer.chat_template:
         raise ValueError(f"{path}: the tokenizer has no chat template; the evaluation needs a chat model")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    if attention and not isinstance(model, GattForCausalLM):
-        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="gatt", **kwargs)
+    with loading_model(source):
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        if attention and not isinstance(model, GattForCausalLM):
+            model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="gatt", **kwargs)
     return for_inference(model.to(device or process_state().device).eval(), numerics), tokenizer
 
 
@@ -86,6 +89,33 @@ def parse_models(specs: list[str]) -> dict[str, str]:
         check_model_folder(path, f"--model {name}=")
         models[name] = path
     return models
+
+
+SAMPLING_ONLY = ("temperature", "top_p")  # used by --sample only
+
+
+def report_decoding(args: argparse.Namespace, models: dict[str, str]) -> tuple[dict[str, float | int], dict[str, str]]:
+    """The sampler settings every model is rolled out with: each flag given, else the first --model's
+    generation_config.json's, else the built-in default; and where each came from. Another model whose folder
+    sets a value that differs is named on stderr (its column still decodes as the others)."""
+    first, *others = models.items()
+    decoding, sources = sampler_settings(args, first[1])
+    for name, path in others:
+        own = folder_sampler_settings(path)
+        differ = [
+            f"{key} {own[key]}"
+            for key in decoding
+            if key in own
+            and own[key] != decoding[key]
+            and sources[key] != FLAG_GIVEN
+            and (args.sample or key not in SAMPLING_ONLY)
+        ]
+        if differ:
+            say(
+                f"[eval] note: --model {name}'s generation_config.json sets {', '.join(differ)}; every model "
+                f"decodes as --model {first[0]}'s (give the flag to choose)"
+            )
+    return decoding, sources
 
 
 def evaluate(
@@ -291,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="reply length limit (default: 64)")
     parser.add_argument("--batch-size", type=int, default=32, help="dialogues rolled out together (default: 32)")
     parser.add_argument("--sample", action="store_true", help="sample (seeded) instead of greedy decoding")
-    add_sampler_arguments(parser)
+    # One decoding for every model, so the columns compare models, not decodings: the first --model's defaults.
+    add_sampler_arguments(parser, "the first --model's")
     parser.add_argument("--no-attention", action="store_true", help="skip the attention-to-instruction probe")
     parser.add_argument(
         "--numerics",
@@ -300,7 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the models under test compute their replies: exact (fp32, default); bf16 (weights "
         "and activations, attention in fp32: faster rollouts on a CPU with bf16 instructions, "
         "slower on one without); int8 (dynamic quantisation of the Linear layers, CPU only). "
-        "The fast modes write other replies (gatt/numerics.py, README: measured)",
+        "The fast modes write other replies (gatt/numerics.py, README: measured). auto: bf16 where the "
+        "device has fast bf16 arithmetic, else exact (the choice is printed)",
     )
     parser.add_argument(
         "--relevance-numerics",
@@ -308,7 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="exact",
         help="how the relevance scorer computes its likelihoods (default: exact); bf16 scores about "
         "3x faster on a CPU with bf16 instructions, contrasts a few tenths of a nat apart "
-        "(SmolLM2: 99.5%% of verdicts identical)",
+        "(SmolLM2: 99.5%% of verdicts identical); auto: bf16 where the device has fast bf16 arithmetic "
+        "(bf16 instructions, a GPU that supports it), else exact",
     )
     parser.add_argument(
         "--relevance-model",
@@ -356,6 +389,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if unknown := sorted(set(args.paired_baseline) - set(models)):
         raise ValueError(f"--paired-baseline names no --model: {', '.join(unknown)}")
     split = parse_split(args.split_softmax, models)
+    decoding, decoding_sources = report_decoding(args, models)
     no_instruction = args.dialogues // 4 if args.no_instruction_dialogues is None else args.no_instruction_dialogues
     constraints = load_eval_constraints(args.constraints)
     if args.heldout_families:
@@ -376,12 +410,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         do_sample=args.sample,
-        temperature=args.temperature,
-        top_p=args.top_p,
         seed=args.seed,
         placement=args.placement,
-        repetition_penalty=args.repetition_penalty,
-        no_repeat_ngram_size=args.no_repeat_ngram_size,
+        **decoding,
         measure_attention=not args.no_attention,
     )
     relevance_model = next(iter(models.values())) if args.relevance_model is None else args.relevance_model
@@ -428,9 +459,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "decoding": "sample" if args.sample else "greedy",
         **({"numerics": args.numerics} if args.numerics != "exact" else {}),
         **({"relevance_numerics": args.relevance_numerics} if args.relevance_numerics != "exact" else {}),
-        **({"temperature": args.temperature, "top_p": args.top_p} if args.sample else {}),
-        **({"repetition_penalty": args.repetition_penalty} if args.repetition_penalty != 1.0 else {}),
-        **({"no_repeat_ngram_size": args.no_repeat_ngram_size} if args.no_repeat_ngram_size else {}),
+        # the values used (temperature and top-p only when sampling), and where each came from
+        **{key: value for key, value in decoding.items() if args.sample or key not in SAMPLING_ONLY},
+        "decoding_sources": {key: s for key, s in decoding_sources.items() if args.sample or key not in SAMPLING_ONLY},
         "answer_gate": {
             "repeat_share": gate.repeat_share,
             "loop_distinct": gate.loop_distinct,

@@ -6,7 +6,20 @@ reply that
 
 - is **empty**: no letter or digit;
 - **loops**: a phrase repeated back to back (one word 4 times, 2-5 words 3 times, 6+ words twice), the
-  same 5 words 3 times anywhere, or fewer than half of its word 4-grams distinct (replies of 20+ words);
+  same 5 words 3 times anywhere, fewer than half of its word 4-grams distinct (replies of 20+ words), a
+  list whose items repeat (the same item text twice, numbers aside) or a list marker said twice in a row
+  ("1. 1. **Sweep**: 2. 2. **Sweep**:");
+- (strict gate) **echoes** the user's message: it says back at least `echo_cover` (80%) of the message's words and adds
+  at most `echo_new_words` (2) of its own ("It's better to run in the morning or in the evening.");
+- (strict gate) is a **template**: it opens with the same `template_opening` (8) words as an earlier reply, or shares a
+  run of `template_span` (12) words with one (an opening kept while only the tail changes with the
+  question); a run that the instruction itself contains (a required opening or sign-off) does not count;
+- (strict gate) is **word salad**: a reply of 8+ words in which no language is clear, its likeliest
+  language under `salad_margin` (3) times as likely as the next by the language detector: words of several
+  languages, or invented ones ("Pancards de mochi is alibidos que parecen una manzilla"). On the 326 labelled
+  replies of 8+ words of the first audit this fails 17 of 222 non-answers (4 of its 53 word salads) and none
+  of 104 answers: most word salad is in one clear language and passes. The model's own likelihood of the
+  reply did not separate them either (greedy word salad is likely under the model that wrote it);
 - **repeats** an earlier reply of the dialogue, or most of one: at least `repeat_share` (75%) of its
   words fall in blocks it shares with one earlier reply (word-level matching, `difflib`). Replies to
   the same user message, and two answers to attribute probes ("Who are you?"), may repeat each other;
@@ -42,9 +55,9 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from gatt.cache import cache_kwargs
-from gatt.checks import Check, passes_all
+from gatt.checks import Check, language_margin, passes_all
 
-REASONS = ("empty", "loop", "repeat", "off_topic")
+REASONS = ("empty", "loop", "repeat", "off_topic", "echo", "template", "salad")
 # CJK scripts have no spaces between words: each character counts as a word there.
 _WORDS = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]|[^\W_]+")
 
@@ -60,12 +73,26 @@ class GateConfig:
     # where a turn has on-topic checks and a scorer is given, the reply must pass both them and the contrast
     # (a topic word alone lets word salad that names the topic through)
     relevance_both: bool = False
+    # For messages without topic words (the strict gate sets these; 0 / None: the test is off)
+    echo_cover: float = 0.0  # an echo says back this share of the user message's distinct words...
+    echo_new_words: int = 2  # ...and adds at most this many distinct words of its own
+    template_opening: int = 0  # a template opens with this many words of an earlier reply...
+    template_span: int = 0  # ...or shares a run of this many words with one
+    salad_margin: float = 0.0  # word salad: the reply's likeliest language under this many times the next
 
     @classmethod
     def strict(cls) -> GateConfig:
         """The gate for a real chat model (README: the gate audit): a near copy is a repeat whatever its topic
-        word, and a reply with on-topic checks must pass the likelihood contrast too."""
-        return cls(topic_change_exempts=False, relevance_both=True)
+        word, a reply with on-topic checks must pass the likelihood contrast too, and echoes, templates and word
+        salad fail (what passes the contrast on messages without topic words)."""
+        return cls(
+            topic_change_exempts=False,
+            relevance_both=True,
+            echo_cover=0.8,
+            template_opening=8,
+            template_span=12,
+            salad_margin=3.0,
+        )
 
 
 @dataclass(frozen=True)
@@ -111,6 +138,8 @@ def is_empty(reply: str) -> bool:
 
 def loops(reply: str, distinct: float = GateConfig.loop_distinct) -> bool:
     """Whether the reply loops on a repeated phrase (see the module docstring for the rule)."""
+    if list_loops(reply):
+        return True
     tokens = words(reply)
     for n in range(1, min(12, len(tokens) // 2) + 1):
         needed = 4 if n == 1 else 3 if n <= 5 else 2  # a long phrase said twice in a row is already a loop
@@ -125,6 +154,57 @@ def loops(reply: str, distinct: float = GateConfig.loop_distinct) -> bool:
         grams = [tuple(tokens[i : i + 4]) for i in range(len(tokens) - 3)]
         return len(set(grams)) < distinct * len(grams)
     return False
+
+
+_LIST_ITEM = re.compile(r"(?:^|\n)\s*(?:[-*\u2022]|\d+[.)])\s+|\s(?=\d+[.)]\s)")
+_DOUBLED_MARKER = re.compile(r"(?<![\w.])(\d+[.)])\s+\1(?!\w)")
+
+
+def list_loops(reply: str) -> bool:
+    """A list whose items repeat: the same item text twice (numbers and punctuation aside), or a list marker said
+    twice in a row ("1. 1.")."""
+    if _DOUBLED_MARKER.search(reply):
+        return True
+    items = [" ".join(w for w in words(item) if not w.isdigit()) for item in _LIST_ITEM.split(reply)[1:]]
+    items = [item for item in items if item]
+    return len(items) >= 2 and len(set(items)) < len(items)
+
+
+def echoes(reply: str, user: str, cover: float = 0.8, new: int = 2) -> bool:
+    """Whether the reply says the user's message back: most of its distinct words, and next to nothing else."""
+    mine, theirs = set(words(reply)), set(words(user))
+    if not mine or not theirs:
+        return False
+    return len(mine & theirs) >= cover * len(theirs) and len(mine - theirs) <= new
+
+
+def shared_run(reply: str, earlier: str, instruction: str = "", opening: int = 8, span: int = 12) -> bool:
+    """Whether the reply opens with the same `opening` words as `earlier`, or shares a run of `span` words with it,
+    leaving aside runs that `instruction` contains."""
+    mine, theirs = words(reply), words(earlier)
+    given = f" {' '.join(words(instruction))} "
+
+    def required(run: list[str]) -> bool:
+        return bool(instruction) and f" {' '.join(run)} " in given
+
+    if opening and len(mine) >= opening and mine[:opening] == theirs[:opening] and not required(mine[:opening]):
+        return True
+    matcher = difflib.SequenceMatcher(None, theirs, mine, autojunk=False)
+    return span > 0 and any(
+        block.size >= span and not required(mine[block.b : block.b + block.size])
+        for block in matcher.get_matching_blocks()
+    )
+
+
+SALAD_MIN_WORDS = 8  # shorter replies say too little for a language to be clear
+
+
+def is_salad(reply: str, margin: float = 3.0) -> bool:
+    """Whether no language is clear in a reply of SALAD_MIN_WORDS+ words: its likeliest language is under `margin`
+    times as likely as the next (`language_margin`)."""
+    if len(words(reply)) < SALAD_MIN_WORDS:
+        return False
+    return language_margin(reply) < margin
 
 
 def repeated_share(reply: str, earlier: str) -> float:
@@ -308,6 +388,7 @@ class GateItem:
     turn: GateTurn
     earlier: Sequence[GateTurn] = ()
     others: Sequence[str] = field(default_factory=tuple)
+    instruction: str = ""  # the instruction in view: runs of words it contains are no template
 
 
 class AnswerGate:
@@ -334,6 +415,16 @@ class AnswerGate:
             return index
         return None
 
+    def _template(self, item: GateItem) -> bool:
+        """A run of words shared with an earlier reply of the dialogue (not one the instruction contains); replies
+        to the same message, and two answers to attribute probes, may share them."""
+        turn, config = item.turn, self.config
+        return any(
+            shared_run(turn.reply, earlier.reply, item.instruction, config.template_opening, config.template_span)
+            for earlier in item.earlier
+            if earlier.user != turn.user and not (earlier.kind == "probe" and turn.kind == "probe")
+        )
+
     def _needs_scoring(self, item: GateItem) -> bool:
         turn = item.turn
         # With relevance_both, a reply that fails its topic words is off topic already: no contrast to measure.
@@ -355,13 +446,24 @@ class AnswerGate:
             if is_empty(reply):
                 verdicts.append(Verdict(("empty",)))
                 continue
-            failed = ["loop"] if loops(reply, self.config.loop_distinct) else []
+            config = self.config
+            failed = ["loop"] if loops(reply, config.loop_distinct) else []
             repeats = self._repeats(item)
             if repeats is not None:
                 failed.append("repeat")
             margin, count = relevance.get(i, (None, 0))
             if self._off_topic(item, margin, count):
                 failed.append("off_topic")
+            if (
+                config.echo_cover
+                and item.turn.kind == "chat"
+                and echoes(reply, item.turn.user, config.echo_cover, config.echo_new_words)
+            ):
+                failed.append("echo")
+            if repeats is None and (config.template_opening or config.template_span) and self._template(item):
+                failed.append("template")
+            if config.salad_margin and is_salad(reply, config.salad_margin):
+                failed.append("salad")
             verdicts.append(Verdict(tuple(failed), margin, repeats))
         return verdicts
 

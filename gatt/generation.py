@@ -27,10 +27,18 @@ from __future__ import annotations
 import argparse
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.generation import (
     NoRepeatNGramLogitsProcessor,
@@ -203,22 +211,72 @@ class Sampler:
         return torch.multinomial(scores.softmax(-1), 1, generator=self.generator)[:, 0]
 
 
-def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `Sampler` flags every generating command line shares."""
-    parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7)")
-    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default: 0.95)")
+# The `Sampler` flags' built-in defaults: what a flag not given takes when the model folder's
+# generation_config.json does not set it (as `generate()` reads its defaults from that file).
+SAMPLER_DEFAULTS: dict[str, float | int] = {
+    "temperature": 0.7,
+    "top_p": 0.95,
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+}
+FLAG_GIVEN, BUILT_IN = "command line", "built-in default"  # sources of a sampler setting besides the folder's file
+
+
+def add_sampler_arguments(parser: argparse.ArgumentParser, folder: str = "the model folder's") -> None:
+    """The `Sampler` flags every generating command line shares. A flag not given is None here:
+    `sampler_settings` reads it from `folder`'s generation_config.json, else takes SAMPLER_DEFAULTS."""
+
+    def default(key: str) -> str:
+        return f"default: {folder} generation_config.json, else {SAMPLER_DEFAULTS[key]}"
+
+    parser.add_argument("--temperature", type=float, help=f"sampling temperature ({default('temperature')})")
+    parser.add_argument("--top-p", type=float, help=f"nucleus sampling mass ({default('top_p')})")
     parser.add_argument(
         "--repetition-penalty",
         type=float,
-        default=1.0,
-        help="Hugging Face's repetition penalty over the reply being written; 1.0: off (default)",
+        help="Hugging Face's repetition penalty over the reply being written; 1.0: off "
+        f"({default('repetition_penalty')})",
     )
     parser.add_argument(
         "--no-repeat-ngram-size",
         type=int,
-        default=0,
-        help="no n-gram of this size twice in one reply; 0: off (default)",
+        help=f"no n-gram of this size twice in one reply; 0: off ({default('no_repeat_ngram_size')})",
     )
+
+
+def generation_config_file(folder: str | Path) -> Path:
+    """Where a model folder's generation config is (a .gguf file: its folder's)."""
+    folder = Path(folder)
+    return (folder.parent if folder.suffix == ".gguf" else folder) / "generation_config.json"
+
+
+def folder_sampler_settings(folder: str | Path) -> dict[str, float | int]:
+    """The sampler settings that `folder`'s generation_config.json sets; {} without the file. Only the keys the
+    file gives: transformers leaves the others None."""
+    path = generation_config_file(folder)
+    if not path.is_file():
+        return {}
+    config = GenerationConfig.from_pretrained(path.parent)
+    values = {key: getattr(config, key, None) for key in SAMPLER_DEFAULTS}
+    return {key: type(SAMPLER_DEFAULTS[key])(v) for key, v in values.items() if v is not None}
+
+
+def sampler_settings(
+    args: argparse.Namespace, folder: str | Path | None
+) -> tuple[dict[str, float | int], dict[str, str]]:
+    """Each sampler flag's value (given on the command line, else set by `folder`'s generation_config.json, else
+    SAMPLER_DEFAULTS; no folder: an oracle, no file to read) and where each came from."""
+    read = folder_sampler_settings(folder) if folder is not None else {}
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for key, built_in in SAMPLER_DEFAULTS.items():
+        if getattr(args, key, None) is not None:
+            values[key], sources[key] = getattr(args, key), FLAG_GIVEN
+        elif key in read:
+            values[key], sources[key] = read[key], str(generation_config_file(folder))
+        else:
+            values[key], sources[key] = built_in, BUILT_IN
+    return values, sources
 
 
 class ChatBatch:

@@ -13,6 +13,9 @@
   head): weights stored in int8 per output channel, activations quantised per call, products in int8
   on fbgemm's x86 kernels; about 1.8x faster at batch 64 on 2 cores.
 
+- `auto`: `bf16` where the device does bf16 arithmetic fast (`bf16_is_fast`), `exact` elsewhere; the choice
+  is printed. The same test picks a training run's `mixed_precision: auto` (gatt/train.py).
+
 Both fast modes are inference only and change the replies: use one for rollouts and the teacher only
 where the trade is measured (`benchmarks/run.py`: `smollm2_rollout_tokens_per_s` gives each mode's
 speed beside its agreement with the exact path). On SmolLM2-135M-Instruct int8 does not pay: a report
@@ -22,6 +25,7 @@ Evaluation: Numerics).
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Literal
 
@@ -31,8 +35,8 @@ from transformers import PreTrainedModel
 
 from gatt.attention import MaskedMultiHeadAttention
 
-Numerics = Literal["exact", "bf16", "int8"]
-NUMERICS: tuple[str, ...] = ("exact", "bf16", "int8")
+Numerics = Literal["exact", "bf16", "int8", "auto"]
+NUMERICS: tuple[str, ...] = ("exact", "bf16", "int8", "auto")
 
 
 def bf16_is_native() -> bool:
@@ -40,9 +44,38 @@ def bf16_is_native() -> bool:
     return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def bf16_is_fast(device: torch.device | str = "cpu") -> bool:
+    """Whether bf16 arithmetic pays on `device`: a GPU that supports it; a CPU with bf16 instructions, or else one
+    where a one-second probe finds bf16 matrix products faster than fp32 ones (on AVX2 alone they are emulated and
+    several times slower)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    if bf16_is_native():
+        return True
+    from gatt.machine import matmul_gflops
+
+    return matmul_gflops(torch.bfloat16, size=512, seconds=0.5) > matmul_gflops(torch.float32, size=512, seconds=0.5)
+
+
+def resolve_auto(setting: str, device: torch.device | str, fast: str, slow: str, what: str) -> str:
+    """`setting`, or for "auto" `fast` where bf16 pays on `device` (bf16_is_fast) and `slow` elsewhere, saying which
+    was chosen and why on stderr."""
+    if setting != "auto":
+        return setting
+    chosen = fast if bf16_is_fast(device) else slow
+    kind = torch.device(device).type
+    why = "has fast bf16 arithmetic" if chosen == fast else "has no fast bf16 arithmetic"
+    print(f"{what}: auto -> {chosen} (this {kind} {why})", file=sys.stderr, flush=True)
+    return chosen
+
+
 def for_inference(model: PreTrainedModel, numerics: Numerics | str = "exact") -> PreTrainedModel:
     """`model` ready to generate in `numerics` (exact: unchanged; bf16: cast, the library's attention kept fp32; int8:
-    Linear layers quantised), in place."""
+    Linear layers quantised; auto: bf16 where it pays, else exact), in place."""
+    numerics = resolve_auto(numerics, model.device, "bf16", "exact", "numerics")
     if numerics == "exact":
         return model
     if numerics == "bf16":
@@ -62,4 +95,4 @@ def for_inference(model: PreTrainedModel, numerics: Numerics | str = "exact") ->
         return quantize_dynamic(model.eval(), {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
 
 
-__all__ = ["NUMERICS", "Numerics", "bf16_is_native", "for_inference"]
+__all__ = ["NUMERICS", "Numerics", "bf16_is_fast", "bf16_is_native", "for_inference", "resolve_auto"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -43,8 +44,9 @@ import gatt  # noqa: F401  (registers the "gatt" model type and attention)
 from gatt.collator import IGNORE_INDEX, GAttCollator
 from gatt.distributed import check_launch, last_reference_in_python, on_cpu
 from gatt.embedded import model_path
-from gatt.model_folder import check_model_folder
+from gatt.model_folder import check_model_folder, loading_model
 from gatt.modeling import GattConfig, GattForCausalLM
+from gatt.numerics import resolve_auto
 from gatt.tokenizer import train_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -74,8 +76,11 @@ class TrainConfig:
     """Every knob of a training run; the YAML configs in recipes/configs mirror it."""
 
     output_dir: str
-    max_steps: int
     train_file: str | list[str]  # a JSONL file, or several read as one (e.g. every GAtt round's data)
+    # how long: max_steps optimizer steps, or num_epochs passes over the training records (replay included; TRL's
+    # default is 3), the steps then ceil(num_epochs x records / batch_size): set exactly one
+    max_steps: int = 0
+    num_epochs: float = 0.0
     save_every: int = 0  # 0: only the final model
     seed: int = 0
     # data
@@ -113,6 +118,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     gradient_checkpointing: bool = False
+    # no | bf16 | fp16 | auto (bf16 where the CPU or GPU has fast bf16 arithmetic, else no; the choice is printed);
+    # unset: `accelerate launch --mixed_precision`'s
+    mixed_precision: str | None = None
     # LoRA (lora_r = 0: full fine-tune)
     lora_r: int = 0
     lora_alpha: int = 16
@@ -140,12 +148,19 @@ class TrainConfig:
             raise ValueError(f"{source}: set exactly one of `model` (a directory) or `model_config` (a new model)")
         if self.model_config is not None and self.tokenizer is None and self.tokenizer_vocab_size <= 0:
             raise ValueError(f"{source}: a new model needs `tokenizer` (a directory) or `tokenizer_vocab_size` > 0")
-        if self.max_steps < 1:
-            raise ValueError(f"{source}: max_steps must be >= 1, got {self.max_steps}")
+        if (self.max_steps > 0) == (self.num_epochs > 0) or self.max_steps < 0 or self.num_epochs < 0:
+            raise ValueError(
+                f"{source}: set exactly one of max_steps (>= 1) or num_epochs (> 0), got max_steps={self.max_steps}, "
+                f"num_epochs={self.num_epochs}"
+            )
+        if self.num_epochs and self.lr_first_horizon:
+            raise ValueError(f"{source}: lr_first_horizon counts steps: give max_steps, not num_epochs")
+        if self.mixed_precision not in (None, "no", "bf16", "fp16", "auto"):
+            raise ValueError(f"{source}: mixed_precision must be no, bf16, fp16 or auto, got {self.mixed_precision!r}")
         if self.lr_restarts < 0:
             raise ValueError(f"{source}: lr_restarts must be >= 0, got {self.lr_restarts}")
         if (self.lr_rewarm_step > 0) != (self.lr_first_horizon > 0) or not (
-            self.lr_rewarm_step <= self.lr_first_horizon <= self.max_steps
+            self.lr_rewarm_step <= self.lr_first_horizon <= (self.max_steps or self.lr_first_horizon)
         ):
             raise ValueError(
                 f"{source}: re-warming needs 0 < lr_rewarm_step <= lr_first_horizon <= max_steps (or both 0), got "
@@ -280,9 +295,9 @@ def build_tokenizer(config: TrainConfig, records: list[dict[str, Any]], save_dir
         tokenizer.save_pretrained(save_dir)
         return tokenizer
     source = config.tokenizer or config.model
-    return AutoTokenizer.from_pretrained(
-        source, **({"gguf_file": config.gguf_file} if config.gguf_file and not config.tokenizer else {})
-    )
+    gguf = {"gguf_file": config.gguf_file} if config.gguf_file and not config.tokenizer else {}
+    with loading_model(Path(source) / gguf.get("gguf_file", "")):
+        return AutoTokenizer.from_pretrained(source, **gguf)
 
 
 def build_model(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
@@ -297,7 +312,8 @@ def build_model(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> torc
         model = GattForCausalLM(GattConfig(**{**special, **config.model_config}))
     else:
         kwargs = {"gguf_file": config.gguf_file} if config.gguf_file else {}
-        model = AutoModelForCausalLM.from_pretrained(config.model, **kwargs)
+        with loading_model(Path(config.model) / (config.gguf_file or ""), tokenizer=False):
+            model = AutoModelForCausalLM.from_pretrained(config.model, **kwargs)
     if config.gradient_checkpointing:
         model.activation_checkpointing_enable()
     if config.lora_r > 0:
@@ -334,6 +350,29 @@ def learning_rate_schedule(config: TrainConfig, optimizer: torch.optim.Optimizer
     return LambdaLR(optimizer, lambda step: first(step) if step <= config.lr_rewarm_step else then(step))
 
 
+EPOCHS_WARNING = 10  # past this many passes over the data a small run memorises it
+
+
+def sized_to_data(config: TrainConfig, records: int, replay: int, acc: Accelerator) -> TrainConfig:
+    """The config with max_steps set (from num_epochs where that is given), after printing the plan: records
+    (replay among them), epochs and steps; a warning past EPOCHS_WARNING epochs."""
+    steps = config.max_steps or math.ceil(config.num_epochs * records / config.batch_size)
+    epochs = steps * config.batch_size / records
+    mix = f" ({replay} of them replay)" if replay else ""
+    acc.print(
+        f"training on {records} records{mix}: {steps} steps of {config.batch_size} records = {epochs:.1f} epochs"
+        + (f" (num_epochs={config.num_epochs:g})" if config.num_epochs else "")
+    )
+    if epochs > EPOCHS_WARNING:
+        logger.warning(
+            "%.0f epochs over %d records: a run this long memorises its data (TRL's default is 3 epochs); set "
+            "num_epochs, lower max_steps or generate more dialogues",
+            epochs,
+            records,
+        )
+    return dataclasses.replace(config, max_steps=steps)
+
+
 class Trainer:
     """Holds the run's pieces; `train()` runs (or resumes) it to `max_steps`."""
 
@@ -341,7 +380,11 @@ class Trainer:
         check_input_files(config)  # before any set-up: a missing file is named at once
         self.config = config
         self.out = Path(config.output_dir)
-        self.accelerator = Accelerator(cpu=on_cpu(), log_with="tensorboard", project_dir=str(self.out))
+        precision = {}
+        if config.mixed_precision is not None:
+            device = "cpu" if on_cpu() or not torch.cuda.is_available() else "cuda"
+            precision["mixed_precision"] = resolve_auto(config.mixed_precision, device, "bf16", "no", "mixed_precision")
+        self.accelerator = Accelerator(cpu=on_cpu(), log_with="tensorboard", project_dir=str(self.out), **precision)
         check_launch(self.accelerator.num_processes)
         set_seed(config.seed)
         world = self.accelerator.num_processes
@@ -372,6 +415,7 @@ class Trainer:
         records = [record for path in train_files(config) for record in read_records(path, allow_empty=True)]
         if not records:
             raise ValueError(f"train_file: no records in {', '.join(train_files(config))}")
+        n_task = len(records)
         if config.replay_file:
             replay = read_records(config.replay_file)
             wanted = min(len(replay), round(config.replay_ratio * len(records)))
@@ -402,6 +446,7 @@ class Trainer:
                 config.max_length,
             )
         self.train_records = fitting
+        self.config = config = sized_to_data(config, len(fitting), replay=len(records) - n_task, acc=self.accelerator)
         model = build_model(config, self.tokenizer)
         decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
         no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]

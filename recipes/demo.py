@@ -65,7 +65,7 @@ from gatt.embedded import FOLDER as EMBEDDED_FOLDER
 from gatt.embedded import package, weights_sha256
 from gatt.eval.report import add_rounds, format_table
 from gatt.machine import available_cpus, machine_calibration
-from gatt.numerics import NUMERICS
+from gatt.numerics import NUMERICS, resolve_auto
 from gatt.processes import ProcessTree
 from gatt.train import dataclass_from_dict, read_yaml_config
 
@@ -138,7 +138,7 @@ class DemoConfig:
     launcher: str = "accelerate"  # "accelerate" (accelerate launch) or "python"
     stage_timeout: float = 0.0  # seconds a stage may run before it is killed with all its processes (0: no limit)
     mixed_precision: str = (
-        "no"  # accelerate launch --mixed_precision: no | bf16 (CPU autocast or a GPU that has it) | fp16
+        "no"  # accelerate launch --mixed_precision: no | bf16 | fp16 | auto (bf16 where the CPU or GPU has fast bf16)
     )
 
 
@@ -177,11 +177,10 @@ def stages(config: DemoConfig) -> list[Stage]:
     for key in ("numerics", "eval_relevance_numerics"):
         if getattr(config, key) not in NUMERICS:
             raise ValueError(f"{key} must be one of {', '.join(NUMERICS)}, got {getattr(config, key)!r}")
-    if config.mixed_precision not in ("no", "bf16", "fp16"):
-        raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {config.mixed_precision!r}")
-    precision = config.mixed_precision
-    if precision == "bf16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
-        precision = "no"  # bf16 where the device has it (a CPU autocasts; an older GPU does not)
+    if config.mixed_precision not in ("no", "bf16", "fp16", "auto"):
+        raise ValueError(f"mixed_precision must be 'no', 'bf16', 'fp16' or 'auto', got {config.mixed_precision!r}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    precision = resolve_auto(config.mixed_precision, device, "bf16", "no", "mixed_precision")
     decoding = [
         "--repetition-penalty",
         str(config.repetition_penalty),

@@ -312,6 +312,59 @@ def test_a_turn_without_a_passing_candidate_ends_the_dialogue():
     assert stats["rejected_candidates"] == 13
 
 
+class RecordingBar:
+    """A stand-in for tqdm: what it was made with, each update, and the postfix at that update."""
+
+    made: list["RecordingBar"] = []
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.kwargs, self.updates, self.postfix = kwargs, [], {}
+        RecordingBar.made.append(self)
+
+    def set_postfix(self, postfix=None, refresh=True, **kwargs) -> None:
+        self.postfix = {**(postfix or {}), **kwargs}
+
+    def update(self, n: int = 1) -> None:
+        self.updates.append((n, dict(self.postfix)))
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_bar_steps_once_per_dialogue_as_it_ends_kept_or_dropped():
+    dialogues = [_Dialogue(i, [MUST_SAY_OK], False, [UserTurn(f"{i} hi", None)] * 5, []) for i in range(3)]
+    bar, tally = RecordingBar(), Counter()
+    config = SynthesisConfig(num_dialogues=3, samples_per_turn=2, redraws=0)
+    synthesize_shard(dialogues, ScriptedTeacher({0: 3, 1: 1}), config, [], Counter(), bar, tally)
+    # Dialogue 1 ends at turn 2 with 1 reply (dropped: under min_turns 2), dialogue 0 at turn 4 with 3 (kept,
+    # truncated), dialogue 2 completes turn 5: a step of one as each ends, not one step for the shard.
+    assert [n for n, _ in bar.updates] == [1, 1, 1]
+    assert [(p["turn"], p["active"], p["kept"], p["dropped"]) for _, p in bar.updates] == [
+        (2, 2, 0, 1),
+        (4, 1, 1, 1),
+        (5, 0, 2, 1),
+    ]
+    assert tally == Counter(kept=2, dropped=1)
+
+
+def test_the_synthesis_bar_counts_dialogues_as_they_end_and_resumed_shards_as_done(tmp_path, monkeypatch):
+    monkeypatch.setattr("data_gen.synthesis.tqdm", RecordingBar)
+    RecordingBar.made = []
+    main(gatt_args(tmp_path / "run", n=20))  # shards of 8, 8 and 4
+    whole = (tmp_path / "run" / "gatt.jsonl").read_bytes()
+    summary = json.loads((tmp_path / "run" / "gatt.summary.json").read_text())
+    (tmp_path / "run" / "gatt.shards" / "shard-00001.jsonl").unlink()  # as if killed while writing shard 1
+    main(gatt_args(tmp_path / "run", n=20))
+    assert (tmp_path / "run" / "gatt.jsonl").read_bytes() == whole
+    first, resumed = RecordingBar.made
+    assert first.kwargs["total"] == resumed.kwargs["total"] == 20
+    assert first.kwargs["initial"] == 0 and [n for n, _ in first.updates] == [1] * 20
+    assert resumed.kwargs["initial"] == 12 and [n for n, _ in resumed.updates] == [1] * 8  # shard 1 made again
+    # The run's kept and dropped dialogues, those of resumed shards included.
+    for bar in (first, resumed):
+        assert (bar.postfix["kept"], bar.postfix["dropped"]) == (summary["records"], summary["dropped"])
+
+
 class TopicTeacher:
     """Fails every candidate on user messages about one topic."""
 

@@ -3,7 +3,17 @@
 import pytest
 
 from gatt.checks import Check
-from gatt.gate import AnswerGate, GateConfig, GateItem, GateTurn, RelevanceScorer, is_empty, loops, repeated_share
+from gatt.gate import (
+    AnswerGate,
+    GateConfig,
+    GateItem,
+    GateTurn,
+    RelevanceScorer,
+    is_empty,
+    is_salad,
+    loops,
+    repeated_share,
+)
 
 SKY, BEES, QUAKE, CAMP = (
     "Why is the sky blue?",
@@ -188,7 +198,8 @@ def test_the_strict_gate_asks_word_salad_that_names_the_topic_for_the_likelihood
     strict = AnswerGate(GateConfig.strict(), scorer).judge(items)
     assert [v.failed for v in strict] == list(replies.values())
     assert all(v.relevance is not None for v in strict)  # the contrast was measured although the checks passed
-    assert GateConfig.strict() == GateConfig(topic_change_exempts=False, relevance_both=True)
+    strict_config = GateConfig.strict()
+    assert (strict_config.topic_change_exempts, strict_config.relevance_both) == (False, True)
     # A reply that fails its topic words is off topic under either gate, without a contrast to measure.
     coffee = GateItem(GateTurn(BEES, "Coffee: it is made from roasted beans.", on_topic=honey), (), OTHERS)
     [verdict] = AnswerGate(GateConfig.strict(), scorer).judge([coffee])
@@ -236,3 +247,63 @@ def test_batched_log_likelihoods_equal_one_pair_at_a_time(architecture):
             logits = model(torch.tensor([prompt + target])).logits[0, len(prompt) - 1 : -1]  # (T_reply, V)
         direct = logits.log_softmax(-1).gather(-1, torch.tensor(target)[:, None]).sum()
         assert count == len(target) and total == pytest.approx(float(direct), abs=1e-4)
+
+
+# --- messages without topic words (issue 44): echoes, templates, list loops, word salad; the strict gate -----
+
+STRICT = AnswerGate(GateConfig.strict())
+RUN = "Is it better to run in the morning or in the evening?"
+
+
+def test_an_echo_of_the_question_fails_and_a_terse_answer_passes():
+    echo = GateItem(GateTurn(RUN, "It's better to run in the morning or in the evening."))
+    terse = GateItem(GateTurn(RUN, "Yes, it's better to run in the morning."))
+    answer = GateItem(GateTurn(RUN, "Morning runs suit most people: cooler air, and the habit sticks."))
+    assert failed([echo, terse, answer], STRICT) == [("echo",), (), ()]
+    assert failed([echo]) == [()]  # the default gate (the embedded model's, topic words in every turn) keeps it
+
+
+def test_an_opening_kept_while_the_tail_changes_is_a_template_unless_the_instruction_asks_for_it():
+    opening = "A question that has been debated by many people throughout history. But, in the end, the answer is "
+    first = GateTurn(SKY, opening + "very simple: light scatters, and blue light scatters the most of all.")
+    later = GateTurn(BEES, opening + "that bees turn nectar into honey by fanning it dry in the hive.")
+    assert failed([GateItem(later, (first,))], STRICT) == [("template",)]
+    assert failed([GateItem(later, (first,))]) == [()]
+    # a shared run of 12 words anywhere, not only at the start
+    middle = "so the short answer is that nature always finds a way to keep going"
+    a = GateTurn(SKY, f"Light scatters in the air, {middle}.")
+    b = GateTurn(BEES, f"Bees turn nectar into honey in the hive, {middle}.")
+    assert failed([GateItem(b, (a,))], STRICT) == [("template",)]
+    # the opening the instruction requires is no template
+    required = "Dear traveler, here is what I think about your question:"
+    c = GateTurn(SKY, f"{required} light scatters off air molecules, and blue scatters most.")
+    d = GateTurn(BEES, f"{required} bees evaporate nectar and store it in wax cells.")
+    assert failed([GateItem(d, (c,), instruction=f"Start every reply with '{required}'")], STRICT) == [()]
+    assert failed([GateItem(d, (c,))], STRICT) == [("template",)]
+
+
+@pytest.mark.parametrize(
+    ("reply", "looping"),
+    [
+        ("1. 1. **Sweep**: 2. 2. **Sweep**: 3. 3.", True),
+        ("Steps:\n1. Sweep the floor.\n2. Sweep the floor.\n3. Mop it.", True),
+        ("Steps:\n1. Sweep the floor.\n2. Mop it with warm water.\n3. Let it dry.", False),
+        ("I paid 2.5 dollars for 3 apples.", False),
+    ],
+)
+def test_a_list_whose_items_repeat_loops(reply, looping):
+    assert loops(reply) is looping
+
+
+@pytest.mark.parametrize(
+    ("reply", "salad"),
+    [
+        ("Pancards de mochi is alibidos que parecen una manzilla de papa en manzillos the cooking of papas.", True),
+        ("Las abejas recogen el néctar de las flores y lo transforman en miel dentro de la colmena.", False),
+        ("BEES COLLECT NECTAR FROM FLOWERS AND TURN IT INTO HONEY INSIDE THE HIVE.", False),
+        ("Short mixed words los bees.", False),  # under 8 words: no language can be clear
+    ],
+)
+def test_word_salad_is_a_reply_in_no_clear_language(reply, salad):
+    assert is_salad(reply) is salad
+    assert ("salad" in failed([GateItem(GateTurn(BEES, reply))], STRICT)[0]) is salad

@@ -26,7 +26,8 @@ PLACEHOLDER = "path/to/chat-model"
 # 20 steps writes no reply that passes its checks, so the fine-tune takes the oracle's dialogues instead.
 SMALL_SIZES = {
     "python -m data_gen gatt": " --num-dialogues 2 --max-turns 2 --samples-per-turn 2 --max-new-tokens 16",
-    "accelerate launch recipes/train_gatt.py": " train_file=runs/smoke-data/gatt.jsonl max_steps=2 save_every=0",
+    "python -m data_gen replay": " --num-dialogues 2 --max-turns 2 --samples-per-turn 2 --max-new-tokens 16",
+    "accelerate launch recipes/train_gatt.py": " train_file=runs/smoke-data/gatt.jsonl num_epochs=0 max_steps=2 save_every=0",
     "python -m gatt.evaluate": " --turns 3 --dialogues 2 --no-instruction-dialogues 0 --max-new-tokens 16",
 }
 
@@ -84,6 +85,7 @@ def test_the_pages_mark_the_quick_start_training_and_own_model_commands() -> Non
     own = block_commands((ROOT / "README.md").read_text(encoding="utf-8"), SMALL_MODEL_MARK)
     starts = [
         f"python -m data_gen gatt --teacher {PLACEHOLDER} ",
+        f"python -m data_gen replay --teacher {PLACEHOLDER} ",
         f"accelerate launch recipes/train_gatt.py --config recipes/configs/lora_gatt.yaml model={PLACEHOLDER} ",
         f"python -m gatt.evaluate --model base={PLACEHOLDER} ",
     ]

@@ -93,13 +93,114 @@ def test_a_demonstration_puts_a_passing_exchange_of_the_same_constraint_before_e
     assert result["per_constraint"]["ok"]["prompts"] == 4  # the first draw is not counted
 
 
+def table_rows(text: str, first: str) -> list[list[str]]:
+    """The cells of each row of the printed markdown table whose header starts with `first`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first} |"))
+    rows = []
+    for line in lines[start + 2 :]:  # past the header and its |---| line
+        if not line.startswith("| "):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def percents(rates: dict) -> list[str]:
+    return [f"{rates[key]:.0%}" for key in ("checks", "checks_and_gate", "best_of_k")]
+
+
+def constraint_rows(result: dict) -> list[list[str]]:
+    """The per-constraint rows the JSON says should be printed."""
+    return [
+        [name, r["family"], r["split"], str(r["prompts"]), str(r["candidates"]), *percents(r)]
+        for name, r in result["per_constraint"].items()
+    ]
+
+
 def test_pass_rate_command_writes_json_for_the_builtin_catalogue(tmp_path, capsys):
     main(["pass-rate", "--teacher", "oracle", "--prompts", "2", "--samples", "1", "--out", str(tmp_path / "p.json")])
     result = json.loads((tmp_path / "p.json").read_text())
-    assert json.loads(capsys.readouterr().out) == result["per_family"]
+    printed = capsys.readouterr()
+    assert json.loads(printed.out) == result["per_family"]
     # The toy world's oracle obeys every constraint and names every topic.
     assert all(r["checks_and_gate"] == 1.0 for r in result["per_constraint"].values())
     assert result["settings"]["constraints"] == "built-in" and result["settings"]["repetition_penalty"] == 1.0
+    # Printed: a row per constraint, then a row per family, each with the JSON's figures.
+    rows = table_rows(printed.err, "constraint")
+    assert rows == constraint_rows(result) and len(rows) == len(result["per_constraint"]) > 100
+    assert all(row[3] == "2" and row[5:] == ["100%"] * 3 for row in rows)
+    families = table_rows(printed.err, "family")
+    assert [[f, str(r["candidates"]), *percents(r)] for f, r in result["per_family"].items()] == families
+
+
+class Bar:
+    """A stand-in for tqdm that records what the bar was told."""
+
+    made: list["Bar"] = []
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.kwargs, self.updates = kwargs, []
+        Bar.made.append(self)
+
+    def __enter__(self) -> "Bar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def update(self, n: int = 1) -> None:
+        self.updates.append(n)
+
+    def set_postfix(self, *args, **kwargs) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_pass_rate_prints_a_row_per_constraint_with_the_jsons_figures_and_steps_per_constraint(
+    tmp_path, capsys, monkeypatch
+):
+    # A constraint file without families, measured on the shipped chat model at toy size.
+    (tmp_path / "mine.yaml").write_text(
+        "constraints:\n"
+        "  - {name: anything, instruction: Answer., short: 'Answer', checks: [{type: regex, pattern: '(?s).*'}]}\n"
+        "  - {name: never, instruction: Start with ZZZ., short: 'Start: ZZZ', checks: [{type: startswith, text: ZZZ}]}\n"
+        "  - {name: curie, instruction: Act as Marie Curie., short: 'Persona: Curie', checks: [],\n"
+        "     probes: [{question: 'Who are you?', checks: [{type: contains_any, words: [Curie]}]}]}\n"
+    )
+    monkeypatch.setattr("data_gen.pass_rate.tqdm", Bar)
+    Bar.made = []
+    out = tmp_path / "p.json"
+    main(
+        [
+            "pass-rate",
+            "--teacher",
+            "embedded",
+            "--constraints",
+            str(tmp_path / "mine.yaml"),
+            "--prompts",
+            "2",
+            "--samples",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
+    result = json.loads(out.read_text())
+    printed = capsys.readouterr()
+    (bar,) = Bar.made
+    assert bar.kwargs["total"] == 6 and bar.updates == [2, 2, 2]  # a step per constraint, not one for the run
+    rows = table_rows(printed.err, "constraint")
+    assert rows == constraint_rows(result)  # one row per constraint, in the file's order, with the JSON's figures
+    assert [row[:5] for row in rows] == [[name, "custom", "train", "2", "4"] for name in ("anything", "never", "curie")]
+    assert rows[0][5] == "100%" and rows[1][5:] == ["0%"] * 3  # every reply matches '.*'; none starts with ZZZ
+    assert "\n| family |" not in printed.err  # no family given: the per-constraint table says it all
+    assert json.loads(printed.out) == result["per_family"] and list(result["per_family"]) == ["custom"]
 
 
 def test_replay_dialogues_carry_no_instruction_and_train_as_plain_sft(tmp_path):

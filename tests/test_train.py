@@ -57,7 +57,8 @@ def test_config_refuses_unknown_keys_and_names_them(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**yaml.safe_load(SMOKE.read_text()), "learning_rte": 1e-3, "epochs": 2}))
     with pytest.raises(
-        ValueError, match=r"bad\.yaml: unknown key\(s\) epochs, learning_rte; valid keys: output_dir, max_steps"
+        ValueError,
+        match=r"bad\.yaml: unknown key\(s\) epochs, learning_rte; valid keys: output_dir, train_file, max_steps, num_epochs",
     ):
         load_config(bad)
     with pytest.raises(ValueError, match="missing required key"):
@@ -70,6 +71,37 @@ def test_config_refuses_unknown_keys_and_names_them(tmp_path):
     assert (config.max_steps, config.packing, config.lora_targets) == (7, False, ["q_proj"])
     process = run_recipe(tmp_path / "bad.log", "--config", str(bad))
     assert process.wait(timeout_s=120) != 0 and "unknown key(s) epochs, learning_rte" in process.output()
+
+
+def test_num_epochs_sizes_the_run_to_the_data_and_past_ten_epochs_it_warns(data, tmp_path, caplog, capsys):
+    with pytest.raises(ValueError, match="exactly one of max_steps"):
+        smoke_config(data, tmp_path / "both", num_epochs=3)
+    with pytest.raises(ValueError, match="exactly one of max_steps"):
+        smoke_config(data, tmp_path / "neither", max_steps=0)
+    trainer = Trainer(smoke_config(data, tmp_path / "epochs", max_steps=0, num_epochs=3, batch_size=8, eval_every=0))
+    records = len(trainer.train_records)
+    assert trainer.config.max_steps == -(-3 * records // 8) and trainer.config.num_epochs == 3
+    assert f"training on {records} records: {trainer.config.max_steps} steps of 8 records" in capsys.readouterr().out
+    assert "memorises" not in caplog.text
+    Trainer(smoke_config(data, tmp_path / "long", max_steps=11 * records // 8 + 1, batch_size=8, eval_every=0))
+    assert "epochs over" in caplog.text and "memorises its data" in caplog.text
+
+
+def test_mixed_precision_auto_picks_bf16_only_where_the_machine_has_fast_bf16(data, tmp_path, capsys):
+    from accelerate.state import AcceleratorState
+
+    from gatt.numerics import bf16_is_fast
+
+    expected = "bf16" if bf16_is_fast("cpu") else "no"
+    AcceleratorState._reset_state(True)  # one precision per process: Accelerate keeps the first one it was given
+    try:
+        trainer = Trainer(smoke_config(data, tmp_path / "auto", mixed_precision="auto", eval_every=0))
+        assert trainer.accelerator.mixed_precision == expected
+        assert f"mixed_precision: auto -> {expected}" in capsys.readouterr().err
+    finally:
+        AcceleratorState._reset_state(True)
+    with pytest.raises(ValueError, match="mixed_precision must be no, bf16, fp16 or auto"):
+        smoke_config(data, tmp_path / "bad", mixed_precision="fp8")
 
 
 def test_train_file_may_list_several_files_one_of_them_empty_but_not_all(data, tmp_path):

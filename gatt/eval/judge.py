@@ -32,7 +32,8 @@ def _items(
         current = GateTurn(planned.user, turn["reply"], planned.kind, planned.on_topic)
         rng = random.Random(f"{seed}-{dialogue.id}-{number}")
         candidates = [q for q in pool if q != planned.user]
-        items.append(GateItem(current, tuple(earlier), tuple(rng.sample(candidates, min(others, len(candidates))))))
+        contrast = tuple(rng.sample(candidates, min(others, len(candidates))))
+        items.append(GateItem(current, tuple(earlier), contrast, dialogue.instruction or ""))
         earlier.append(current)
     return items
 
