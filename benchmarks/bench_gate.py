@@ -35,13 +35,19 @@ from gatt.gate import AnswerGate, GateConfig, GateItem, GateTurn, RelevanceScore
 from gatt.pretrained import load_smollm2
 
 LABELLED = Path(__file__).parent / "data" / "gate_labelled.jsonl"
+# The second audit (issue 44): replies to messages without topic words, of your own, under constraint files of your
+# own; reports' replies drawn per gate outcome and GAtt data's replies (ids `data.*`), labelled blind.
+OWN = Path(__file__).parent / "data" / "gate_labelled_own.jsonl"
 
 
 REASONS = (
     "empty",
     "loop",
     "repeat",
-)  # a reader's `why` naming none of these is off topic (refusal, filler, word salad)
+    "template",
+    "echo",
+    "salad",
+)  # a reader's `why` naming none of these is off topic (refusal, filler)
 
 
 def reader_reason(row: dict[str, Any]) -> str:
@@ -76,6 +82,7 @@ def load_items(
                 _turn(row["user"], row["reply"], row.get("on_topic", []), where, likelihood_only),
                 earlier,
                 tuple(contrast),
+                row.get("instruction") or "",
             )
         )
     return rows, items
@@ -109,9 +116,44 @@ def tables(rows: list[dict[str, Any]], verdicts: list) -> dict[str, Any]:
     }
 
 
+def gate_outcome(verdict: Any) -> str:
+    return "passed" if verdict.passed else verdict.failed[0]
+
+
+def own_messages_audit(rows: list[dict[str, Any]], verdicts: list) -> dict[str, Any]:
+    """The strict gate on replies to messages without topic words: agreement, the share of real answers among the
+    replies it passes (overall and in the GAtt data), and the reader's labels per gate outcome."""
+    passed = [row["label"] == "answer" for row, v in zip(rows, verdicts) if v.passed]
+    data = [row["label"] == "answer" for row in rows if row["id"].split(".")[-3] == "data"]
+    outcomes: dict[str, list[bool]] = {}
+    for row, verdict in zip(rows, verdicts):
+        outcomes.setdefault(gate_outcome(verdict), []).append(row["label"] == "answer")
+    return {
+        "labelled": OWN.name,
+        **tables(rows, verdicts),
+        "passed_real_answers": {"share": round(sum(passed) / max(len(passed), 1), 4), "n": len(passed)},
+        "gatt_data_real_answers": {"share": round(sum(data) / max(len(data), 1), 4), "n": len(data)},
+        "per_gate_outcome": {
+            name: {"answers": sum(labels), "n": len(labels)} for name, labels in sorted(outcomes.items())
+        },
+        "disagreements": [
+            {
+                "id": row["id"],
+                "label": row["label"],
+                "why": row["why"],
+                "gate": v.to_dict(),
+                "reply": row["reply"][:160],
+            }
+            for row, v in zip(rows, verdicts)
+            if v.passed != (row["label"] == "answer")
+        ],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--labelled", type=Path, default=LABELLED)
+    parser.add_argument("--own", type=Path, default=OWN, help="the second audit's labelled replies (key own_messages)")
     parser.add_argument("--out", type=Path, default=Path("results/gate_agreement.json"))
     args = parser.parse_args()
 
@@ -159,6 +201,19 @@ def main() -> None:
                     "reply": row["reply"][:120],
                 }
             )
+    if args.own.exists():
+        own_rows, own_items = load_items(args.own)
+        result["own_messages"] = own_messages_audit(own_rows, AnswerGate(strict, scorer).judge(own_items))
+        own = result["own_messages"]
+        print(
+            f"own messages: agreement {100 * own['agreement']:.1f}% of {own['n']}; passed replies that are answers "
+            f"{100 * own['passed_real_answers']['share']:.1f}% of {own['passed_real_answers']['n']}; GAtt data "
+            f"{100 * own['gatt_data_real_answers']['share']:.1f}% of {own['gatt_data_real_answers']['n']}"
+        )
+        print(
+            "    per gate outcome (answers / n):",
+            {k: (v["answers"], v["n"]) for k, v in own["per_gate_outcome"].items()},
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(args.out.name + ".tmp")
     tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -12,6 +12,10 @@ turn as [user, reply, on-topic checks]; `bench_gate.py` judges them again.
       --no-instruction-dialogues 0 --probe-every 0 --repetition-penalty 1.2 --seed 7 --out runs/audit/gen
   python benchmarks/gate_audit_draw.py runs/audit/gen --constraints recipes/data/smollm2_constraints.yaml \\
       --turns 8 --dialogues 64 --seed 7 --out runs/audit/unlabelled.jsonl
+
+The second audit (messages without topic words, issue 44) draws from reports on your own `--user-turns`
+(`--probe-every` as the run had it) and adds `--records N` replies of GAtt data (`--records-file`, the
+`data_gen gatt` output the reports' model was trained on: every one of them passed the gate).
 """
 
 from __future__ import annotations
@@ -44,19 +48,19 @@ def outcome(turn: dict[str, Any]) -> str:
 
 
 def candidate_rows(
-    transcripts: list[dict[str, Any]], dialogues: list[EvalDialogue]
+    transcripts: list[dict[str, Any]], dialogues: list[EvalDialogue], prefix: str = ""
 ) -> list[tuple[str, dict[str, Any]]]:
-    """(cell, row) for every judged chat reply of the transcripts."""
+    """(cell, row) for every judged chat reply of the transcripts (of dialogues with an instruction)."""
     by_id = {d.id: d for d in dialogues}
     rows = []
-    for transcript in transcripts:
+    for transcript in (t for t in transcripts if t["id"] in by_id):
         dialogue = by_id[transcript["id"]]
         earlier: list[list[str]] = []
         for number, (turn, planned) in enumerate(zip(transcript["turns"], dialogue.turns), start=1):
             family = dialogue.constraint.family if dialogue.constraint is not None else "none"
             language = expected_language(dialogue)
             row = {
-                "id": f"{transcript['model']}.{dialogue.id}.{number}",
+                "id": f"{prefix}{transcript['model']}.{dialogue.id}.{number}",
                 "source": SOURCES.get(transcript["model"], transcript["model"]),
                 "instruction": dialogue.instruction,
                 "family": family,
@@ -72,6 +76,36 @@ def candidate_rows(
             if planned.kind == "chat":
                 rows.append((f"{family}|{language}|{outcome(turn)}", row))
     return rows
+
+
+def record_rows(path: Path, n: int, seed: int, prefix: str = "data.") -> list[dict[str, Any]]:
+    """`n` replies drawn from GAtt records (`data_gen gatt`'s gatt.jsonl), each with its dialogue's earlier turns
+    and the instruction it was sampled with in view (the records keep it apart from the messages)."""
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    replies = []
+    for index, record in enumerate(records):
+        messages = [m for m in record["messages"] if m["role"] in ("user", "assistant")]
+        earlier: list[list[Any]] = []
+        for number in range(0, len(messages) - 1, 2):
+            user, reply = messages[number]["content"], messages[number + 1]["content"]
+            replies.append(
+                {
+                    "id": f"{prefix}{index}.{number // 2 + 1}",
+                    "source": f"GAtt data ({path.name}): sampled with the instruction in view, best of k",
+                    "instruction": record["instruction_short"] if record.get("use_short") else record["instruction"],
+                    "family": ",".join(sorted({c.get("family", "custom") for c in record.get("constraints", [])}))
+                    or "none",
+                    "language": "English",
+                    "user": user,
+                    "reply": reply,
+                    "earlier": list(earlier),
+                    "on_topic": [],
+                    "label": "",
+                    "why": "",
+                }
+            )
+            earlier.append([user, reply, []])
+    return random.Random(seed).sample(replies, min(n, len(replies)))
 
 
 def draw(rows: list[tuple[str, dict[str, Any]]], per_cell: int, seed: int) -> list[dict[str, Any]]:
@@ -94,7 +128,11 @@ def main() -> None:
     parser.add_argument("--dialogues", type=int, required=True, help="the run's --dialogues")
     parser.add_argument("--seed", type=int, required=True, help="the run's --seed")
     parser.add_argument("--short-prob", type=float, default=0.5, help="the run's --short-prob")
+    parser.add_argument("--probe-every", type=int, default=0, help="the run's --probe-every")
     parser.add_argument("--per-cell", type=int, default=6, help="replies drawn per (family, language, outcome)")
+    parser.add_argument("--id-prefix", default="", help="prefix of every drawn row's id (a second run's rows)")
+    parser.add_argument("--records-file", type=Path, help="GAtt data (gatt.jsonl) to draw --records replies from")
+    parser.add_argument("--records", type=int, default=0, help="replies drawn from --records-file")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -105,11 +143,13 @@ def main() -> None:
         turns=args.turns,
         seed=args.seed,
         short_prob=args.short_prob,
-        probe_every=0,
+        probe_every=args.probe_every,
     )
     lines = (args.run / "transcripts.jsonl").read_text(encoding="utf-8").splitlines()
     transcripts = [json.loads(line) for line in lines if line.strip()]
-    drawn = draw(candidate_rows(transcripts, dialogues), args.per_cell, args.seed)
+    drawn = draw(candidate_rows(transcripts, dialogues, args.id_prefix), args.per_cell, args.seed)
+    if args.records_file is not None:
+        drawn += record_rows(args.records_file, args.records, args.seed, prefix=f"{args.id_prefix}data.")
     tmp = args.out.with_name(args.out.name + ".tmp")
     tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in drawn), encoding="utf-8")
     tmp.replace(args.out)

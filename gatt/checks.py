@@ -17,6 +17,7 @@ import yaml
 
 if TYPE_CHECKING:
     import lingua
+    import spellchecker
 
 CHECK_TYPES: dict[str, tuple[str, ...]] = {
     "language": ("code",),
@@ -78,15 +79,34 @@ def _known_language_codes() -> frozenset[str]:
     return frozenset(language.iso_code_639_1.name.lower() for language in lingua.Language.all())
 
 
-def language_margin(text: str) -> float:
-    """How many times likelier the detector finds the text's most likely language than the next one, on the text
-    in lower case (as `detect_language` reads it); 0 for text without letters. A ratio, not the confidence itself:
-    a short English sentence gets 0.3-0.6 confidence in English, spread over its neighbours, yet 5x the next."""
-    values = _detector().compute_language_confidence_values(text.lower())
-    if not values:
-        return 0.0
-    second = values[1].value if len(values) > 1 else 0.0
-    return float("inf") if second == 0 else values[0].value / second
+# Languages with a word list in pyspellchecker (word frequencies from OpenSubtitles, MIT), by ISO 639-1 code.
+SPELLING_LANGUAGES = ("ar", "de", "en", "es", "eu", "fa", "fr", "it", "lv", "nl", "pt", "ru")
+_SPELLED = re.compile(r"[^\W\d_]{3,}")  # words of 3+ letters: shorter ones are in every list
+
+
+@functools.cache
+def _speller(code: str) -> "spellchecker.SpellChecker":
+    from spellchecker import SpellChecker
+
+    return SpellChecker(language=code, distance=1)  # distance: unused (no corrections are asked for)
+
+
+def unknown_word_share(text: str, min_words: int = 4) -> float | None:
+    """The share of the text's words (3+ letters, lower case) that the word list of its detected language lacks
+    (a plural whose singular it lists is known);
+    None where that language has no list (SPELLING_LANGUAGES) or the text has fewer than `min_words` such words."""
+    language = detect_language(text)
+    if language not in SPELLING_LANGUAGES:
+        return None
+    spelled = _SPELLED.findall(text.lower())
+    if len(spelled) < min_words:
+        return None
+    speller = _speller(language)
+
+    def known(word: str) -> bool:  # a plural counts where its singular is listed (the Spanish list has few plurals)
+        return word in speller or any(word.endswith(end) and word[: -len(end)] in speller for end in ("s", "es"))
+
+    return sum(not known(word) for word in spelled) / len(spelled)
 
 
 def detect_language(text: str) -> str | None:

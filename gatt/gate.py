@@ -14,12 +14,14 @@ reply that
 - (strict gate) is a **template**: it opens with the same `template_opening` (8) words as an earlier reply, or shares a
   run of `template_span` (12) words with one (an opening kept while only the tail changes with the
   question); a run that the instruction itself contains (a required opening or sign-off) does not count;
-- (strict gate) is **word salad**: a reply of 8+ words in which no language is clear, its likeliest
-  language under `salad_margin` (3) times as likely as the next by the language detector: words of several
-  languages, or invented ones ("Pancards de mochi is alibidos que parecen una manzilla"). On the 326 labelled
-  replies of 8+ words of the first audit this fails 17 of 222 non-answers (4 of its 53 word salads) and none
-  of 104 answers: most word salad is in one clear language and passes. The model's own likelihood of the
-  reply did not separate them either (greedy word salad is likely under the model that wrote it);
+- (strict gate) is **word salad**: more than `salad_unknown` (22%) of its words of 3+ letters are in no
+  word list of its detected language (pyspellchecker's lists for 12 languages, a plural counted by its
+  singular; a reply of fewer than 4 such words, or in a language without a list, is not judged): invented
+  words ("antidevelopada", "primeritorejo") are what a small model writes in a language it cannot speak.
+  Grammatical Spanish reaches 20% on its sparse list (conjugated verbs), French and Portuguese 0-11%. On
+  the 341 labelled replies of the first audit this fails 29 of the 53 word salads and none of the 105
+  answers. Neither the model's own likelihood of the reply (greedy salad is likely under the model that
+  wrote it) nor the language detector's confidence separated them;
 - **repeats** an earlier reply of the dialogue, or most of one: at least `repeat_share` (75%) of its
   words fall in blocks it shares with one earlier reply (word-level matching, `difflib`). Replies to
   the same user message, and two answers to attribute probes ("Who are you?"), may repeat each other;
@@ -55,7 +57,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from gatt.cache import cache_kwargs
-from gatt.checks import Check, language_margin, passes_all
+from gatt.checks import Check, passes_all, unknown_word_share
 
 REASONS = ("empty", "loop", "repeat", "off_topic", "echo", "template", "salad")
 # CJK scripts have no spaces between words: each character counts as a word there.
@@ -78,7 +80,7 @@ class GateConfig:
     echo_new_words: int = 2  # ...and adds at most this many distinct words of its own
     template_opening: int = 0  # a template opens with this many words of an earlier reply...
     template_span: int = 0  # ...or shares a run of this many words with one
-    salad_margin: float = 0.0  # word salad: the reply's likeliest language under this many times the next
+    salad_unknown: float = 0.0  # word salad: over this share of its words in no word list of its language
 
     @classmethod
     def strict(cls) -> GateConfig:
@@ -91,7 +93,7 @@ class GateConfig:
             echo_cover=0.8,
             template_opening=8,
             template_span=12,
-            salad_margin=3.0,
+            salad_unknown=0.22,
         )
 
 
@@ -196,15 +198,11 @@ def shared_run(reply: str, earlier: str, instruction: str = "", opening: int = 8
     )
 
 
-SALAD_MIN_WORDS = 8  # shorter replies say too little for a language to be clear
-
-
-def is_salad(reply: str, margin: float = 3.0) -> bool:
-    """Whether no language is clear in a reply of SALAD_MIN_WORDS+ words: its likeliest language is under `margin`
-    times as likely as the next (`language_margin`)."""
-    if len(words(reply)) < SALAD_MIN_WORDS:
-        return False
-    return language_margin(reply) < margin
+def is_salad(reply: str, unknown: float = 0.22) -> bool:
+    """Whether over `unknown` of the reply's words (3+ letters) are in no word list of its detected language
+    (`unknown_word_share`; False where that cannot be told)."""
+    share = unknown_word_share(reply)
+    return share is not None and share > unknown
 
 
 def repeated_share(reply: str, earlier: str) -> float:
@@ -462,7 +460,7 @@ class AnswerGate:
                 failed.append("echo")
             if repeats is None and (config.template_opening or config.template_span) and self._template(item):
                 failed.append("template")
-            if config.salad_margin and is_salad(reply, config.salad_margin):
+            if config.salad_unknown and is_salad(reply, config.salad_unknown):
                 failed.append("salad")
             verdicts.append(Verdict(tuple(failed), margin, repeats))
         return verdicts

@@ -299,11 +299,13 @@ def test_a_list_whose_items_repeat_loops(reply, looping):
     ("reply", "salad"),
     [
         ("Pancards de mochi is alibidos que parecen una manzilla de papa en manzillos the cooking of papas.", True),
+        ("Pero te hablar en es, para esto parecillo. Cometié que el primeritorejo del servido de la cabana.", True),
         ("Las abejas recogen el néctar de las flores y lo transforman en miel dentro de la colmena.", False),
+        ("Bienen sammeln Nektar aus den Blumen und machen daraus in ihrem Stock den Honig.", False),
         ("BEES COLLECT NECTAR FROM FLOWERS AND TURN IT INTO HONEY INSIDE THE HIVE.", False),
-        ("Short mixed words los bees.", False),  # under 8 words: no language can be clear
+        ("Dejarte a la ocho.", False),  # under 4 words of 3+ letters: not judged
     ],
 )
-def test_word_salad_is_a_reply_in_no_clear_language(reply, salad):
+def test_word_salad_is_a_reply_whose_words_its_language_lacks(reply, salad):
     assert is_salad(reply) is salad
     assert ("salad" in failed([GateItem(GateTurn(BEES, reply))], STRICT)[0]) is salad
