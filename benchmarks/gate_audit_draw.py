@@ -57,6 +57,11 @@ def candidate_rows(
         dialogue = by_id[transcript["id"]]
         earlier: list[list[str]] = []
         for number, (turn, planned) in enumerate(zip(transcript["turns"], dialogue.turns), start=1):
+            if not turn.get("user", planned.user).startswith(planned.user):  # NAME+repeat appends the instruction
+                raise ValueError(
+                    f"{transcript['model']} {dialogue.id} turn {number}: the re-planned message is not the run's; "
+                    "give the run's --constraints, --user-turns, --turns, --dialogues, --seed and --probe-every"
+                )
             family = dialogue.constraint.family if dialogue.constraint is not None else "none"
             language = expected_language(dialogue)
             row = {
