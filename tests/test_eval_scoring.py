@@ -236,7 +236,15 @@ def test_gate_is_the_headline_and_checks_alone_are_kept(transcripts: list[dict[s
     assert scores["answer_gate"] == {
         "passed": round(18 / 21, 6),
         "n": 21,
-        "failed": {"empty": 0.0, "loop": round(1 / 21, 6), "repeat": round(1 / 21, 6), "off_topic": round(1 / 21, 6)},
+        "failed": {
+            "empty": 0.0,
+            "loop": round(1 / 21, 6),
+            "repeat": round(1 / 21, 6),
+            "off_topic": round(1 / 21, 6),
+            "echo": 0.0,
+            "template": 0.0,
+            "salad": 0.0,
+        },
     }
 
 

@@ -39,11 +39,11 @@ def test_gatt_data_replies_are_drawn_with_their_earlier_turns_and_the_instructio
 
 def test_the_second_audit_counts_the_readers_answers_per_gate_outcome():
     rows = [
-        {"id": "base.e-1.2", "label": "answer", "why": ""},
-        {"id": "base.e-1.3", "label": "not_answer", "why": "template: the opening of turn 2"},
-        {"id": "data.4.1", "label": "answer", "why": ""},
-        {"id": "data.4.2", "label": "not_answer", "why": "echo of the question"},
-        {"id": "gatt.e-2.5", "label": "not_answer", "why": "off topic"},
+        {"id": "base.e-1.2", "label": "answer", "why": "", "reply": "a"},
+        {"id": "base.e-1.3", "label": "not_answer", "why": "template: the opening of turn 2", "reply": "b"},
+        {"id": "data.4.1", "label": "answer", "why": "", "reply": "c"},
+        {"id": "data.4.2", "label": "not_answer", "why": "echo of the question", "reply": "d"},
+        {"id": "gatt.e-2.5", "label": "not_answer", "why": "off topic", "reply": "e"},
     ]
     verdicts = [Verdict(), Verdict(("template",)), Verdict(), Verdict(), Verdict(("echo", "off_topic"))]
     audit = bench_gate.own_messages_audit(rows, verdicts)

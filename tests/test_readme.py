@@ -27,7 +27,9 @@ PLACEHOLDER = "path/to/chat-model"
 SMALL_SIZES = {
     "python -m data_gen gatt": " --num-dialogues 2 --max-turns 2 --samples-per-turn 2 --max-new-tokens 16",
     "python -m data_gen replay": " --num-dialogues 2 --max-turns 2 --samples-per-turn 2 --max-new-tokens 16",
-    "accelerate launch recipes/train_gatt.py": " train_file=runs/smoke-data/gatt.jsonl num_epochs=0 max_steps=2 save_every=0",
+    # the smoke model's replay (strict gate, 16 tokens) keeps no dialogue: the replay mix is tested in test_train
+    "accelerate launch recipes/train_gatt.py": " train_file=runs/smoke-data/gatt.jsonl num_epochs=0 max_steps=2 save_every=0"
+    " replay_file=null replay_ratio=0",
     "python -m gatt.evaluate": " --turns 3 --dialogues 2 --no-instruction-dialogues 0 --max-new-tokens 16",
 }
 
