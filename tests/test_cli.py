@@ -89,19 +89,26 @@ def entry_point(argv: list[str]) -> tuple[Callable[[], object], list[str]]:
     return importlib.import_module(Path(argv[0]).stem).main, argv
 
 
+def exit_message(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """`python ARGV`'s main run in this process from the repository root: the message it exits with (sys.exit(message):
+    Python prints it to stderr and exits with status 1). An exception other than SystemExit (a traceback) fails the
+    test."""
+    main, sys_argv = entry_point(argv)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("GATT_TRACEBACK", "")
+    monkeypatch.setattr(sys, "argv", sys_argv)
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    return str(exit_.value.code)
+
+
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
 def test_bad_input_is_one_error_line(name: str, tmp_path: Path, monkeypatch) -> None:
     """Each command's `main`, as `python ARGV` calls it, in this process (a process costs seconds of imports; the
     next test runs whole commands): it exits with the one `error: ...` message, and writes nothing."""
     argv, expected = BAD_INPUTS[name]
     argv = [a.format(tmp=tmp_path) for a in argv]
-    main, sys_argv = entry_point(argv)
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setenv("GATT_TRACEBACK", "")
-    monkeypatch.setattr(sys, "argv", sys_argv)
-    with pytest.raises(SystemExit) as exit_:
-        main()  # an exception other than SystemExit (a traceback) fails the test
-    message = str(exit_.value.code)  # sys.exit(message): Python prints it to stderr and exits with status 1
+    message = exit_message(argv, monkeypatch)
     assert message.startswith("error: ") and "\n" not in message, message
     assert expected.format(tmp=tmp_path) in message, message
     assert not any(p.name.startswith(("report", "data", "smoke")) for p in tmp_path.iterdir())  # nothing written

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_cli import exit_message
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gatt import processes
@@ -160,27 +161,13 @@ STAGES = {
 }
 
 
-def entry_point(argv: list[str]):
-    """The `main` that `python ARGV` runs, and the sys.argv it sees (a `-m` module's, or a recipe script's)."""
-    if argv[0] == "-m":
-        module = importlib.import_module(f"{argv[1]}.__main__" if argv[1] == "data_gen" else argv[1])
-        return module.main, [argv[1], *argv[2:]]
-    return importlib.import_module(Path(argv[0]).stem).main, argv
-
-
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_every_stage_names_the_damaged_file(stage: str, tmp_path: Path, monkeypatch) -> None:
     """Each command's `main`, in this process (the test below runs whole commands)."""
     folder = model_folder(tmp_path)
     weights = truncate(folder / "model.safetensors", 1000)
     argv = [a.format(model=folder, tmp=tmp_path) for a in STAGES[stage]]
-    main, sys_argv = entry_point(argv)
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setenv("GATT_TRACEBACK", "")
-    monkeypatch.setattr(sys, "argv", sys_argv)
-    with pytest.raises(SystemExit) as exit_:
-        main()  # an exception other than SystemExit (a traceback) fails the test
-    message = str(exit_.value.code)
+    message = exit_message(argv, monkeypatch)
     assert message.startswith(f"error: {weights}: not a valid safetensors file (") and "\n" not in message, message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # nothing written
 
@@ -205,13 +192,7 @@ def test_a_damaged_bin_is_named_when_the_load_fails(stage: str, tmp_path: Path, 
     argv = [a.format(model=folder, tmp=tmp_path) for a in STAGES[stage]] + [f"train_file={oracle_data}"] * (
         stage == "train_gatt"
     )
-    main, sys_argv = entry_point(argv)
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setenv("GATT_TRACEBACK", "")
-    monkeypatch.setattr(sys, "argv", sys_argv)
-    with pytest.raises(SystemExit) as exit_:
-        main()
-    message = str(exit_.value.code)
+    message = exit_message(argv, monkeypatch)
     assert (
         message == f"error: {weights}: not a loadable PyTorch weights file (a truncated or damaged zip archive){REMEDY}"
     )
