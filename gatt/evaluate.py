@@ -44,7 +44,7 @@ from gatt.generation import FLAG_GIVEN, add_sampler_arguments, folder_sampler_se
 from gatt.machine import package_versions
 from gatt.model_folder import check_model_folder, loading_model
 from gatt.modeling import GattForCausalLM
-from gatt.numerics import NUMERICS, Numerics, for_inference
+from gatt.numerics import NUMERICS, Numerics, for_inference, resolve_auto
 
 
 def load_model(
@@ -419,6 +419,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     relevance_model = None if relevance_model == "none" else relevance_model
     if relevance_model is not None:
         check_model_folder(relevance_model, "--relevance-model")
+    # `auto` resolved once, before the rollouts' fingerprints: a cached column is reused only in the mode it was made in
+    device = args.device or process_state().device
+    args.numerics = resolve_auto(args.numerics, device, "bf16", "exact", "--numerics")
+    args.relevance_numerics = resolve_auto(args.relevance_numerics, device, "bf16", "exact", "--relevance-numerics")
     cache = RolloutCache(Path(args.out) / "rollouts", write=process_state().is_main_process)
     transcripts = evaluate(
         models, dialogues, config, repeat=repeat, split=split, device=args.device, numerics=args.numerics, cache=cache
