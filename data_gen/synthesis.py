@@ -38,6 +38,16 @@ from data_gen.toy_world import with_instruction
 from data_gen.user_turns import TOPIC_KEYWORDS, UserTurn, on_topic_check
 from gatt.checks import Check, Constraint, passes_all
 from gatt.distributed import my_items, process_state
+from gatt.events import (
+    KINDS,
+    Event,
+    constraint_entry,
+    dialogue_kind,
+    draw_events,
+    following_checks,
+    in_force,
+    withdrawn,
+)
 from gatt.gate import REASONS, AnswerGate, GateConfig, GateItem, GateTurn
 
 
@@ -63,6 +73,8 @@ class SynthesisConfig:
         False  # the teacher's prompt opens with a passing exchange of each constraint (not the record's)
     )
     round: int = 1  # the expert-iteration round (recipes/demo.py `rounds`): each round draws its own dialogues
+    # Dialogue kinds drawn alike (gatt/events.py): first (turn one, the paper), late, replace, revoke, add
+    kinds: tuple[str, ...] = ("first",)
 
     @property
     def draw_key(self) -> str:
@@ -80,6 +92,8 @@ class SynthesisConfig:
             raise ValueError(f"redraws must be >= 0, got {self.redraws}")
         if self.round < 1:
             raise ValueError(f"round must be >= 1, got {self.round}")
+        if not self.kinds or set(self.kinds) - set(KINDS):
+            raise ValueError(f"kinds must be some of {', '.join(KINDS)}, got {list(self.kinds)}")
 
 
 @dataclass
@@ -87,27 +101,58 @@ class _Dialogue:
     """One dialogue in flight."""
 
     index: int
-    constraints: list[Constraint]
+    constraints: list[Constraint]  # every constraint the dialogue gives, in the order given
     use_short: bool
     turns: list[UserTurn]
     replies: list[str]
+    events: list[Event] = field(default_factory=list)  # what each user turn gives, changes or withdraws
+    kind: str = "first"  # gatt/events.py KINDS
     ended: str | None = None  # None while running; "complete", "rejected" or "context_full"
     redrawn: int = 0  # user messages redrawn at the current turn
     demonstration: list[dict[str, str]] = field(default_factory=list)  # teacher context before the dialogue
 
+    def __post_init__(self) -> None:
+        if self.constraints and not self.events:  # given no events: its constraints, in turn one, kept (the paper)
+            self.events = [
+                Event(1, "give", tuple(self.constraints), instruction_text(self.constraints, self.use_short))
+            ]
+        if not self.events:
+            self.kind = "none"
+
     @property
     def instruction(self) -> str:
-        return instruction_text(self.constraints, self.use_short)
+        """Every instruction the dialogue gives, in its words (the gate exempts their runs from the template test)."""
+        return " ".join(e.text for e in self.events)
+
+    def in_force(self, turn: int) -> list[Constraint]:
+        """The constraints in force at user turn `turn` (from 1)."""
+        return in_force(self.events, turn)
 
     def request(self) -> TurnRequest:
-        """The augmented history: the instruction appended to every user message so far, after the demonstration."""
+        """The augmented history: the instructions in force at each user message appended to it (none before a late
+        instruction, none of a withdrawn one), after the demonstration."""
         messages = list(self.demonstration)
-        for turn, reply in zip(self.turns, self.replies + [None]):
-            text = with_instruction(turn.text, self.instruction) if self.constraints else turn.text
+        for number, (turn, reply) in enumerate(zip(self.turns, self.replies + [None]), start=1):
+            state = self.in_force(number)
+            text = with_instruction(turn.text, instruction_text(state, self.use_short)) if state else turn.text
             messages.append({"role": "user", "content": text})
             if reply is not None:
                 messages.append({"role": "assistant", "content": reply})
-        return TurnRequest(messages, self.turns[len(self.replies)], self.constraints, key=str(self.index))
+        current = len(self.replies) + 1
+        return TurnRequest(messages, self.turns[current - 1], self.in_force(current), key=str(self.index))
+
+    def accepts(self, reply: str) -> bool:
+        """Whether a candidate for the current turn passes the checks in force and follows no withdrawn instruction."""
+        number = len(self.replies) + 1
+        turn = self.turns[number - 1]
+        if not passes_all(reply, turn_checks(self.in_force(number), turn)):
+            return False
+        question = turn.text if is_probe(self.constraints, turn) else None
+        for old in withdrawn(self.events, number):
+            shows = following_checks(old, question)
+            if shows and passes_all(reply, shows):
+                return False
+        return True
 
 
 def is_probe(constraints: Sequence[Constraint], turn: UserTurn) -> bool:
@@ -141,14 +186,23 @@ def draw_dialogue(
     a dialogue without instruction)."""
     rng = random.Random(f"{config.draw_key}-{index}")
     constraints, use_short = sampler.sample(rng) if sampler is not None else ([], False)
+    num_turns = rng.randint(config.min_turns, config.max_turns)
+    events: list[Event] = []
+    if constraints:  # the kind and its events from a draw of their own: first-kind dialogues are as they always were
+        events_rng = random.Random(f"{config.draw_key}-{index}-kind")
+        kind = events_rng.choice(config.kinds)
+        opening = instruction_text(constraints, use_short)
+        assert sampler is not None
+        events = draw_events(kind, constraints, opening, sampler.constraints, num_turns, events_rng, short=use_short)
+        constraints = [c for e in events if e.action != "revoke" for c in e.constraints]
     probes = [p.question for c in constraints for p in c.probes]
     turns = []
-    for _ in range(rng.randint(config.min_turns, config.max_turns)):
+    for _ in range(num_turns):
         if probes and rng.random() < config.probe_prob:
             turns.append(UserTurn(rng.choice(probes), None))
         else:
             turns.append(_chat_turn(rng, user_pool, avoid={_key(t) for t in turns}))
-    return _Dialogue(index, constraints, use_short, turns, [])
+    return _Dialogue(index, constraints, use_short, turns, [], events, dialogue_kind(events))
 
 
 def _chat_turn(rng: random.Random, user_pool: Sequence[UserTurn], avoid: set[str]) -> UserTurn:
@@ -176,7 +230,7 @@ def _gate_items(
     rng = random.Random(f"{config.draw_key}-{dialogue.index}-others-{len(dialogue.replies)}-{dialogue.redrawn}")
     pool = [t.text for t in user_pool if _key(t) != _key(turn)]
     others = tuple(rng.sample(pool, min(config.relevance_others, len(pool))))
-    instruction = dialogue.instruction if dialogue.constraints else ""
+    instruction = dialogue.instruction
     return [
         GateItem(gate_turn(dialogue.constraints, turn, candidate), earlier, others, instruction)
         for candidate in candidates
@@ -204,11 +258,9 @@ def synthesize_shard(
         _show(progress, tally, turn=turn, active=len(active), refresh=True)
         requests = [d.request() for d in active]
         sampled = teacher.sample(requests, k)
-        # Candidates that pass the checks go to the answer gate, all dialogues' in one batch.
-        passing = [
-            [c for c in candidates if passes_all(c, turn_checks(d.constraints, r.turn))]
-            for d, r, candidates in zip(active, requests, sampled)
-        ]
+        # Candidates that pass the checks in force (and follow no withdrawn instruction) go to the answer gate,
+        # all dialogues' in one batch.
+        passing = [[c for c in candidates if d.accepts(c)] for d, candidates in zip(active, sampled)]
         items = [item for d, p in zip(active, passing) for item in _gate_items(d, p, config, user_pool)]
         verdicts = iter(gate.judge(items))
         for dialogue, candidates, checked in zip(active, sampled, passing):
@@ -258,15 +310,15 @@ def to_record(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -
     messages = []
     for turn, reply in zip(dialogue.turns, dialogue.replies):
         messages += [{"role": "user", "content": turn.text}, {"role": "assistant", "content": reply}]
-    return {
+    events = [e for e in dialogue.events if e.turn <= len(dialogue.replies)]  # those the kept turns reach
+    opening = list(events[0].constraints) if events and events[0].turn == 1 else []
+    record = {
         "id": f"d-{dialogue.index:06d}",
-        "instruction": instruction_text(dialogue.constraints, short=False) if dialogue.constraints else None,
-        "instruction_short": instruction_text(dialogue.constraints, short=True) if dialogue.constraints else None,
+        # the turn-one instruction, both forms (the collator places the one `use_short` picks); None if none
+        "instruction": instruction_text(opening, short=False) if opening else None,
+        "instruction_short": instruction_text(opening, short=True) if opening else None,
         "use_short": dialogue.use_short,
-        "constraints": [
-            {"family": c.family, "value": c.value, "split": c.split, "checks": [ch.to_dict() for ch in c.checks]}
-            for c in dialogue.constraints
-        ],
+        "constraints": [constraint_entry(c) for e in events if e.action != "revoke" for c in e.constraints],
         "messages": messages,
         "sampled_with_instruction": [True] * len(dialogue.replies),
         "meta": {
@@ -277,6 +329,11 @@ def to_record(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -
             "ended": dialogue.ended,
         },
     }
+    if config.kinds != ("first",):
+        # what each user turn gives, changes or withdraws; the collator writes a later turn's words into it
+        record["kind"] = dialogue_kind(events)
+        record["events"] = [e.to_dict() for e in events]
+    return record
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -314,6 +371,7 @@ def synthesize(
         "constraints": [c.name for c in constraints],
         "user_pool": len(user_pool),
     }
+    settings = json.loads(json.dumps(settings))  # as settings.json reads back (tuples as lists)
     _check_settings(shard_dir / "settings.json", settings)
     demonstrations = _demonstrations(shard_dir / "demonstrations.json", demonstrate) if config.demonstration else {}
     # Families drawn alike: a family with few values (all caps) gets as much GAtt data as the hobbies.
@@ -395,6 +453,7 @@ def _shard_entry(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig
     entry: dict[str, Any] = {
         "kept": kept,
         "families": sorted(c.family for c in dialogue.constraints),
+        "kind": dialogue_kind([e for e in dialogue.events if e.turn <= len(dialogue.replies)]),
         "ended": dialogue.ended,
         "turns": len(dialogue.replies),
         "planned": len(dialogue.turns),
@@ -460,6 +519,8 @@ def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str, processes
         "gate_rejected_candidates": stats["gate_rejected_candidates"],
         "gate_failed": {reason: stats[f"gate_{reason}"] for reason in REASONS},
         "yield_per_family": {f: round(kept[f] / attempted[f], 4) for f in sorted(attempted)},
+        # kept records per dialogue kind (gatt/events.py), as their kept turns make it (cut before a change: first)
+        "kinds": dict(sorted(Counter(e.get("kind", "first") for e in entries if e["kept"]).items())),
         # Candidates that passed the checks and the gate, of all the teacher wrote in that family's dialogues.
         "pass_rate_per_family": {
             f: round(stats[f"passed:{f}"] / max(stats[f"candidates:{f}"], 1), 4) for f in sorted(attempted)

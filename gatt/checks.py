@@ -35,7 +35,18 @@ CHECK_TYPES: dict[str, tuple[str, ...]] = {
 OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"python": ("args",)}
 _FUNCTION_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 SPLITS = ("train", "heldout")
-_CONSTRAINT_KEYS = ("name", "instruction", "short", "checks", "probes", "family", "value", "split", "paraphrases")
+_CONSTRAINT_KEYS = (
+    "name",
+    "instruction",
+    "short",
+    "checks",
+    "probes",
+    "family",
+    "value",
+    "split",
+    "paraphrases",
+    "changes",
+)
 _PROBE_KEYS = ("question", "checks")
 
 
@@ -297,6 +308,9 @@ class Constraint:
     value: str = ""
     split: str = "train"
     paraphrases: tuple[str, ...] = ()
+    # Its own wordings of the events that give it late, replace another by it, withdraw it or add it
+    # (gatt/events.py; {late|replace|revoke|add: [...]}); an event without one uses gatt/events.yaml's.
+    changes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Lists would make equal constraints compare unequal to loaded ones.
@@ -309,6 +323,7 @@ class Constraint:
         )
         object.__setattr__(self, "probes", probes)
         object.__setattr__(self, "paraphrases", tuple(self.paraphrases))
+        object.__setattr__(self, "changes", {action: tuple(texts) for action, texts in self.changes.items()})
         if not self.checks and not self.probes:
             raise ValueError(
                 f"{where}: needs checks, probes, or both (a persona without checks is scored on its probes)"
@@ -327,6 +342,8 @@ class Constraint:
         out.update(family=self.family, value=self.value, split=self.split)
         if self.paraphrases:
             out["paraphrases"] = list(self.paraphrases)
+        if self.changes:
+            out["changes"] = {action: list(texts) for action, texts in self.changes.items()}
         return out
 
     def phrased(self, rng: random.Random) -> "Constraint":
@@ -361,6 +378,9 @@ class Constraint:
                 f"{where}: needs a non-empty 'checks' list, 'probes', or both "
                 "(a persona with `checks: []` is scored on its probes)"
             )
+        from gatt.events import check_wordings  # gatt.events builds on this module
+
+        changes = check_wordings(spec.get("changes", {}), f"{where} changes")
         return cls(
             name=name,
             instruction=_require_text(spec, "instruction", where),
@@ -371,6 +391,7 @@ class Constraint:
             value=value,
             split=split,
             paraphrases=tuple(paraphrases),
+            changes=changes,
         )
 
 

@@ -75,9 +75,18 @@ class GAttCollator:
     # -- rendering -----------------------------------------------------------------------------
 
     def chat(self, record: dict[str, Any]) -> list[dict[str, str]]:
-        """The dialogue as the model sees it: the instruction exactly once, in the first turn."""
+        """The dialogue as the model sees it: the turn-one instruction exactly once, in the first turn, and each
+        later event (an instruction given late, changed, added or withdrawn) only in the user turn that gives it."""
         instruction = record.get("instruction_short" if record.get("use_short") else "instruction")
-        return place_instruction(record["messages"], instruction, self.instruction_placement)
+        messages = place_instruction(record["messages"], instruction, self.instruction_placement)
+        users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        for event in later_events(record):
+            turn = event["turn"]
+            if turn > len(users):
+                raise ValueError(f"record {record.get('id', '?')}: an event at turn {turn}, after its last user turn")
+            message = messages[users[turn - 1]]
+            message["content"] = append_instruction(message["content"], event["text"])
+        return messages
 
     def tokenize(self, messages: list[dict[str, str]]) -> tuple[list[int], list[tuple[int, int]]]:
         """Token ids of the rendered dialogue and the token span [start, end) of each assistant reply."""
@@ -158,14 +167,14 @@ class GAttCollator:
     def _fit(self, messages: list[dict[str, str]], supervised: list[int], record: dict[str, Any]) -> Example | None:
         """Cut after the last supervised reply; drop whole middle turns (oldest first) until it fits.
 
-        Turn k is (user message, reply k). Turn 0 holds the instruction and supervised turns are the
-        targets: neither is ever dropped.
+        Turn k is (user message, reply k). Turn 0 holds the instruction, a turn that gives a later event holds
+        its words, and supervised turns are the targets: none of them is ever dropped.
         """
         if not supervised:
             return None
         replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         messages = messages[: replies[supervised[-1]] + 1]
-        keep = list(supervised)
+        keep = list(supervised) + [event["turn"] - 1 for event in later_events(record)]  # turns that give events too
         while True:
             ids, spans = self.tokenize(messages)
             if len(ids) <= self.max_length:
@@ -180,7 +189,7 @@ class GAttCollator:
             keep = [k - 1 if k > droppable[0] else k for k in keep]
             self.stats["dropped_turns"] += 1
         labels = [IGNORE_INDEX] * len(ids)
-        for k in keep:
+        for k in keep[: len(supervised)]:
             start, end = spans[k]
             labels[start:end] = ids[start:end]
         self.stats["examples"] += 1
@@ -254,6 +263,12 @@ def place_instruction(
     first = next(i for i, m in enumerate(messages) if m["role"] == "user")
     messages[first]["content"] = f"{instruction}\n{messages[first]['content']}"
     return messages
+
+
+def later_events(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The record's events after turn one (gatt/events.py: an instruction given late, replaced, added or
+    withdrawn), each `{"turn", "kind", "constraints", "text"}`; a turn-one instruction is the record's `instruction`."""
+    return [event for event in record.get("events") or [] if event["turn"] > 1]
 
 
 def append_instruction(user_text: str, instruction: str) -> str:

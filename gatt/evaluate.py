@@ -35,10 +35,11 @@ from gatt.embedded import model_path
 from gatt.eval.cache import RolloutCache, fingerprint
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.judge import apply_gate
-from gatt.eval.plan import EvalDialogue, plan_dialogues
+from gatt.eval.plan import STRATA, EvalDialogue, plan_dialogues
 from gatt.eval.report import NOT_MODELS, build_report, format_table, write_report
 from gatt.eval.rollout import RolloutConfig, distributed_rollout
 from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
+from gatt.events import KINDS
 from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
 from gatt.generation import FLAG_GIVEN, add_sampler_arguments, folder_sampler_settings, sampler_settings
 from gatt.machine import package_versions
@@ -183,10 +184,11 @@ def variant(
 
     A dialogue without instruction is the same either way: it gets the model's own transcript, not a
     second rollout of the same prompts."""
-    instructed = [d for d in dialogues if d.instruction]
+    instructed = [d for d in dialogues if d.instructed]
     say(f"[eval] {column}: {len(instructed)} dialogues with an instruction")
     rolled = iter(distributed_rollout(model, tokenizer, instructed, config, process_state()) if instructed else [])
-    return [{**t, "model": column} if t["instruction"] is None else {"model": column, **next(rolled)} for t in own]
+    ids = {d.id for d in instructed}
+    return [{"model": column, **next(rolled)} if t["id"] in ids else {**t, "model": column} for t in own]
 
 
 def split_column(name: str, strength: float, strengths: list[float]) -> str:
@@ -280,6 +282,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="families held out as a whole (every value split heldout): reported with the held-out "
         "family, not with the trained values (e.g. those the GAtt data left out: data_gen "
         "--heldout-families)",
+    )
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=KINDS,
+        default=["first"],
+        metavar="KIND",
+        help="dialogue kinds, dealt in turn (default: first): first (the instruction in turn one, kept), late "
+        "(given in a later user turn), replace (given in turn one, replaced by another value of its family), "
+        "revoke (given, then withdrawn), add (a second instruction of another family joins). A change comes "
+        "at a turn from 2 to 11 of 30, so 19 turns follow it. report.json gives MODEL.per_kind.KIND.after[d] "
+        "by d, the turns since the instruction or the change, and for replace and revoke old_followed[d]; "
+        "the per-turn tables are those of `first`",
+    )
+    parser.add_argument(
+        "--strata",
+        nargs="+",
+        choices=STRATA,
+        default=list(STRATA),
+        metavar="STRATUM",
+        help="which constraints the dialogues with an instruction test: train (values GAtt trained on), "
+        "heldout_value, heldout_family (default: all three, half on train)",
     )
     parser.add_argument(
         "--repeat-instruction",
@@ -405,6 +429,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         no_instruction=no_instruction,
         short_prob=args.short_prob,
         probe_every=args.probe_every,
+        kinds=list(dict.fromkeys(args.kinds)),
+        strata=args.strata,
     )
     config = RolloutConfig(
         max_new_tokens=args.max_new_tokens,
@@ -454,6 +480,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "no_instruction_dialogues": no_instruction,
         "seed": args.seed,
         "constraints": str(args.constraints or "built-in"),
+        **({"kinds": args.kinds} if args.kinds != ["first"] else {}),
+        **({"strata": args.strata} if sorted(args.strata) != sorted(STRATA) else {}),
         **({"heldout_families": args.heldout_families} if args.heldout_families else {}),
         "user_turns": str(args.user_turns or "built-in held-out pool"),
         "placement": args.placement,

@@ -41,7 +41,7 @@ from transformers import (
 )
 
 import gatt  # noqa: F401  (registers the "gatt" model type and attention)
-from gatt.collator import IGNORE_INDEX, GAttCollator
+from gatt.collator import IGNORE_INDEX, GAttCollator, later_events
 from gatt.distributed import check_launch, last_reference_in_python, on_cpu
 from gatt.embedded import model_path
 from gatt.model_folder import check_model_folder, loading_model
@@ -290,6 +290,7 @@ def build_tokenizer(config: TrainConfig, records: list[dict[str, Any]], save_dir
             return AutoTokenizer.from_pretrained(save_dir)
         texts = [m["content"] for r in records for m in r["messages"]]
         texts += [r.get("instruction") or "" for r in records] + [r.get("instruction_short") or "" for r in records]
+        texts += [event["text"] for r in records for event in later_events(r)]
         context = (config.model_config or {}).get("max_position_embeddings", 4096)
         tokenizer = train_tokenizer(texts, vocab_size=config.tokenizer_vocab_size, model_max_length=context)
         tokenizer.save_pretrained(save_dir)

@@ -64,6 +64,7 @@ from gatt.cli import exit_on_bad_input
 from gatt.embedded import FOLDER as EMBEDDED_FOLDER
 from gatt.embedded import package, weights_sha256
 from gatt.eval.report import add_rounds, format_table
+from gatt.events import KINDS
 from gatt.machine import available_cpus, machine_calibration
 from gatt.numerics import NUMERICS, resolve_auto
 from gatt.processes import ProcessTree
@@ -124,6 +125,13 @@ class DemoConfig:
     )
     gatt_config: str = "recipes/configs/gatt_tiny.yaml"
     gatt_overrides: list[str] = field(default_factory=list)
+    any_turn: bool = False  # also a `gatt-any` model, trained on GAtt data of every dialogue kind (gatt/events.py)
+    any_turn_dialogues: int = 0  # its GAtt dialogues (0: gatt_dialogues)
+    any_turn_overrides: list[str] = field(default_factory=list)  # key=value for its training, after gatt_overrides
+    eval_kinds: list[str] = field(
+        default_factory=lambda: ["first"]
+    )  # the report's dialogue kinds (gatt.evaluate --kinds)
+    eval_strata: list[str] = field(default_factory=list)  # the report's strata (gatt.evaluate --strata; default: all)
     eval_turns: int = 30
     eval_dialogues: int = 64
     eval_no_instruction_dialogues: int | None = None  # for the no-regression score (default: eval_dialogues / 4)
@@ -233,62 +241,102 @@ def stages(config: DemoConfig) -> list[Stage]:
 
     heldout = ["--heldout-families", *config.heldout_families] if config.heldout_families else []
     replay_file = data / "replay" / "replay.jsonl" if config.base_model == "smollm2" else base_data / "base.jsonl"
+
+    def gatt_data(name: str, teacher_model: str, extra: list[str], dialogues: int, folder: Path) -> Stage:
+        return Stage(
+            name,
+            [
+                *python,
+                "-m",
+                "data_gen",
+                "gatt",
+                *teacher(teacher_model),
+                *(["--demonstration"] if config.teacher_demonstration else []),
+                *extra,
+                "--num-dialogues",
+                str(dialogues),
+                "--min-turns",
+                str(config.gatt_min_turns),
+                "--max-turns",
+                str(config.gatt_max_turns),
+                "--samples-per-turn",
+                str(config.samples_per_turn),
+                *(
+                    []
+                    if config.gatt_values_per_family is None
+                    else ["--values-per-family", str(config.gatt_values_per_family)]
+                ),
+                *_flag("--constraints", config.constraints),
+                *heldout,
+                "--out",
+                str(folder),
+            ],
+            folder,
+            True,
+        )
+
+    def gatt_model(name: str, start: Path, data_files: list[str], folder: Path, overrides: list[str]) -> Stage:
+        return Stage(
+            name,
+            [
+                *train,
+                "--config",
+                config.gatt_config,
+                f"model={start}",
+                f"train_file={data_files[0] if len(data_files) == 1 else json.dumps(data_files)}",
+                f"replay_file={replay_file}",
+                f"output_dir={folder}",
+                f"seed={config.seed}",
+                *config.gatt_overrides,
+                *overrides,
+                "--resume",
+            ],
+            folder,
+            True,
+        )
+
     rounds: list[Stage] = []
     for r in range(1, config.rounds + 1):
+        folder = gatt_data_dir(out, r)
         rounds.append(
-            Stage(
+            gatt_data(
                 f"gatt-data{round_suffix(r)}",
-                [
-                    *python,
-                    "-m",
-                    "data_gen",
-                    "gatt",
-                    *teacher(round_teacher(config, r)),
-                    *(["--demonstration"] if config.teacher_demonstration else []),
-                    "--round",
-                    str(r),
-                    "--num-dialogues",
-                    str(config.gatt_dialogues),
-                    "--min-turns",
-                    str(config.gatt_min_turns),
-                    "--max-turns",
-                    str(config.gatt_max_turns),
-                    "--samples-per-turn",
-                    str(config.samples_per_turn),
-                    *(
-                        []
-                        if config.gatt_values_per_family is None
-                        else ["--values-per-family", str(config.gatt_values_per_family)]
-                    ),
-                    *_flag("--constraints", config.constraints),
-                    *heldout,
-                    "--out",
-                    str(gatt_data_dir(out, r)),
-                ],
-                gatt_data_dir(out, r),
-                True,
+                round_teacher(config, r),
+                ["--round", str(r)],
+                config.gatt_dialogues,
+                folder,
             )
         )
         union = [str(gatt_data_dir(out, i) / "gatt.jsonl") for i in range(1, r + 1)]
         start = gatt_dir(out, r - 1) / "final" if config.rounds_continue and r > 1 else base_model_dir(config)
-        data_files = union[-1:] if config.rounds_continue else union
         rounds.append(
-            Stage(
+            gatt_model(
                 f"gatt-model{round_suffix(r)}",
-                [
-                    *train,
-                    "--config",
-                    config.gatt_config,
-                    f"model={start}",
-                    f"train_file={data_files[0] if len(data_files) == 1 else json.dumps(data_files)}",
-                    f"replay_file={replay_file}",
-                    f"output_dir={gatt_dir(out, r)}",
-                    f"seed={config.seed}",
-                    *config.gatt_overrides,
-                    "--resume",
-                ],
+                start,
+                union[-1:] if config.rounds_continue else union,
                 gatt_dir(out, r),
-                True,
+                [],
+            )
+        )
+    if config.any_turn:  # GAtt data of every kind, and the model trained on it from the base model
+        any_data = out / "any" / "data" / "gatt"
+        kinds = ["--kinds", *KINDS]
+        rounds.append(
+            gatt_data(
+                "gatt-any-data",
+                round_teacher(config, 1),
+                kinds,
+                config.any_turn_dialogues or config.gatt_dialogues,
+                any_data,
+            )
+        )
+        rounds.append(
+            gatt_model(
+                "gatt-any-model",
+                base_model_dir(config),
+                [str(any_data / "gatt.jsonl")],
+                out / "any" / "gatt",
+                config.any_turn_overrides,
             )
         )
 
@@ -300,6 +348,7 @@ def stages(config: DemoConfig) -> list[Stage]:
     )
     models = [f"base={base_model_dir(config)}"] if config.eval_baselines else []
     models += [f"{student_name(r, config.rounds)}={gatt_dir(out, r) / 'final'}" for r in range(1, config.rounds + 1)]
+    models += [f"gatt-any={out / 'any' / 'gatt' / 'final'}"] if config.any_turn else []
     report_stage = Stage(
         "report",
         [
@@ -318,6 +367,8 @@ def stages(config: DemoConfig) -> list[Stage]:
             str(config.eval_batch_size),
             "--probe-every",
             str(config.eval_probe_every),
+            *(["--kinds", *config.eval_kinds] if config.eval_kinds != ["first"] else []),
+            *(["--strata", *config.eval_strata] if config.eval_strata else []),
             *_flag("--constraints", config.constraints),
             *heldout,
             *_flag("--user-turns", eval_turns),

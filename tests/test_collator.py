@@ -741,3 +741,98 @@ def test_empty_sampled_flags_are_refused_too(tokenizers):
     record = {**NAPOLEON, "id": "d-empty-7", "sampled_with_instruction": []}
     with pytest.raises(ValueError, match="d-empty-7"):
         GAttCollator(tokenizers["library"], mode="all").examples(record)
+
+
+# -- instructions at any turn (gatt/events.py): each event only in the user turn that gives it ---------
+
+FRENCH_ENTRY = {"family": "language", "value": "French", "checks": [{"type": "language", "code": "fr"}]}
+REVOKED = {
+    **FRENCH,
+    "id": "d-000004",
+    "kind": "revoke",
+    "events": [
+        {"turn": 1, "kind": "give", "constraints": [FRENCH_ENTRY], "text": "Always answer in French."},
+        {
+            "turn": 3,
+            "kind": "revoke",
+            "constraints": [FRENCH_ENTRY],
+            "text": 'You can stop following "Language: French" now.',
+        },
+    ],
+    "messages": [
+        *FRENCH["messages"][:4],
+        {"role": "user", "content": "Can you recommend a good book?"},
+        {"role": "assistant", "content": "I recommend Les Misérables, in English this time."},
+        {"role": "user", "content": "Where should I travel next summer?"},
+        {"role": "assistant", "content": "Brittany: the sea is beautiful there."},
+    ],
+}
+LATE = {
+    **TENNIS,
+    "id": "d-000005",
+    "instruction": None,
+    "instruction_short": None,
+    "kind": "late",
+    "sampled_with_instruction": [True] * 5,
+    "events": [{"turn": 2, "kind": "give", "constraints": TENNIS["constraints"], "text": "From now on: Hobby: tennis"}],
+}
+EVENT_RECORDS = [REVOKED, LATE]
+
+
+def expected_event_chat(record, placement: str) -> list[dict[str, str]]:
+    """The dialogue with the turn-one instruction placed and each later event appended to its user turn."""
+    messages = [dict(m) for m in record["messages"]]
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    for event in record["events"]:
+        if event["turn"] > 1:
+            messages[users[event["turn"] - 1]]["content"] += " " + event["text"]
+    instruction = instruction_of(record)
+    if instruction and placement == "system":
+        return [{"role": "system", "content": instruction}, *messages]
+    if instruction:
+        messages[0]["content"] = f"{instruction}\n{messages[0]['content']}"
+    return messages
+
+
+@pytest.mark.parametrize("name", ALL_TEMPLATES)
+@pytest.mark.parametrize("placement", ["system", "first_user"])
+@pytest.mark.parametrize("record", EVENT_RECORDS, ids=lambda r: r["id"])
+def test_each_event_only_in_the_user_turn_that_gives_it(tokenizers, name, placement, record):
+    tok = tokenizers[name]
+    eot, user_header, _ = TEMPLATE_INFO[name]
+    placement = placement if name != "nosystem" else "first_user"
+    collator = GAttCollator(tok, mode="all", instruction_placement=placement)
+    (example,) = collator.examples(record)
+    text = decode(tok, example.input_ids)
+    assert text == tok.apply_chat_template(expected_event_chat(record, placement), tokenize=False)
+    users = user_messages(record)
+    for event in record["events"][1 if record["instruction"] else 0 :]:
+        assert text.count(event["text"]) == 1
+        assert user_header + users[event["turn"] - 1] + " " + event["text"] + eot in text
+    # the loss covers every reply sampled with the state in view, and nothing of the events
+    assert decode(tok, supervised_ids(example)) == "".join(r + eot for r in replies(record))
+    assert [decode(tok, example.input_ids[a:b]) for a, b in runs(example.labels)] == [r + eot for r in replies(record)]
+
+
+@pytest.mark.parametrize("name", ["library", "llama3"])
+def test_overlong_dialogue_never_drops_a_turn_that_gives_an_event(tokenizers, name):
+    tok = tokenizers[name]
+    record = REVOKED  # the withdrawal is in turn 3 (index 2); the target is the last reply
+    collator = GAttCollator(tok, mode="last", max_length=10_000)
+    (full,) = collator.examples(record)
+    collator = GAttCollator(tok, mode="last", max_length=len(full.input_ids) - 1)
+    (example,) = collator.examples(record)
+    text = decode(tok, example.input_ids)
+    users = user_messages(record)
+    assert [u for u in users if u in text] == [users[0], users[2], users[3]]  # turn 2 dropped, not turn 3
+    assert record["events"][1]["text"] in text
+    # with only the first turn, the event's turn and the target left, nothing more can go: skipped
+    collator = GAttCollator(tok, mode="last", max_length=len(example.input_ids) - 1)
+    assert collator.examples(record) == []
+    assert collator.stats["skipped_examples"] == 1
+
+
+def test_an_event_after_the_last_user_turn_is_refused_naming_the_record(tokenizers):
+    record = {**LATE, "events": [{**LATE["events"][0], "turn": 9}]}
+    with pytest.raises(ValueError, match="d-000005.*turn 9"):
+        GAttCollator(tokenizers["library"], mode="all").examples(record)

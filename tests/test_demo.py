@@ -26,6 +26,7 @@ import gatt.evaluate  # noqa: E402
 import gatt.pretrained  # noqa: E402
 from gatt.embedded import FOLDER as EMBEDDED_FOLDER  # noqa: E402
 from gatt.embedded import greedy_replies, read_record, ship, weights_sha256  # noqa: E402
+from gatt.events import KINDS  # noqa: E402
 from gatt.processes import TreeTimeout, running  # noqa: E402
 
 # The `main` each stage command runs: `python -m MODULE ARGS` or `python SCRIPT ARGS`.
@@ -263,6 +264,39 @@ def test_rounds_continue_trains_each_round_from_the_last_model_on_its_own_data()
         assert f"model={previous}" in command
         assert f"train_file={out / f'round-{r}' / 'data' / 'gatt' / 'gatt.jsonl'}" in command
     assert f"model={EMBEDDED_FOLDER}" in commands["gatt-model"]  # round 1 starts from the shipped chat model
+
+
+def test_any_turn_trains_gatt_and_gatt_any_and_reports_every_kind(tmp_path, monkeypatch):
+    """make any-turn's wiring: today's GAtt model and one trained on every dialogue kind, from the same chat model;
+    the report rolls out every kind with base, base+repeat, gatt and gatt-any."""
+    monkeypatch.setattr(demo_module, "run_stage", in_process_stage)
+    out = tmp_path / "any"
+    kinds = "[first, late, replace, revoke, add]"
+    argv = ["--config", str(smoke_config(tmp_path)), f"out={out}", "any_turn=true", "any_turn_dialogues=10"]
+    report = main([*argv, f"eval_kinds={kinds}", "eval_strata=[train]", "eval_dialogues=5"])
+    assert {"base", "base+repeat", "gatt", "gatt-any"} <= set(report)
+    for name in ("base", "base+repeat", "gatt", "gatt-any"):
+        assert set(report[name]["per_kind"]) <= set(KINDS) and "late" in report[name]["per_kind"]
+        assert all(
+            set(v) == {"adherence", "n", "ci95"} for k in report[name]["per_kind"].values() for v in k["after"].values()
+        )
+    timings = json.loads((out / "timings.json").read_text())
+    assert list(timings["stage_seconds"]) == [
+        "base-data",
+        "gatt-data",
+        "gatt-model",
+        "gatt-any-data",
+        "gatt-any-model",
+        "report",
+    ]
+    records = [json.loads(line) for line in (out / "any" / "data" / "gatt" / "gatt.jsonl").read_text().splitlines()]
+    assert {r["kind"] for r in records} - {"first"}  # other kinds than the paper's
+    trained = yaml.safe_load((out / "any" / "gatt" / "config.yaml").read_text())
+    assert trained["model"] == str(EMBEDDED_FOLDER) and trained["train_file"] == str(
+        out / "any" / "data" / "gatt" / "gatt.jsonl"
+    )
+    assert (out / "report" / "kinds.png").stat().st_size > 0
+    assert "## Instructions at any turn" in (out / "report" / "report.md").read_text()
 
 
 def test_demo_refuses_an_unknown_key_naming_it():

@@ -304,6 +304,34 @@ def test_cli_writes_the_report_and_is_deterministic(model_dir, eval_inputs, tmp_
     assert (tmp_path / "a" / "report.json").read_bytes() == (tmp_path / "b" / "report.json").read_bytes()
 
 
+def test_cli_rolls_out_every_dialogue_kind_and_scores_it_by_turns_since_its_event(model_dir, eval_inputs, tmp_path):
+    kinds = ["first", "late", "replace", "revoke", "add"]
+    report = run_cli(
+        model_dir, eval_inputs, tmp_path, "--repeat-instruction", "base", "--kinds", *kinds, "--dialogues", "10"
+    )
+    assert report["settings"]["kinds"] == kinds
+    lines = [json.loads(line) for line in (tmp_path / "transcripts.jsonl").read_text().splitlines()]
+    for name in ("base", "other", "base+repeat"):
+        # the test file's train stratum is one hobby: no value to change to, nothing to add (those stay `first`)
+        assert set(report[name]["per_kind"]) == {"first", "late", "revoke"}
+        assert set(report[name]["per_kind"]["revoke"]) == {"dialogues", "after", "old_followed"}
+        assert report[name]["per_kind"]["late"]["after"]["0"]["n"] == 1
+    late = {line["model"]: line for line in lines if line["kind"] == "late"}
+    (event,) = late["base"]["events"]
+    turn = event["turn"]
+    for number, (plain, repeated) in enumerate(zip(late["base"]["turns"], late["base+repeat"]["turns"]), start=1):
+        assert plain["since"] == repeated["since"] == (number - turn if number >= turn else None)
+        assert plain["user"].endswith(" " + event["text"]) == (number == turn)  # the model sees the event once
+        if number < turn:
+            assert repeated["user"] == plain["user"]
+        elif number > turn:  # NAME+repeat: the instruction in force, the words the late event gave it in
+            state = repeated["user"].removeprefix(plain["user"] + " ")
+            assert state != repeated["user"] and event["text"].endswith(" " + state)
+        assert (plain["checks_passed"] is None) == (number < turn)  # nothing in force before it is given
+    assert (tmp_path / "kinds.png").stat().st_size > 0
+    assert "### late: given in a later turn; adherence" in (tmp_path / "report.md").read_text()
+
+
 def test_cli_pairs_one_fine_tune_against_another_and_rejects_an_unknown_baseline(
     model_dir, eval_inputs, tmp_path
 ) -> None:

@@ -209,6 +209,7 @@ def test_score_model_keys(transcripts: list[dict[str, Any]]) -> None:
     }
     assert set(scores) == adherence | {
         "checks_only",
+        "per_kind",
         "answer_gate",
         "attention_on_instruction",
         "attention_on_instruction_max_head",

@@ -26,6 +26,8 @@ def _items(
 ) -> list[GateItem]:
     items: list[GateItem] = []
     earlier: list[GateTurn] = []
+    # every instruction's words (the gate exempts a run they contain from its template test)
+    instructions = " ".join(filter(None, [dialogue.instruction, *(turn.event for turn in dialogue.turns)]))
     for number, turn in enumerate(transcript["turns"], start=1):
         planned = dialogue.turns[number - 1]
         # The planned message, not the transcript's (which has the instruction appended in NAME+repeat runs).
@@ -33,7 +35,7 @@ def _items(
         rng = random.Random(f"{seed}-{dialogue.id}-{number}")
         candidates = [q for q in pool if q != planned.user]
         contrast = tuple(rng.sample(candidates, min(others, len(candidates))))
-        items.append(GateItem(current, tuple(earlier), contrast, dialogue.instruction or ""))
+        items.append(GateItem(current, tuple(earlier), contrast, instructions))
         earlier.append(current)
     return items
 

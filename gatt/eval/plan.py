@@ -8,11 +8,22 @@ Constraints fall in three strata: values GAtt trained on ("train"), held-out val
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gatt.checks import Check, Constraint
 from gatt.eval.inputs import EvalTurn
+from gatt.events import (
+    KINDS,
+    Event,
+    dialogue_kind,
+    draw_events,
+    following_checks,
+    in_force,
+    instruction_text,
+    withdrawn,
+)
 
 STRATA = ("train", "heldout_value", "heldout_family")
 # Half the instruction dialogues test trained values, a quarter each held-out values and held-out families.
@@ -23,17 +34,28 @@ STRATUM_CYCLE = ("train", "heldout_value", "train", "heldout_family")
 class PlannedTurn:
     kind: str  # "chat" or "probe"
     user: str
-    checks: tuple[Check, ...]  # what the reply must pass: the constraint's checks, or the probe's
+    checks: tuple[Check, ...]  # what the reply must pass: the checks of every instruction in force, or the probe's
     on_topic: tuple[Check, ...] = ()  # the user turn's on-topic checks (no-regression score)
+    event: str = ""  # words this user turn carries after turn one: an instruction given late, changed, withdrawn
+    state: str = ""  # the instructions in force, appended to the turn by the NAME+repeat column
+    since: int | None = None  # turns since the dialogue's last event (d; 0: this turn gives it); None before it
+    old_checks: tuple[Check, ...] = ()  # checks that show a withdrawn or replaced instruction still followed
 
 
 @dataclass(frozen=True)
 class EvalDialogue:
     id: str
     stratum: str  # one of STRATA, or "none" for a dialogue without instruction
-    constraint: Constraint | None
-    instruction: str | None  # the text given in turn one: the full or the short form
+    constraint: Constraint | None  # the instruction given first
+    instruction: str | None  # the text given in turn one (the full or the short form); None: none in turn one
     turns: tuple[PlannedTurn, ...]
+    kind: str = "first"  # gatt/events.py KINDS, or "none" for a dialogue without instruction
+    events: tuple[Event, ...] = ()
+
+    @property
+    def instructed(self) -> bool:
+        """Whether some turn of the dialogue has an instruction in force."""
+        return self.instruction is not None or any(turn.state for turn in self.turns)
 
 
 def stratify(constraints: Sequence[Constraint]) -> dict[str, list[Constraint]]:
@@ -77,40 +99,91 @@ def plan_dialogues(
     short_prob: float = 0.5,
     probe_start: int = 2,
     probe_every: int = 4,
+    kinds: Sequence[str] = ("first",),
+    strata: Sequence[str] = STRATA,
 ) -> list[EvalDialogue]:
-    """`dialogues` with one constraint each (strata and families balanced) and `no_instruction` without any."""
+    """`dialogues` with an instruction (kinds in turn, then strata and families balanced) and `no_instruction`
+    without any. A kind other than `first` changes its instruction at a turn from 2 to 11 of 30 (gatt/events.py),
+    so that 19 turns follow the change; its second constraint is of the dialogue's stratum."""
     if dialogues < 0 or no_instruction < 0 or turns < 1:
         raise ValueError(
             f"need dialogues >= 0, no_instruction >= 0 and turns >= 1, got {dialogues}, {no_instruction}, {turns}"
         )
+    if not kinds or set(kinds) - set(KINDS):
+        raise ValueError(f"kinds must be some of {', '.join(KINDS)}, got {list(kinds)}")
+    if not strata or set(strata) - set(STRATA):
+        raise ValueError(f"strata must be some of {', '.join(STRATA)}, got {list(strata)}")
     if not pool:
         raise ValueError("the user-turn pool is empty")
-    strata = {name: members for name, members in stratify(constraints).items() if members}
-    if dialogues and not strata:
-        raise ValueError("no constraints to evaluate")
+    by_stratum = {name: members for name, members in stratify(constraints).items() if members and name in strata}
+    if dialogues and not by_stratum:
+        raise ValueError(f"no constraints to evaluate in {', '.join(strata)}")
     rng = random.Random(seed)
-    cycle = [s for s in STRATUM_CYCLE if s in strata] or list(strata)
-    drawn: dict[str, int] = dict.fromkeys(strata, 0)
+    cycle = [s for s in STRATUM_CYCLE if s in by_stratum] or list(by_stratum)
+    drawn: Counter[tuple[str, str]] = Counter()  # dialogues of each (stratum, kind) so far: families in turn in each
     plan = []
     for i in range(dialogues + no_instruction):
         user = draw_turns(rng, pool, turns)
         if i >= dialogues:
             chat = tuple(PlannedTurn("chat", u.text, (), u.checks) for u in user)
-            plan.append(EvalDialogue(f"e-{i:05d}", "none", None, None, chat))
+            plan.append(EvalDialogue(f"e-{i:05d}", "none", None, None, chat, kind="none"))
             continue
-        stratum = cycle[i % len(cycle)]
-        families = sorted({c.family for c in strata[stratum]})
-        family = families[drawn[stratum] % len(families)]  # families in turn, values at random
-        drawn[stratum] += 1
-        constraint = rng.choice([c for c in strata[stratum] if c.family == family])
-        instruction = constraint.short if rng.random() < short_prob else constraint.instruction
-        planned = []
-        for t, u in enumerate(user, start=1):
-            is_probe = probe_every > 0 and t >= probe_start and (t - probe_start) % probe_every == 0
-            if is_probe and constraint.probes:
-                probe = rng.choice(constraint.probes)
-                planned.append(PlannedTurn("probe", probe.question, probe.checks))
-            else:
-                planned.append(PlannedTurn("chat", u.text, constraint.checks, u.checks))
-        plan.append(EvalDialogue(f"e-{i:05d}", stratum, constraint, instruction, tuple(planned)))
+        kind = kinds[i % len(kinds)]
+        stratum = cycle[(i // len(kinds)) % len(cycle)]
+        members = by_stratum[stratum]
+        if kind == "replace":  # a family with another value to change to, where the stratum has one
+            members = [c for c in members if sum(o.family == c.family for o in members) > 1] or members
+        families = sorted({c.family for c in members})
+        family = families[drawn[stratum, kind] % len(families)]  # families in turn, values at random
+        drawn[stratum, kind] += 1
+        constraint = rng.choice([c for c in members if c.family == family])
+        short = rng.random() < short_prob
+        instruction = constraint.short if short else constraint.instruction
+        events_rng = random.Random(f"{seed}-{i}-events")  # first-kind plans draw nothing from it
+        events = draw_events(
+            kind, [constraint], instruction, by_stratum[stratum], turns, events_rng, short=short, after=19
+        )
+        planned = tuple(_turns(events, user, short, rng, probe_start, probe_every))
+        given = instruction if events[0].turn == 1 else None
+        plan.append(
+            EvalDialogue(f"e-{i:05d}", stratum, constraint, given, planned, dialogue_kind(events), tuple(events))
+        )
     return plan
+
+
+def _turns(
+    events: Sequence[Event],
+    user: Sequence[EvalTurn],
+    short: bool,
+    rng: random.Random,
+    probe_start: int,
+    probe_every: int,
+) -> list[PlannedTurn]:
+    """A dialogue's turns under its events: each turn checked against the instructions in force, probes of those
+    (and of a withdrawn one) every `probe_every` turns once an instruction is given, and d counted from the last event."""
+    start, last = events[0].turn, events[-1].turn
+    planned = []
+    for t, u in enumerate(user, start=1):
+        state, gone = in_force(events, t), withdrawn(events, t)
+        event = next((e.text for e in events if e.turn == t and t > 1), "")
+        common = {
+            "event": event,
+            "state": instruction_text(state, short) if state else "",
+            "since": t - last if t >= last else None,
+        }
+        first_probe = probe_start if start == 1 else max(probe_start, start + 1)  # no probe before an instruction
+        is_probe = probe_every > 0 and t >= first_probe and (t - probe_start) % probe_every == 0
+        askers = [c for c in [*state, *gone] if c.probes]
+        if is_probe and askers:
+            # one draw for one candidate too, as plans of the first kind always drew
+            asker = askers[0] if len(askers) == 1 else rng.choice(askers)
+            probe = rng.choice(asker.probes)
+            own = probe.checks if asker in state else ()
+            checks = (*own, *(c for other in state if other is not asker for c in other.checks))
+            old = tuple(c for w in gone for c in following_checks(w, probe.question))
+            planned.append(PlannedTurn("probe", probe.question, checks, old_checks=old, **common))
+        else:
+            checks = tuple(c for constraint in state for c in constraint.checks)
+            old = tuple(c for w in gone for c in following_checks(w, None))
+            planned.append(PlannedTurn("chat", u.text, checks, u.checks, old_checks=old, **common))
+    return planned

@@ -10,7 +10,14 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from gatt.eval.scoring import Transcript, attention_per_head, followable, paired_differences, score_model
+from gatt.eval.scoring import (
+    Transcript,
+    attention_per_head,
+    first_turn,
+    followable,
+    paired_differences,
+    score_model,
+)
 from gatt.gate import REASONS
 
 TABLE_TURNS: tuple[int, ...] = (2, 4, 6, 10, 20)
@@ -42,9 +49,9 @@ def build_report(
             f"a model may not be named {', '.join(map(repr, clash))}: the report keeps other results there"
         )
     report = {"settings": settings, **{name: score_model(group) for name, group in by_model.items()}}
-    if paired := paired_differences(by_model, baselines):
+    if paired := paired_differences({name: first_turn(group) for name, group in by_model.items()}, baselines):
         report["paired"] = paired
-    reminded = followable(report, transcripts)
+    reminded = followable(report, first_turn(transcripts))
     return report if reminded is None else {**report, "followable": reminded}
 
 
@@ -160,6 +167,79 @@ def _paired_section(paired: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     return ["## Paired differences", text, _table("Turn", pairs, rows)]
 
 
+KIND_DS: tuple[int, ...] = (0, 1, 2, 5, 10, 19)  # the report.md rows of the per-kind tables (and the last d)
+KIND_TITLES: dict[str, str] = {
+    "first": "given in turn one, kept",
+    "late": "given in a later turn",
+    "replace": "given in turn one, replaced by another value of its family",
+    "revoke": "given in turn one, withdrawn",
+    "add": "given in turn one, a second one of another family added",
+}
+
+
+def _has_kinds(report: dict[str, Any]) -> bool:
+    """Whether some model was rolled out on a dialogue kind other than `first`."""
+    return any(set(report[m].get("per_kind", {})) - {"first"} for m in _models(report))
+
+
+def _kinds_section(report: dict[str, Any]) -> list[str]:
+    """Per dialogue kind, adherence by d (turns since the instruction or the change), and for replace and revoke
+    the share of replies that still follow the old instruction."""
+    models = _models(report)
+    text = (
+        "Trained values. d counts the turns since the kind's event (d = 0: the turn that gives the instruction, "
+        "or the change). Adherent: the reply obeys every instruction in force (none after a withdrawal) and "
+        "passes the answer gate. Old instruction followed: the reply still follows the replaced or withdrawn "
+        "instruction, where its checks show it (language, capitals, opening, sign-off; a hobby or persona on "
+        "its probes). NAME+repeat is given the instructions in force in every user turn."
+    )
+    parts = ["## Instructions at any turn", text]
+    for kind, title in KIND_TITLES.items():
+        entries = [report[m].get("per_kind", {}).get(kind) for m in models]
+        if not any(entries):
+            continue
+        for key, label, cell in (
+            ("after", "adherence", _cell),
+            ("old_followed", "old instruction followed", lambda r: _cell(r, "share")),
+        ):
+            tables = [(e or {}).get(key, {}) for e in entries]
+            present = {int(d) for table in tables for d in table}
+            if not present:
+                continue
+            ds = sorted({d for d in KIND_DS if d in present} | {max(present)})
+            rows = [(str(d), [cell(table.get(str(d))) for table in tables]) for d in ds]
+            parts += [f"### {kind}: {title}; {label}", _table("d", models, rows)]
+    return parts
+
+
+def _kinds_figure(report: dict[str, Any]) -> Figure:
+    """One panel per dialogue kind: each model's adherence by d (solid, with its 95% band) and, for replace and
+    revoke, the share of replies still following the old instruction (dashed)."""
+    models = _models(report)
+    kinds = [k for k in KIND_TITLES if any(k in report[m].get("per_kind", {}) for m in models)]
+    fig = Figure(figsize=(4 * len(kinds) + 2, 4), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(kinds), sharey=True))
+    for ax, kind in zip(axes, kinds):
+        for i, m in enumerate(models):
+            entry = report[m].get("per_kind", {}).get(kind)
+            if not entry:
+                continue
+            ds, values, lo, hi = _turn_series(entry["after"])
+            ax.plot(ds, values, color=f"C{i}", marker="o", markersize=2, label=f"{m}: adherent")
+            ax.fill_between(ds, lo, hi, color=f"C{i}", alpha=0.15)
+            old = {d: {"adherence": v["share"], "ci95": v["ci95"]} for d, v in entry.get("old_followed", {}).items()}
+            if old:
+                ds, values, _, _ = _turn_series(old)
+                ax.plot(ds, values, color=f"C{i}", linestyle="--", label=f"{m}: old instruction followed")
+        ax.set(xlabel="d: turns since the instruction or the change", title=kind, ylim=(0, 102))
+    axes[0].set_ylabel("Share of replies (%)")
+    fig.suptitle("Instructions at any turn (trained values; bands: 95% Wilson intervals)")
+    handles = {h.get_label(): h for ax in axes for h in ax.lines}
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="outside right center")
+    return fig
+
+
 def _rounds_section(rounds: list[dict[str, Any]]) -> list[str]:
     """One row per GAtt round: its teacher's reminded pass rate per family and its student's adherence per turn."""
     families = sorted({f for r in rounds for f in r["teacher_pass_rate_per_family"]})
@@ -218,6 +298,8 @@ def _markdown(report: dict[str, Any]) -> str:
         parts += _paired_section(report["paired"])
     if report.get("rounds"):
         parts += _rounds_section(report["rounds"])
+    if _has_kinds(report):
+        parts += _kinds_section(report)
     gates = [report[m].get("answer_gate") for m in models]
     if any(gates):
         rows = [("real answers", ["–" if g is None else f"{100 * g['passed']:.1f}% (n={g['n']})" for g in gates])]
@@ -373,11 +455,14 @@ def _write_tables(report: dict[str, Any], out_dir: Path) -> None:
 
 
 def write_report(report: dict[str, Any], transcripts: list[Transcript], out_dir: Path) -> None:
-    """Write report.json, report.md, adherence.png, attention.png and transcripts.jsonl into `out_dir`."""
+    """Write report.json, report.md, adherence.png, attention.png and transcripts.jsonl into `out_dir`, and
+    kinds.png where dialogues of other kinds than `first` were rolled out."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_tables(report, out_dir)
     _write_atomic(out_dir / "adherence.png", _png(_adherence_figure(report)))
+    if _has_kinds(report):
+        _write_atomic(out_dir / "kinds.png", _png(_kinds_figure(report)))
     maps = {m: attention_per_head([t for t in transcripts if t["model"] == m]) for m in _models(report)}
     _write_atomic(out_dir / "attention.png", _png(_attention_figure(report, maps)))
     lines = "".join(json.dumps(t, ensure_ascii=False, sort_keys=False) + "\n" for t in transcripts)

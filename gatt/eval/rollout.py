@@ -64,9 +64,13 @@ def context_length(model: PreTrainedModel) -> int:
 
 
 def user_message(dialogue: EvalDialogue, turn: PlannedTurn, config: RolloutConfig) -> str:
-    if config.repeat_instruction and dialogue.instruction:
-        return append_instruction(turn.user, dialogue.instruction)
-    return turn.user
+    """The user message as the model sees it: with the instructions in force appended (NAME+repeat), or with the
+    words of the event the turn gives (an instruction given late, changed or withdrawn), or as planned. A dialogue
+    built without events keeps its turn-one instruction throughout."""
+    if config.repeat_instruction:
+        state = turn.state if dialogue.events else dialogue.instruction
+        return append_instruction(turn.user, state) if state else turn.user
+    return append_instruction(turn.user, turn.event) if turn.event else turn.user
 
 
 def render(
@@ -100,6 +104,8 @@ def score_turn(
         "reply": reply,
         "checks": checks,
         "checks_passed": all(c["passed"] for c in checks) if checks else None,
+        "since": turn.since,
+        "old_followed": all(c.passes(reply) for c in turn.old_checks) if turn.old_checks else None,
         "on_topic": all(c.passes(reply) for c in turn.on_topic) if turn.on_topic else None,
         "attention_on_instruction": None if per_layer is None else sum(per_layer) / len(per_layer),
         "attention_per_layer": per_layer,
@@ -113,6 +119,8 @@ def transcript(row: _Rollout) -> dict[str, Any]:
     return {
         "id": d.id,
         "stratum": d.stratum,
+        "kind": d.kind,
+        "events": [{"turn": e.turn, "kind": e.action, "text": e.text} for e in d.events],
         "constraint": None
         if constraint is None
         else {

@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
+from gatt.events import KINDS
 from gatt.gate import REASONS
 
 Transcript = dict[str, Any]
@@ -45,6 +46,62 @@ def rate(successes: int, n: int) -> dict[str, Any]:
     """`{"adherence": successes/n, "n": n, "ci95": [lo, hi]}`, rounded to 6 decimals."""
     lo, hi = wilson_interval(successes, n)
     return {"adherence": round(successes / n, 6), "n": n, "ci95": [round(lo, 6), round(hi, 6)]}
+
+
+def kind_of(transcript: Transcript) -> str:
+    """A dialogue's kind (gatt/events.py KINDS, or "none" without an instruction); transcripts written before
+    kinds existed are `first` or `none`."""
+    return transcript.get("kind") or ("none" if transcript["instruction"] is None else "first")
+
+
+def first_turn(transcripts: Iterable[Transcript]) -> list[Transcript]:
+    """The dialogues of the paper's setting: the instruction in turn one and kept (and those without one)."""
+    return [t for t in transcripts if kind_of(t) in ("first", "none")]
+
+
+def per_kind(transcripts: Iterable[Transcript], strata: Sequence[str] = TRAIN) -> dict[str, dict[str, Any]]:
+    """Per dialogue kind, over the dialogues whose stratum is in `strata`, by d, the turns since the kind's event
+    (d = 0: the turn that gives the instruction, or the change):
+
+    - `after[d]`: replies that obey every instruction in force (its checks; none after a withdrawal) and pass the
+      answer gate;
+    - `old_followed[d]` (replace, revoke): replies that still follow the replaced or withdrawn instruction, by
+      the checks that show it (gatt/events.py `following_checks`: language, capitals, an opening or a sign-off on
+      every turn; a hobby or a persona on its probes), over the turns where it is checkable."""
+    selected = _select(transcripts, strata)
+    out: dict[str, dict[str, Any]] = {}
+    for kind in KINDS:
+        group = [t for t in selected if kind_of(t) == kind]
+        obeyed: Counter[int] = Counter()
+        total: Counter[int] = Counter()
+        followed: Counter[int] = Counter()
+        judged: Counter[int] = Counter()
+        for t in group:
+            for turn in t["turns"]:
+                d = turn.get("since")
+                if d is None:
+                    continue
+                total[d] += 1
+                obeyed[d] += turn["checks_passed"] is not False and bool(turn["gate"]["passed"])
+                if turn.get("old_followed") is not None:
+                    judged[d] += 1
+                    followed[d] += bool(turn["old_followed"])
+        if not total:
+            continue
+        entry: dict[str, Any] = {
+            "dialogues": len(group),
+            "after": {str(d): rate(obeyed[d], total[d]) for d in sorted(total)},
+        }
+        if kind in ("replace", "revoke"):
+            entry["old_followed"] = {str(d): share(followed[d], judged[d]) for d in sorted(judged)}
+        out[kind] = entry
+    return out
+
+
+def share(successes: int, n: int) -> dict[str, Any]:
+    """`{"share": successes/n, "n": n, "ci95": [lo, hi]}`: `rate` under the name of a share that should be low."""
+    scored = rate(successes, n)
+    return {"share": scored["adherence"], "n": n, "ci95": scored["ci95"]}
 
 
 def _select(transcripts: Iterable[Transcript], strata: Sequence[str]) -> list[Transcript]:
@@ -202,13 +259,16 @@ def adherence_scores(transcripts: Sequence[Transcript], key: Key = "passed") -> 
 
 def score_model(transcripts: Sequence[Transcript]) -> dict[str, Any]:
     """Every score of one model's transcripts, as one JSON-serialisable dict: checks and gate as the headline,
-    the same scores from the checks alone under `checks_only`."""
+    the same scores from the checks alone under `checks_only`; the per-turn scores are those of the dialogues
+    with the instruction in turn one (and none), `per_kind` those of every kind, by turns since its event."""
+    first = first_turn(transcripts)
     return {
-        **adherence_scores(transcripts, "passed"),
-        "checks_only": adherence_scores(transcripts, "checks_passed"),
+        **adherence_scores(first, "passed"),
+        "checks_only": adherence_scores(first, "checks_passed"),
+        "per_kind": per_kind(transcripts),
         "answer_gate": answer_gate(transcripts),
-        "attention_on_instruction": attention_per_turn(transcripts),
-        "attention_on_instruction_max_head": attention_max_head(attention_per_head(transcripts)),
+        "attention_on_instruction": attention_per_turn(first),
+        "attention_on_instruction_max_head": attention_max_head(attention_per_head(first)),
         "stop_reasons": dict(Counter(t["stop_reason"] for t in transcripts)),
         "dialogues": len(transcripts),
     }
