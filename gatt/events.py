@@ -29,7 +29,6 @@ import yaml
 from gatt.checks import Check, Constraint
 
 KINDS = ("first", "late", "replace", "revoke", "add")
-ACTIONS = ("give", "replace", "revoke", "add")  # `late` gives its instruction with the `late` wording
 WORDINGS = ("late", "replace", "revoke", "add")  # the wording lists of events.yaml and a constraint's `changes`
 SLOTS = {"late": {"instruction"}, "replace": {"instruction", "old"}, "revoke": {"old"}, "add": {"instruction"}}
 WORDINGS_FILE = Path(__file__).with_name("events.yaml")

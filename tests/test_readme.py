@@ -119,7 +119,7 @@ def test_commands_run_as_printed(tmp_path: Path) -> None:
     assert {"base", "base+repeat", "gatt"} <= set(report)
 
 
-RESULT_BLOCK = re.compile(r"<!-- result: (\S+) (per_turn|rounds) -->\n(.*?)<!-- /result -->", re.S)
+RESULT_BLOCK = re.compile(r"<!-- result: (\S+) (per_turn|rounds|per_kind) -->\n(.*?)<!-- /result -->", re.S)
 
 
 def _rows(table: str) -> list[list[str]]:
@@ -144,6 +144,17 @@ def _rounds_cell(round_: dict, column: str) -> str:
     return f"{100 * round_['per_turn'][column.removeprefix('turn ')]['adherence']:.1f}%"
 
 
+def _per_kind_cell(report: dict, column: str, label: str) -> str:
+    """A model's adherence d turns after a kind's event ("late, 19"), or its share of replies still following the
+    old instruction ("revoke: old followed, 19")."""
+    kind, d = label.rsplit(", ", 1)
+    if kind.endswith(": old followed"):
+        return (
+            f"{100 * report[column]['per_kind'][kind.removesuffix(': old followed')]['old_followed'][d]['share']:.1f}%"
+        )
+    return f"{100 * report[column]['per_kind'][kind]['after'][d]['adherence']:.1f}%"
+
+
 def test_readme_result_tables_are_the_committed_reports() -> None:
     """Every result table in README holds its committed report's figures: adherence per turn, paired
     differences with their intervals, GAtt rounds; the main job's and the real model's are there."""
@@ -153,6 +164,7 @@ def test_readme_result_tables_are_the_committed_reports() -> None:
         ("results/demo/report.json", "per_turn"),
         ("results/smollm2-135m-full/report.json", "per_turn"),
         ("results/smollm2-135m-full/report.json", "rounds"),
+        ("results/any-turn/report.json", "per_kind"),
     }
     for path, kind, table in blocks:
         report = json.loads((ROOT / path).read_text())
@@ -160,6 +172,8 @@ def test_readme_result_tables_are_the_committed_reports() -> None:
         for row in rows:
             if kind == "per_turn":
                 expected = [_per_turn_cell(report, column, row[0]) for column in header[1:]]
+            elif kind == "per_kind":
+                expected = [_per_kind_cell(report, column, row[0]) for column in header[1:]]
             else:
                 expected = [_rounds_cell(report["rounds"][int(row[0]) - 1], column) for column in header[1:]]
             assert row[1:] == expected, f"README's {path} {kind} table, row {row[0]}"

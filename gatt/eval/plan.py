@@ -162,6 +162,7 @@ def _turns(
     """A dialogue's turns under its events: each turn checked against the instructions in force, probes of those
     (and of a withdrawn one) every `probe_every` turns once an instruction is given, and d counted from the last event."""
     start, last = events[0].turn, events[-1].turn
+    first_probe = probe_start if start == 1 else max(probe_start, start + 1)  # no probe before an instruction
     planned = []
     for t, u in enumerate(user, start=1):
         state, gone = in_force(events, t), withdrawn(events, t)
@@ -171,7 +172,6 @@ def _turns(
             "state": instruction_text(state, short) if state else "",
             "since": t - last if t >= last else None,
         }
-        first_probe = probe_start if start == 1 else max(probe_start, start + 1)  # no probe before an instruction
         is_probe = probe_every > 0 and t >= first_probe and (t - probe_start) % probe_every == 0
         askers = [c for c in [*state, *gone] if c.probes]
         if is_probe and askers:
