@@ -45,7 +45,7 @@ from gatt.checks import Constraint, hold_out_families, load_constraints
 from gatt.cli import exit_on_bad_input
 from gatt.distributed import end_job, process_state
 from gatt.embedded import model_path
-from gatt.events import KINDS
+from gatt.events import add_kinds_argument
 from gatt.generation import add_sampler_arguments, sampler_settings
 from gatt.model_folder import check_model_folder
 from gatt.numerics import NUMERICS
@@ -177,18 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
         "and the gate in a separate draw (richer context distillation: the record keeps only the "
         "dialogue); kept in DIR/gatt.shards/demonstrations.json for a resumed run",
     )
-    gatt.add_argument(
-        "--kinds",
-        nargs="+",
-        choices=KINDS,
-        default=["first"],
-        metavar="KIND",
-        help="dialogue kinds, drawn alike (default: first). first: the instruction in turn one (the paper); "
-        "late: given in a later user turn; replace: given in turn one, replaced by another value of its family "
-        "at a later turn; revoke: given, then withdrawn; add: a second instruction of another family joins "
-        "later. The teacher sees the instructions in force appended to every user turn; a reply after a "
-        "withdrawal must not follow the old instruction. Records carry `kind` and `events`; the wordings are "
-        "gatt/events.yaml's or a constraint's own (`changes` in its entry)",
+    add_kinds_argument(
+        gatt,
+        "drawn alike",
+        "The teacher sees the instructions in force appended to every user turn; a reply after a withdrawal must "
+        "not follow the old instruction. Records carry `kind` and `events`; the wordings are gatt/events.yaml's "
+        "or a constraint's own (`changes` in its entry)",
     )
     gatt.add_argument(
         "--values-per-family",

@@ -106,7 +106,6 @@ class _Dialogue:
     turns: list[UserTurn]
     replies: list[str]
     events: list[Event] = field(default_factory=list)  # what each user turn gives, changes or withdraws
-    kind: str = "first"  # gatt/events.py KINDS
     ended: str | None = None  # None while running; "complete", "rejected" or "context_full"
     redrawn: int = 0  # user messages redrawn at the current turn
     demonstration: list[dict[str, str]] = field(default_factory=list)  # teacher context before the dialogue
@@ -116,8 +115,6 @@ class _Dialogue:
             self.events = [
                 Event(1, "give", tuple(self.constraints), instruction_text(self.constraints, self.use_short))
             ]
-        if not self.events:
-            self.kind = "none"
 
     @property
     def instruction(self) -> str:
@@ -202,7 +199,7 @@ def draw_dialogue(
             turns.append(UserTurn(rng.choice(probes), None))
         else:
             turns.append(_chat_turn(rng, user_pool, avoid={_key(t) for t in turns}))
-    return _Dialogue(index, constraints, use_short, turns, [], events, dialogue_kind(events))
+    return _Dialogue(index, constraints, use_short, turns, [], events)
 
 
 def _chat_turn(rng: random.Random, user_pool: Sequence[UserTurn], avoid: set[str]) -> UserTurn:

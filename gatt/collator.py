@@ -174,12 +174,13 @@ class GAttCollator:
             return None
         replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         messages = messages[: replies[supervised[-1]] + 1]
-        keep = list(supervised) + [event["turn"] - 1 for event in later_events(record)]  # turns that give events too
+        keep = list(supervised)
+        given = [event["turn"] - 1 for event in later_events(record)]  # turns that give an event: kept too
         while True:
             ids, spans = self.tokenize(messages)
             if len(ids) <= self.max_length:
                 break
-            droppable = [k for k in range(1, len(spans)) if k not in keep]
+            droppable = [k for k in range(1, len(spans)) if k not in keep and k not in given]
             if not droppable:
                 self.stats["skipped_examples"] += 1
                 logger.debug("record %s does not fit in %d tokens: skipped", record.get("id", "?"), self.max_length)
@@ -187,9 +188,10 @@ class GAttCollator:
             reply = [i for i, m in enumerate(messages) if m["role"] == "assistant"][droppable[0]]
             messages = messages[: reply - 1] + messages[reply + 1 :]
             keep = [k - 1 if k > droppable[0] else k for k in keep]
+            given = [k - 1 if k > droppable[0] else k for k in given]
             self.stats["dropped_turns"] += 1
         labels = [IGNORE_INDEX] * len(ids)
-        for k in keep[: len(supervised)]:
+        for k in keep:
             start, end = spans[k]
             labels[start:end] = ids[start:end]
         self.stats["examples"] += 1

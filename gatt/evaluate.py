@@ -39,7 +39,7 @@ from gatt.eval.plan import STRATA, EvalDialogue, plan_dialogues
 from gatt.eval.report import NOT_MODELS, build_report, format_table, write_report
 from gatt.eval.rollout import RolloutConfig, distributed_rollout
 from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
-from gatt.events import KINDS
+from gatt.events import add_kinds_argument
 from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
 from gatt.generation import FLAG_GIVEN, add_sampler_arguments, folder_sampler_settings, sampler_settings
 from gatt.machine import package_versions
@@ -283,18 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
         "family, not with the trained values (e.g. those the GAtt data left out: data_gen "
         "--heldout-families)",
     )
-    parser.add_argument(
-        "--kinds",
-        nargs="+",
-        choices=KINDS,
-        default=["first"],
-        metavar="KIND",
-        help="dialogue kinds, dealt in turn (default: first): first (the instruction in turn one, kept), late "
-        "(given in a later user turn), replace (given in turn one, replaced by another value of its family), "
-        "revoke (given, then withdrawn), add (a second instruction of another family joins). A change comes "
-        "at a turn from 2 to 11 of 30, so 19 turns follow it. report.json gives MODEL.per_kind.KIND.after[d] "
-        "by d, the turns since the instruction or the change, and for replace and revoke old_followed[d]; "
-        "the per-turn tables are those of `first`",
+    add_kinds_argument(
+        parser,
+        "dealt in turn",
+        "A change comes at a turn from 2 to 11 of 30, so 19 turns follow it. report.json gives "
+        "MODEL.per_kind.KIND.after[d] by d, the turns since the instruction or the change, and for replace and "
+        "revoke old_followed[d]; the per-turn tables are those of `first`",
     )
     parser.add_argument(
         "--strata",

@@ -16,6 +16,7 @@ gatt/events.yaml, or a constraint's own (`changes` in its constraint-file entry)
 
 from __future__ import annotations
 
+import argparse
 import functools
 import random
 import string
@@ -42,6 +43,20 @@ CONFLICTS = frozenset(
 # instruction was withdrawn still follows it. A word (hobby, name) counts only where a probe asks for it.
 SHOWS_ON_CHAT = frozenset({"language", "startswith", "endswith", "all_caps"})
 SHOWS_ON_PROBE = SHOWS_ON_CHAT | {"contains_any"}
+
+
+def add_kinds_argument(parser: argparse.ArgumentParser, dealt: str, detail: str) -> None:
+    """The `--kinds` flag of `data_gen gatt` and `gatt.evaluate`: how the kinds are `dealt`, what each is, `detail`."""
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=KINDS,
+        default=["first"],
+        metavar="KIND",
+        help=f"dialogue kinds, {dealt} (default: first): first (the instruction in turn one, kept), late (given in "
+        "a later user turn), replace (given in turn one, replaced by another value of its family), revoke (given, "
+        f"then withdrawn), add (a second instruction of another family joins). {detail}",
+    )
 
 
 def check_wordings(spec: object, where: str) -> dict[str, tuple[str, ...]]:

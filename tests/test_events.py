@@ -158,7 +158,7 @@ def test_the_teacher_sees_the_instructions_in_force_at_each_turn():
         Event(1, "give", (FRENCH,), "Language: French"),
         Event(3, "replace", (SPANISH,), "To Spanish", old=FRENCH),
     ]
-    dialogue = _Dialogue(0, [FRENCH, SPANISH], True, turns, ["r1", "r2", "r3"], events, "replace")
+    dialogue = _Dialogue(0, [FRENCH, SPANISH], True, turns, ["r1", "r2", "r3"], events)
     users = [m["content"] for m in dialogue.request().messages if m["role"] == "user"]
     assert users == [
         "Tell me about topic 0. Language: French",
@@ -167,7 +167,7 @@ def test_the_teacher_sees_the_instructions_in_force_at_each_turn():
         "Tell me about topic 3. Language: Spanish",
     ]
     assert dialogue.request().constraints == [SPANISH]
-    revoked = _Dialogue(0, [FRENCH], True, turns, ["r1"], [events[0], Event(2, "revoke", (FRENCH,), "Stop")], "revoke")
+    revoked = _Dialogue(0, [FRENCH], True, turns, ["r1"], [events[0], Event(2, "revoke", (FRENCH,), "Stop")])
     assert [m["content"] for m in revoked.request().messages if m["role"] == "user"][-1] == "Tell me about topic 1."
     assert not revoked.accepts("Je vous parle de ce sujet avec plaisir, c'est une question intéressante.")
     assert revoked.accepts("Topic 1: a fascinating subject. There is always something new to learn.")
