@@ -41,7 +41,7 @@ from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.teacher import TORCH_DTYPES, ModelTeacher, OracleTeacher, Teacher
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import UserTurn, load_user_turns, split_user_turns
-from gatt.checks import Constraint, hold_out_families, load_constraints
+from gatt.checks import CONSTRAINTS_HELP, Constraint, hold_out_families, load_constraints
 from gatt.cli import exit_on_bad_input
 from gatt.distributed import end_job, process_state
 from gatt.embedded import model_path
@@ -62,7 +62,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FAMILY",
         help="families kept out of GAtt data (every value held out): of the built-in catalogue (default: brevity; "
-        "the base corpus still teaches them) or of --constraints (default: none)",
+        "the base corpus still teaches them) or of --constraints (default: none); a shell pattern holds out every "
+        "family it matches (ifbench:*)",
     )
 
 
@@ -161,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(gatt)
     _dialogues(gatt)
     _teacher(gatt)
-    gatt.add_argument("--constraints", type=Path, help="YAML constraint file (default: the built-in catalogue)")
+    gatt.add_argument("--constraints", type=Path, help=CONSTRAINTS_HELP)
     gatt.add_argument(
         "--round",
         type=int,
@@ -214,7 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
         "steps as each constraint's candidates are written.",
     )
     pass_rate.add_argument("--out", type=Path, required=True, help="output JSON file")
-    pass_rate.add_argument("--constraints", type=Path, help="YAML constraint file (default: the built-in catalogue)")
+    pass_rate.add_argument("--constraints", type=Path, help=CONSTRAINTS_HELP)
+    pass_rate.add_argument(
+        "--values-per-family",
+        type=int,
+        metavar="K",
+        help="measure at most K values of each family, a fixed-seed draw (default: every value): a set with many "
+        "parameter draws per type (ifeval, ifbench) is measured per type at a fraction of the cost",
+    )
     pass_rate.add_argument("--prompts", type=int, default=8, help="user turns per constraint")
     pass_rate.add_argument("--samples", type=int, default=2, help="candidates per prompt (k)")
     pass_rate.add_argument("--seed", type=int, default=0)
@@ -224,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="precede each prompt with one exchange of the same constraint whose reply passed the "
         "checks and the gate in a separate draw: does a richer teacher context raise the rate?",
+    )
+    pass_rate.add_argument(
+        "--without-instruction",
+        action="store_true",
+        help="also sample every prompt without the instruction: how often a reply passes the checks anyway (the "
+        "room GAtt has; a column of its own, `without_instruction` in the JSON)",
     )
     _user_turns(pass_rate)
     _teacher(pass_rate)
@@ -350,12 +364,15 @@ def run_pass_rate(args: argparse.Namespace) -> dict:
     """Write the pass-rate JSON atomically, print its per-constraint and per-family tables (stderr), return the
     per-family figures."""
     constraints = _constraints(args)
+    if args.values_per_family is not None:
+        constraints = limit_values(constraints, args.values_per_family, seed=args.seed)
     config = PassRateConfig(
         prompts=args.prompts,
         samples=args.samples,
         seed=args.seed,
         strict_gate=args.strict_gate,
         demonstration=args.demonstration,
+        without_instruction=args.without_instruction,
     )
     result = measure_pass_rates(make_teacher(args, constraints), constraints, _user_pool(args), config)
     decoding, sources = teacher_decoding(args)

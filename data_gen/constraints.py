@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from data_gen import builtin_data
-from gatt.checks import Check, Constraint, Probe
-from gatt.events import CONFLICTS, instruction_text  # noqa: F401  (instruction_text: data_gen's name for it)
+from gatt.checks import Check, Constraint, Probe, split_values
+from gatt.events import conflict, instruction_text  # noqa: F401  (instruction_text: data_gen's name for it)
 
 FAMILIES = ("hobby", "language", "figure", "caps", "signoff", "brevity")
 
@@ -128,14 +128,6 @@ def _brevity() -> Constraint:
     )
 
 
-def split_values(values: Sequence[str], heldout_fraction: float, seed: int) -> set[str]:
-    """The held-out values of one family: a fixed-seed draw of round(fraction * n), none for single values."""
-    if len(values) < 2:
-        return set()
-    count = max(1, round(heldout_fraction * len(values)))
-    return set(random.Random(seed).sample(sorted(values), count))
-
-
 def catalogue(
     *, heldout_fraction: float = 0.25, seed: int = 0, heldout_families: Sequence[str] = ("brevity",)
 ) -> list[Constraint]:
@@ -203,7 +195,7 @@ class ConstraintSampler:
             chosen = [rng.choice(self.constraints)]
         while len(chosen) < self.max_combined and rng.random() < self.combine_prob:
             taken = {c.family for c in chosen}
-            allowed = [f for f in families if f not in taken and not any(frozenset((f, t)) in CONFLICTS for t in taken)]
+            allowed = [f for f in families if f not in taken and not any(conflict(f, t) for t in taken)]
             if not allowed:
                 break
             family = rng.choice(allowed)

@@ -36,6 +36,8 @@ class PassRateConfig:
     demonstration: bool = (
         False  # precede each prompt with one passing exchange of the same constraint (`demonstrations`)
     )
+    # also sample every prompt without the instruction: how often a reply passes the checks anyway (room for GAtt)
+    without_instruction: bool = False
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or self.samples < 1:
@@ -46,16 +48,22 @@ def _rates(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     candidates = sum(r["candidates"] for r in rows)
     prompts = sum(r["prompts"] for r in rows)
     share = lambda part, whole: round(part / whole, 4) if whole else 0.0  # noqa: E731
-    return {
+    out = {
         "candidates": candidates,
         "checks": share(sum(r["checks"] for r in rows), candidates),
         "checks_and_gate": share(sum(r["checks_and_gate"] for r in rows), candidates),
         "prompts": prompts,
         "best_of_k": share(sum(r["any_passed"] for r in rows), prompts),
     }
+    if all("bare_checks" in r for r in rows):
+        out["without_instruction"] = {
+            "checks": share(sum(r["bare_checks"] for r in rows), candidates),
+            "checks_and_gate": share(sum(r["bare_checks_and_gate"] for r in rows), candidates),
+        }
+    return out
 
 
-Case = tuple[Constraint, UserTurn, str]  # the constraint, the user turn, the instruction text given
+Case = tuple[Constraint, UserTurn, str]  # the constraint, the user turn, the instruction text given ("": none)
 Demonstration = list[dict[str, str]]  # an earlier exchange put before the user turn in the teacher's prompt
 
 
@@ -85,7 +93,10 @@ def _sample_and_judge(
     bar, in prompts, steps as each constraint's candidates are written, so it shows a rate and an ETA."""
     requests = [
         TurnRequest(
-            [*demonstrations.get(c.name, []), {"role": "user", "content": with_instruction(turn.text, instruction)}],
+            [
+                *demonstrations.get(c.name, []),
+                {"role": "user", "content": with_instruction(turn.text, instruction) if instruction else turn.text},
+            ],
             turn,
             [c],
         )
@@ -164,8 +175,12 @@ def measure_pass_rates(
     rng = random.Random(f"pass-rate-{config.seed}")
     cases = _cases(constraints, user_pool, config, rng)
     judged = _sample_and_judge(teacher, cases, user_pool, config, rng, demos)
+    bare: list[list[tuple[str, bool, bool]] | None] = [None] * len(cases)
+    if config.without_instruction:  # the same prompts, no instruction and no demonstration
+        unreminded = [(c, turn, "") for c, turn, _ in cases]
+        bare = list(_sample_and_judge(teacher, unreminded, user_pool, config, rng, {}, desc="without instruction"))
     rows: dict[str, dict[str, Any]] = {}
-    for (c, _, _), candidates in zip(cases, judged):
+    for (c, _, _), candidates, plain in zip(cases, judged, bare):
         row = rows.setdefault(
             c.name,
             {
@@ -183,6 +198,9 @@ def measure_pass_rates(
         row["checks"] += sum(checks for _, checks, _ in candidates)
         row["checks_and_gate"] += sum(gated for _, _, gated in candidates)
         row["any_passed"] += any(gated for _, _, gated in candidates)
+        if plain is not None:
+            row["bare_checks"] = row.get("bare_checks", 0) + sum(checks for _, checks, _ in plain)
+            row["bare_checks_and_gate"] = row.get("bare_checks_and_gate", 0) + sum(gated for _, _, gated in plain)
     families = sorted({row["family"] for row in rows.values()})
     return {
         "settings": {
@@ -201,13 +219,14 @@ def format_constraint_rates(result: dict[str, Any]) -> str:
     """The per-constraint table in markdown, one row per constraint in the order measured: its name, family,
     split, prompts and candidates, and the JSON's `checks`, `checks_and_gate` and `best_of_k` as percentages."""
     k = result["settings"]["samples"]
-    lines = [
-        f"| constraint | family | split | prompts | candidates | checks | checks and gate | best of {k} |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    bare = result["settings"].get("without_instruction", False)
+    header = ["constraint", "family", "split", "prompts", "candidates", "checks", "checks and gate", f"best of {k}"]
+    header += ["checks without instruction"] if bare else []
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for name, r in result["per_constraint"].items():
         cells = [name.replace("|", "/") or "(no name)", r["family"], r["split"], r["prompts"], r["candidates"]]
         cells += [f"{r[key]:.0%}" for key in ("checks", "checks_and_gate", "best_of_k")]
+        cells += [f"{r['without_instruction']['checks']:.0%}"] if bare else []
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
@@ -215,11 +234,14 @@ def format_constraint_rates(result: dict[str, Any]) -> str:
 def format_family_rates(result: dict[str, Any]) -> str:
     """The per-family table in markdown."""
     k = result["settings"]["samples"]
-    lines = [f"| family | candidates | checks | checks and gate | best of {k} |", "|---|---|---|---|---|"]
+    bare = result["settings"].get("without_instruction", False)
+    header = ["family", "candidates", "checks", "checks and gate", f"best of {k}"]
+    header += ["checks without instruction"] if bare else []
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for family, r in result["per_family"].items():
-        lines.append(
-            f"| {family} | {r['candidates']} | {r['checks']:.0%} | {r['checks_and_gate']:.0%} | {r['best_of_k']:.0%} |"
-        )
+        cells = [family, str(r["candidates"])] + [f"{r[key]:.0%}" for key in ("checks", "checks_and_gate", "best_of_k")]
+        cells += [f"{r['without_instruction']['checks']:.0%}"] if bare else []
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """Programmatic checks of assistant replies, the constraints and probes built on them, and their YAML files."""
 
 import copy
+import fnmatch
 import functools
 import importlib
 import os
@@ -31,8 +32,16 @@ CHECK_TYPES: dict[str, tuple[str, ...]] = {
     "min_words": ("n",),
     "max_sentences": ("n",),
     "python": ("function",),
+    "ifeval": ("id",),  # IFEval's own checker of one instruction type (gatt/constraint_sets.py)
+    "ifbench": ("id",),  # IFBench's
 }
-OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"python": ("args",)}
+OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"python": ("args",), "ifeval": ("kwargs",), "ifbench": ("kwargs",)}
+BENCHMARK_CHECKS = ("ifeval", "ifbench")
+# The --constraints flag's help, wherever a constraint file is read.
+CONSTRAINTS_HELP = (
+    "a constraint YAML with split tags, or a built-in instruction set: ifeval, ifbench or ifeval,ifbench "
+    "(docs/data.md; default: the built-in catalogue)"
+)
 _FUNCTION_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 SPLITS = ("train", "heldout")
 _CONSTRAINT_KEYS = (
@@ -184,6 +193,12 @@ def _validated_args(check_type: str, args: Mapping[str, Any], where: str) -> dic
     for key in required:
         if key not in args:
             raise ValueError(f"{where}: check type {check_type!r} needs field {key!r}")
+    if check_type in BENCHMARK_CHECKS:
+        from gatt import constraint_sets  # imports the benchmark's registry: only for these checks
+
+        args = {**args, "kwargs": args.get("kwargs", {})}
+        if problem := constraint_sets.check_problem(check_type, args["id"], args["kwargs"]):
+            raise ValueError(f"{where}: {problem}")
     for key in args:
         problem = _field_problem(key, args[key])
         if problem:
@@ -239,6 +254,8 @@ class Check:
                 return _count_sentences(text) <= args["n"]
             case "python":
                 return self._call(reply)
+            case "ifeval" | "ifbench":
+                return self._benchmark(text)
         raise AssertionError(f"unhandled check type {self.type!r}")  # CHECK_TYPES and this match disagree
 
     def _call(self, reply: str) -> bool:
@@ -251,6 +268,17 @@ class Check:
         if type(result).__name__ not in ("bool", "bool_"):  # Python's or numpy's
             raise CheckError(f"{where}: python check {function!r} returned {type(result).__name__}, not a bool")
         return bool(result)
+
+    def _benchmark(self, text: str) -> bool:
+        from gatt import constraint_sets
+
+        try:
+            return constraint_sets.passes(self.type, self.args["id"], self.args["kwargs"], text)
+        except Exception as exc:  # noqa: BLE001  (the benchmark's checker: report whatever it raised, and where)
+            where = self.origin or "check"
+            raise CheckError(
+                f"{where}: {self.type} checker {self.args['id']!r} raised {type(exc).__name__}: {exc}"
+            ) from exc
 
     def to_dict(self) -> dict[str, Any]:
         """The YAML/JSON form: {"type": ..., **args}."""
@@ -431,25 +459,45 @@ def passes_all(reply: str, checks: Iterable[Check]) -> bool:
     return all(check.passes(reply) for check in checks)
 
 
+def split_values(values: Sequence[str], heldout_fraction: float, seed: int) -> set[str]:
+    """The held-out values of one family: a fixed-seed draw of round(fraction * n), none for single values."""
+    if len(values) < 2:
+        return set()
+    count = max(1, round(heldout_fraction * len(values)))
+    return set(random.Random(seed).sample(sorted(values), count))
+
+
 def hold_out_families(
     constraints: Sequence[Constraint], families: Sequence[str], source: str = "constraints"
 ) -> list[Constraint]:
     """The constraints with every value of `families` held out (split `heldout`): kept out of the GAtt data and
-    reported as held-out families, e.g. a family the teacher cannot write (README: the real-model result)."""
+    reported as held-out families, e.g. a family the teacher cannot write (README: the real-model result).
+    A family may be a shell pattern: `ifbench:*` holds out every IFBench type."""
     known = {c.family for c in constraints}
-    if unknown := sorted(set(families) - known):
+    if unknown := [f for f in families if not fnmatch.filter(known, f)]:
         raise ValueError(
             f"{source}: no constraint of family {', '.join(map(repr, unknown))} to hold out; "
             f"families: {', '.join(sorted(known))}"
         )
-    return [replace(c, split="heldout") if c.family in families else c for c in constraints]
+    held = {f for pattern in families for f in fnmatch.filter(known, pattern)}
+    return [replace(c, split="heldout") if c.family in held else c for c in constraints]
 
 
 def load_constraints(path: str | Path) -> list[Constraint]:
-    """Read a constraint file (YAML: a top-level `constraints` list of entries, see architecture.md)."""
+    """Read a constraint file (YAML: a top-level `constraints` list of entries, see architecture.md), or the
+    built-in instruction sets it names where no such file exists: `ifeval`, `ifbench` or `ifeval,ifbench`
+    (gatt/constraint_sets.py)."""
     path = Path(path)
+    names = str(path).split(",")
+    if not path.exists() and all(name in BENCHMARK_CHECKS for name in names):
+        from gatt import constraint_sets
+
+        return [c for name in dict.fromkeys(names) for c in constraint_sets.constraints(name)]
     if not path.is_file():
-        raise FileNotFoundError(f"constraint file not found: {path}")
+        sets = ", ".join(BENCHMARK_CHECKS)
+        raise FileNotFoundError(
+            f"constraint file not found: {path} (built-in sets: {sets}, or several: ifeval,ifbench)"
+        )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:

@@ -28,7 +28,7 @@ from typing import Any
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 import gatt  # noqa: F401  (registers the "gatt" attention and the library's model with transformers)
-from gatt.checks import hold_out_families
+from gatt.checks import CONSTRAINTS_HELP, hold_out_families
 from gatt.cli import exit_on_bad_input
 from gatt.distributed import end_job, process_state
 from gatt.embedded import model_path
@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="dialogue plan and sampling seed; same seed -> same report")
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     parser.add_argument(
-        "--constraints", type=Path, help="constraint YAML with split tags (default: the built-in catalogue)"
+        "--constraints", type=Path, help=CONSTRAINTS_HELP
     )
     parser.add_argument(
         "--user-turns",
@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FAMILY",
         help="families held out as a whole (every value split heldout): reported with the held-out "
         "family, not with the trained values (e.g. those the GAtt data left out: data_gen "
-        "--heldout-families)",
+        "--heldout-families); a shell pattern holds out every family it matches (ifbench:*)",
     )
     add_kinds_argument(
         parser,

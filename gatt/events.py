@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from gatt import constraint_sets
 from gatt.checks import Check, Constraint
 
 KINDS = ("first", "late", "replace", "revoke", "add")
@@ -39,6 +40,13 @@ WORDINGS_FILE = Path(__file__).with_name("events.yaml")
 CONFLICTS = frozenset(
     {frozenset(p) for p in [("brevity", "hobby"), ("brevity", "figure"), ("brevity", "signoff"), ("caps", "signoff")]}
 )
+
+
+def conflict(family_a: str, family_b: str) -> bool:
+    """Whether two families cannot hold together: a built-in pair, or two types a benchmark says conflict."""
+    return frozenset((family_a, family_b)) in CONFLICTS or constraint_sets.conflict(family_a, family_b)
+
+
 # Checks that a reply written without the instruction rarely passes: a reply that passes one after the
 # instruction was withdrawn still follows it. A word (hobby, name) counts only where a probe asks for it.
 SHOWS_ON_CHAT = frozenset({"language", "startswith", "endswith", "all_caps"})
@@ -188,7 +196,7 @@ def second_constraint(
             for c in pool
             if c.name not in names
             and (c.family not in taken or c.family == "custom")
-            and not any(frozenset((c.family, t)) in CONFLICTS for t in taken)
+            and not any(conflict(c.family, t) for t in taken)
         ]
     return rng.choice(options) if options else None
 

@@ -159,8 +159,9 @@ def test_check_dict_round_trip_and_copies() -> None:
 
 def test_every_check_type_is_implemented() -> None:
     samples = {"code": "fr", "pattern": "x", "text": "x", "words": ["x"], "n": 1, "function": "builtins:bool"}
+    type_ids = {"ifeval": "punctuation:no_comma", "ifbench": "format:no_whitespace"}  # `id` names the benchmark's type
     for type_, fields in CHECK_TYPES.items():
-        made = check(type_, **{key: samples[key] for key in fields})
+        made = check(type_, **{key: type_ids[type_] if key == "id" else samples[key] for key in fields})
         assert isinstance(made.passes("Bonjour tout le monde, je suis là."), bool)
 
 

@@ -332,6 +332,29 @@ def test_cli_rolls_out_every_dialogue_kind_and_scores_it_by_turns_since_its_even
     assert "### late: given in a later turn; adherence" in (tmp_path / "report.md").read_text()
 
 
+def test_cli_scores_the_ifeval_set_by_the_benchmarks_own_metrics_beside_the_gated_ones(
+    model_dir, eval_inputs, tmp_path
+) -> None:
+    """`--constraints ifeval,ifbench` with IFBench held out: IFEval's held-out parameters and IFBench's types are
+    rolled out, and report.json gives each model's ifeval.per_turn and ifbench.per_turn from the transcripts."""
+    sets = ("--constraints", "ifeval,ifbench", "--heldout-families", "ifbench:*")
+    strata = ("--strata", "heldout_value", "heldout_family", "--no-attention", "--relevance-model", "none")
+    report = run_cli(model_dir, eval_inputs, tmp_path, *sets, *strata)
+    lines = [json.loads(line) for line in (tmp_path / "transcripts.jsonl").read_text().splitlines()]
+    base = [line for line in lines if line["model"] == "base" and line["constraint"] is not None]
+    assert {line["constraint"]["family"].split(":")[0] for line in base} == {"ifeval", "ifbench"}
+    for name, stratum in (("ifeval", "heldout_value"), ("ifbench", "heldout_family")):
+        mine = [line for line in base if line["constraint"]["family"].startswith(name + ":")]
+        assert {line["stratum"] for line in mine} == {stratum}
+        per_turn = report["base"][name]["per_turn"]
+        assert set(per_turn) == {str(t) for t in range(1, 7)}
+        for t, scores in per_turn.items():
+            verdicts = [line["turns"][int(t) - 1]["checks"][0]["passed"] for line in mine]
+            assert scores["n"] == len(mine)
+            assert scores["prompt_strict"] == scores["instruction_strict"] == round(sum(verdicts) / len(mine), 6)
+    assert "## IFEval's own metrics" in (tmp_path / "report.md").read_text()
+
+
 def test_cli_pairs_one_fine_tune_against_another_and_rejects_an_unknown_baseline(
     model_dir, eval_inputs, tmp_path
 ) -> None:

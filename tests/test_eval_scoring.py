@@ -404,3 +404,30 @@ def test_attention_png_without_measurements(tmp_path: Path) -> None:
     write_report(build_report(run, {}), run, tmp_path)
     assert (tmp_path / "attention.png").read_bytes().startswith(PNG_MAGIC)
     assert "Attention share" not in (tmp_path / "report.md").read_text()
+
+
+def test_ifevals_own_metrics_per_turn_beside_the_gated_adherence(tmp_path: Path) -> None:
+    """prompt_strict: replies following every IFEval instruction in force; instruction_strict: each instruction;
+    both by the checker alone (a gate failure does not count), only over replies with IFEval checks."""
+    two = dialogue("i1", "heldout_value", "ifeval:a", [T, T], gate=[["loop"], None])
+    two["turns"][0]["checks"] = [{"type": "ifeval", "passed": True}, {"type": "ifeval", "passed": False}]
+    two["turns"][1]["checks"] = [{"type": "ifeval", "passed": True}, {"type": "ifeval", "passed": True}]
+    one = dialogue("i2", "heldout_value", "ifeval:b", [T, F])
+    one["turns"][0]["checks"] = [{"type": "ifeval", "passed": True}]
+    one["turns"][1]["checks"] = [{"type": "ifeval", "passed": False}]
+    bench = dialogue("i3", "heldout_family", "ifbench:c", [F])
+    bench["turns"][0]["checks"] = [{"type": "ifbench", "passed": False}]
+    others = [dialogue("h1", "train", "hobby", [T, T])]  # no IFEval check: not counted
+    scores = score_model([two, one, bench, *others])
+    turn1, turn2 = scores["ifeval"]["per_turn"]["1"], scores["ifeval"]["per_turn"]["2"]
+    assert (turn1["prompt_strict"], turn1["instruction_strict"], turn1["n"]) == (0.5, round(2 / 3, 6), 2)
+    assert (turn2["prompt_strict"], turn2["instruction_strict"], turn2["n"]) == (0.5, round(2 / 3, 6), 2)
+    assert turn1["ci95"] == rate(1, 2)["ci95"]
+    assert scores["ifbench"]["per_turn"] == {
+        "1": {"prompt_strict": 0.0, "instruction_strict": 0.0, "n": 1, "ci95": [0.0, rate(0, 1)["ci95"][1]]}
+    }
+    assert "ifeval" not in score_model(others) and "ifbench" not in score_model(others)
+    markdown = _markdown(build_report([{**t, "model": "gatt"} for t in (two, one, bench)], {}))
+    assert "## IFEval's own metrics: prompt / instruction strict" in markdown
+    assert "| 2 | 50.0% / 66.7% (n=2) |" in markdown  # turns 2, 4, 6, 10, 20 and the last
+    assert "## IFBench's own metrics" in markdown

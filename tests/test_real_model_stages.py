@@ -203,6 +203,25 @@ def test_pass_rate_prints_a_row_per_constraint_with_the_jsons_figures_and_steps_
     assert json.loads(printed.out) == result["per_family"] and list(result["per_family"]) == ["custom"]
 
 
+def test_pass_rate_measures_every_ifeval_type_on_one_drawn_value_each(tmp_path, capsys):
+    from gatt.constraint_sets import available
+
+    out = tmp_path / "p.json"
+    args = ["--constraints", "ifeval", "--values-per-family", "1", "--prompts", "1", "--samples", "1"]
+    args += ["--without-instruction", "--max-new-tokens", "4", "--device", "cpu"]
+    main(["pass-rate", "--teacher", "embedded", *args, "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert list(result["per_family"]) == sorted(f"ifeval:{t}" for t in available("ifeval"))
+    assert len(result["per_constraint"]) == len(result["per_family"])  # one parameter draw of each type
+    assert all(r["prompts"] == 1 and r["candidates"] == 1 for r in result["per_constraint"].values())
+    assert result["settings"]["constraints"] == "ifeval" and result["settings"]["without_instruction"]
+    rows = table_rows(capsys.readouterr().err, "constraint")
+    assert [row[:-1] for row in rows] == constraint_rows(result)  # and a last column: the checks without instruction
+    bare = [r["without_instruction"] for r in result["per_constraint"].values()]
+    assert [row[-1] for row in rows] == [f"{b['checks']:.0%}" for b in bare]
+    assert all(b["checks_and_gate"] <= b["checks"] <= 1 for b in bare)
+
+
 def test_replay_dialogues_carry_no_instruction_and_train_as_plain_sft(tmp_path):
     teacher = HalfTeacher()
     config = SynthesisConfig(num_dialogues=4, min_turns=2, max_turns=3, samples_per_turn=2, shard_size=2)

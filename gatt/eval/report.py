@@ -285,6 +285,33 @@ def add_rounds(out_dir: Path, rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return report
 
 
+def _benchmark_section(report: dict[str, Any]) -> list[str]:
+    """IFEval's own metrics per turn (and IFBench's), beside the gated tables, where their checks scored replies."""
+    models = _models(report)
+    parts: list[str] = []
+    for name, title in (("ifeval", "IFEval"), ("ifbench", "IFBench")):
+        tables = [report[m].get(name, {}).get("per_turn", {}) for m in models]
+        if not any(tables):
+            continue
+        text = (
+            f"The replies under {title} instructions, by the benchmark's strict checker, without the answer gate: "
+            "prompt-level (every instruction in force followed) and instruction-level (each one), with the reply count."
+        )
+        rows = []
+        for t in _table_turns(tables):
+            cells = []
+            for table in tables:
+                r = table.get(str(t))
+                cells.append(
+                    "–"
+                    if r is None
+                    else f"{100 * r['prompt_strict']:.1f}% / {100 * r['instruction_strict']:.1f}% (n={r['n']})"
+                )
+            rows.append((str(t), cells))
+        parts += [f"## {title}'s own metrics: prompt / instruction strict", text, _table("Turn", models, rows)]
+    return parts
+
+
 def _markdown(report: dict[str, Any]) -> str:
     models = _models(report)
     parts = [
@@ -300,6 +327,7 @@ def _markdown(report: dict[str, Any]) -> str:
         parts += _rounds_section(report["rounds"])
     if _has_kinds(report):
         parts += _kinds_section(report)
+    parts += _benchmark_section(report)
     gates = [report[m].get("answer_gate") for m in models]
     if any(gates):
         rows = [("real answers", ["–" if g is None else f"{100 * g['passed']:.1f}% (n={g['n']})" for g in gates])]

@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
+from gatt.checks import BENCHMARK_CHECKS
 from gatt.events import KINDS
 from gatt.gate import REASONS
 
@@ -257,6 +258,37 @@ def adherence_scores(transcripts: Sequence[Transcript], key: Key = "passed") -> 
     }
 
 
+def benchmark_metrics(transcripts: Iterable[Transcript], name: str) -> dict[str, Any] | None:
+    """IFEval's own metrics, per turn, over the replies that carry checks of type `name` (ifeval, ifbench):
+    `prompt_strict`, the share of replies that follow every such instruction in force, `instruction_strict`,
+    the share of those instructions followed, each by the benchmark's strict checker and without the answer
+    gate; `n` replies (Wilson interval of prompt_strict). None where no reply has such a check."""
+    replies: Counter[int] = Counter()
+    all_followed: Counter[int] = Counter()
+    instructions: Counter[int] = Counter()
+    followed: Counter[int] = Counter()
+    for t in transcripts:
+        for turn in t["turns"]:
+            verdicts = [check["passed"] for check in turn["checks"] if check["type"] == name]
+            if verdicts:
+                replies[turn["turn"]] += 1
+                all_followed[turn["turn"]] += all(verdicts)
+                instructions[turn["turn"]] += len(verdicts)
+                followed[turn["turn"]] += sum(verdicts)
+    if not replies:
+        return None
+    per_turn = {}
+    for number in sorted(replies):
+        scored = rate(all_followed[number], replies[number])
+        per_turn[str(number)] = {
+            "prompt_strict": scored["adherence"],
+            "instruction_strict": round(followed[number] / instructions[number], 6),
+            "n": replies[number],
+            "ci95": scored["ci95"],
+        }
+    return {"per_turn": per_turn}
+
+
 def score_model(transcripts: Sequence[Transcript]) -> dict[str, Any]:
     """Every score of one model's transcripts, as one JSON-serialisable dict: checks and gate as the headline,
     the same scores from the checks alone under `checks_only`; the per-turn scores are those of the dialogues
@@ -266,6 +298,8 @@ def score_model(transcripts: Sequence[Transcript]) -> dict[str, Any]:
         **adherence_scores(first, "passed"),
         "checks_only": adherence_scores(first, "checks_passed"),
         "per_kind": per_kind(transcripts),
+        # IFEval's and IFBench's own metrics beside the gated adherence, where their checks score the replies
+        **{name: metrics for name in BENCHMARK_CHECKS if (metrics := benchmark_metrics(first, name))},
         "answer_gate": answer_gate(transcripts),
         "attention_on_instruction": attention_per_turn(first),
         "attention_on_instruction_max_head": attention_max_head(attention_per_head(first)),
