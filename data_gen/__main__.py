@@ -25,6 +25,7 @@ its share of the shards (README, "Scaling out": the measured throughput).
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import sys
@@ -41,7 +42,7 @@ from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.teacher import TORCH_DTYPES, ModelTeacher, OracleTeacher, Teacher
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import UserTurn, load_user_turns, split_user_turns
-from gatt.checks import CONSTRAINTS_HELP, Constraint, hold_out_families, load_constraints
+from gatt.checks import CONSTRAINTS_HELP, Constraint, dump_constraints, hold_out_families, load_constraints
 from gatt.cli import exit_on_bad_input
 from gatt.distributed import end_job, process_state
 from gatt.embedded import model_path
@@ -241,6 +242,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _user_turns(pass_rate)
     _teacher(pass_rate)
+    export = commands.add_parser(
+        "constraints",
+        help="write a constraint file: a set's constraints, some of its families, some held out",
+        description="Write FILE.yaml with the constraints of --constraints (a file, a built-in set such as "
+        "ifeval,ifbench, or the catalogue), only the families matching --families, with --heldout-families held "
+        "out: the file a run names, to read and to edit (e.g. the types a model follows when reminded, chosen "
+        "from `pass-rate`).",
+    )
+    export.add_argument("--out", type=Path, required=True, help="output YAML file")
+    export.add_argument("--constraints", type=Path, help=CONSTRAINTS_HELP)
+    export.add_argument(
+        "--families", nargs="+", metavar="FAMILY", help="keep these families, shell patterns too (default: all)"
+    )
+    export.add_argument(
+        "--heldout-families",
+        nargs="*",
+        default=None,
+        metavar="FAMILY",
+        help="families held out as a whole (every value split heldout), shell patterns too",
+    )
     eval_set = commands.add_parser(
         "eval-set",
         help="write the built-in evaluation set (constraints with splits, held-out user turns)",
@@ -390,6 +411,24 @@ def run_pass_rate(args: argparse.Namespace) -> dict:
     return result["per_family"]
 
 
+def run_constraints(args: argparse.Namespace) -> dict:
+    """Write the chosen constraints to args.out (atomically) and return their counts per split."""
+    constraints = _constraints(args)
+    if args.families:
+        known = {c.family for c in constraints}
+        if unknown := [f for f in args.families if not fnmatch.filter(known, f)]:
+            raise ValueError(f"--families: no constraint of family {', '.join(map(repr, unknown))}")
+        constraints = [c for c in constraints if any(fnmatch.fnmatch(c.family, f) for f in args.families)]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    dump_constraints(constraints, args.out)
+    return {
+        "constraints": len(constraints),
+        "families": len({c.family for c in constraints}),
+        "heldout": sum(c.split == "heldout" for c in constraints),
+        "out": str(args.out),
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse, run, print the summary; input errors exit with a one-line message."""
     args = build_parser().parse_args(argv)
@@ -398,6 +437,8 @@ def main(argv: list[str] | None = None) -> None:
             summary = write_eval_set(args.out, seed=args.seed)
         elif args.command == "pass-rate":
             summary = run_pass_rate(args)
+        elif args.command == "constraints":
+            summary = run_constraints(args)
         else:
             summary = run_base(args) if args.command == "base" else run_gatt(args)
     if process_state().is_main_process:  # under a launcher, one summary for the job

@@ -175,3 +175,34 @@ def test_nothing_is_downloaded() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "ok"
+
+
+def test_the_constraints_command_writes_the_chosen_types_with_a_set_held_out(tmp_path: Path) -> None:
+    from data_gen.__main__ import main
+
+    out = tmp_path / "chosen.yaml"
+    families = ["ifeval:punctuation:no_comma", "ifeval:length_constraints:*", "ifbench:format:no*"]
+    main(
+        [
+            "constraints",
+            "--constraints",
+            "ifeval,ifbench",
+            "--families",
+            *families,
+            "--heldout-families",
+            "ifbench:*",
+            "--out",
+            str(out),
+        ]
+    )
+    written = load_constraints(out)
+    expected = [
+        c
+        for c in hold_out_families(load_constraints("ifeval,ifbench"), ["ifbench:*"])
+        if c.family == families[0] or c.family.startswith(("ifeval:length_constraints:", "ifbench:format:no"))
+    ]
+    assert written == expected and len({c.family for c in written}) >= 4
+    assert all(c.split == "heldout" for c in written if c.family.startswith("ifbench:"))
+    with pytest.raises(SystemExit, match="--families: no constraint of family 'ifeval:nope'"):
+        main(["constraints", "--constraints", "ifeval", "--families", "ifeval:nope", "--out", str(tmp_path / "x.yaml")])
+    assert not (tmp_path / "x.yaml").exists()
