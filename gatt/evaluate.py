@@ -265,9 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0, help="dialogue plan and sampling seed; same seed -> same report")
     parser.add_argument("--out", type=Path, required=True, help="output folder")
-    parser.add_argument(
-        "--constraints", type=Path, help=CONSTRAINTS_HELP
-    )
+    parser.add_argument("--constraints", type=Path, help=CONSTRAINTS_HELP)
     parser.add_argument(
         "--user-turns",
         type=Path,
