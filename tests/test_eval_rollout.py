@@ -274,7 +274,8 @@ def run_cli(model_dir: Path, inputs: tuple[Path, Path], out: Path, *extra: str) 
 
 def test_cli_writes_the_report_and_is_deterministic(model_dir, eval_inputs, tmp_path):
     report = run_cli(model_dir, eval_inputs, tmp_path / "a", "--repeat-instruction", "base")
-    assert set(report) == {"settings", "base", "other", "base+repeat", "followable", "paired"}
+    paired = {"paired", "paired_heldout", "paired_heldout_family"}  # every stratum was rolled out
+    assert set(report) == {"settings", "base", "other", "base+repeat", "followable", *paired}
     assert list(report["paired"]) == ["other - base", "other - base+repeat"]
     same = report["paired"]["other - base"]  # the same model on the same dialogues: no difference at all
     assert same and all(d["difference"] == 0 and d["ci95"] == [0, 0] for d in same.values())
@@ -339,7 +340,12 @@ def test_cli_scores_the_ifeval_set_by_the_benchmarks_own_metrics_beside_the_gate
     rolled out, and report.json gives each model's ifeval.per_turn and ifbench.per_turn from the transcripts."""
     sets = ("--constraints", "ifeval,ifbench", "--heldout-families", "ifbench:*")
     strata = ("--strata", "heldout_value", "heldout_family", "--no-attention", "--relevance-model", "none")
-    report = run_cli(model_dir, eval_inputs, tmp_path, *sets, *strata)
+    report = run_cli(model_dir, eval_inputs, tmp_path, *sets, *strata, "--repeat-instruction", "base")
+    # the paired differences of the strata rolled out (none on trained values: none was)
+    assert "paired" not in report
+    for key in ("paired_heldout", "paired_heldout_family"):
+        assert list(report[key]) == ["other - base", "other - base+repeat"]
+        assert all(d["difference"] == 0 for d in report[key]["other - base"].values())  # the same model
     lines = [json.loads(line) for line in (tmp_path / "transcripts.jsonl").read_text().splitlines()]
     base = [line for line in lines if line["model"] == "base" and line["constraint"] is not None]
     assert {line["constraint"]["family"].split(":")[0] for line in base} == {"ifeval", "ifbench"}
@@ -352,7 +358,8 @@ def test_cli_scores_the_ifeval_set_by_the_benchmarks_own_metrics_beside_the_gate
             verdicts = [line["turns"][int(t) - 1]["checks"][0]["passed"] for line in mine]
             assert scores["n"] == len(mine)
             assert scores["prompt_strict"] == scores["instruction_strict"] == round(sum(verdicts) / len(mine), 6)
-    assert "## IFEval's own metrics" in (tmp_path / "report.md").read_text()
+    markdown = (tmp_path / "report.md").read_text()
+    assert "## IFEval's own metrics" in markdown and "## Paired differences on held-out families" in markdown
 
 
 def test_cli_pairs_one_fine_tune_against_another_and_rejects_an_unknown_baseline(

@@ -11,6 +11,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from gatt.eval.scoring import (
+    TRAIN,
     Transcript,
     attention_per_head,
     first_turn,
@@ -28,19 +29,21 @@ TITLES: dict[str, str] = {
 }
 
 
-NOT_MODELS: tuple[str, ...] = (
-    "settings",
-    "followable",
-    "paired",
-    "rounds",
-)  # report keys that are not a model's scores
+# The paired differences of each stratum: report key -> (strata, what the report.md section calls them).
+PAIRED: dict[str, tuple[tuple[str, ...], str]] = {
+    "paired": (TRAIN, "trained values"),
+    "paired_heldout": (("heldout_value",), "held-out values of trained families"),
+    "paired_heldout_family": (("heldout_family",), "held-out families"),
+}
+NOT_MODELS: tuple[str, ...] = ("settings", "followable", *PAIRED, "rounds")  # report keys that are not a model's scores
 
 
 def build_report(
     transcripts: list[Transcript], settings: dict[str, Any], baselines: Sequence[str] = ()
 ) -> dict[str, Any]:
     """`{"settings": settings, <model>: score_model(<its transcripts>), ...}`, models in order of appearance;
-    `paired`: every model minus NAME and NAME+repeat, and minus each of `baselines`."""
+    `paired`: every model minus NAME and NAME+repeat, and minus each of `baselines`, on trained values
+    (`paired_heldout`, `paired_heldout_family`: on the held-out strata, where they were rolled out)."""
     by_model: dict[str, list[Transcript]] = {}
     for t in transcripts:
         by_model.setdefault(t["model"], []).append(t)
@@ -49,8 +52,10 @@ def build_report(
             f"a model may not be named {', '.join(map(repr, clash))}: the report keeps other results there"
         )
     report = {"settings": settings, **{name: score_model(group) for name, group in by_model.items()}}
-    if paired := paired_differences({name: first_turn(group) for name, group in by_model.items()}, baselines):
-        report["paired"] = paired
+    firsts = {name: first_turn(group) for name, group in by_model.items()}
+    for key, (strata, _) in PAIRED.items():
+        if paired := paired_differences(firsts, baselines, strata):
+            report[key] = paired
     reminded = followable(report, first_turn(transcripts))
     return report if reminded is None else {**report, "followable": reminded}
 
@@ -149,7 +154,7 @@ def _followable_section(report: dict[str, Any], level: str) -> list[str]:
     return parts + ([_table("Turn", _models(report), rows)] if rows else [])
 
 
-def _paired_section(paired: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+def _paired_section(paired: dict[str, dict[str, dict[str, Any]]], stratum: str) -> list[str]:
     pairs = list(paired)
     turns = _table_turns(list(paired.values()))
 
@@ -161,10 +166,10 @@ def _paired_section(paired: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
 
     rows = [(str(t), [cell(paired[p].get(str(t))) for p in pairs]) for t in turns]
     text = (
-        "Points of adherence on trained values, A - B over the same dialogues, with the 95% interval of "
+        f"Points of adherence on {stratum}, A - B over the same dialogues, with the 95% interval of "
         "the mean of the per-dialogue differences."
     )
-    return ["## Paired differences", text, _table("Turn", pairs, rows)]
+    return [f"## Paired differences on {stratum}", text, _table("Turn", pairs, rows)]
 
 
 KIND_DS: tuple[int, ...] = (0, 1, 2, 5, 10, 19)  # the report.md rows of the per-kind tables (and the last d)
@@ -321,8 +326,9 @@ def _markdown(report: dict[str, Any]) -> str:
         "are in the last section.",
     ]
     parts += _adherence_sections(report, checks_only=False, level="##")
-    if report.get("paired"):
-        parts += _paired_section(report["paired"])
+    for key, (_, stratum) in PAIRED.items():
+        if report.get(key):
+            parts += _paired_section(report[key], stratum)
     if report.get("rounds"):
         parts += _rounds_section(report["rounds"])
     if _has_kinds(report):

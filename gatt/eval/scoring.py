@@ -339,9 +339,9 @@ def paired_difference(
 
 
 def paired_differences(
-    by_model: Mapping[str, Sequence[Transcript]], baselines: Sequence[str] = ()
+    by_model: Mapping[str, Sequence[Transcript]], baselines: Sequence[str] = (), strata: Sequence[str] = TRAIN
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """{"A - B": per-turn paired difference on trained values} for every model A against each baseline B: a model
+    """{"A - B": per-turn paired difference on `strata` (trained values)} for every model A against each baseline B: a model
     given NAME+repeat (NAME) and its NAME+repeat column, then the models named in `baselines` (one fine-tune
     against another), where the two share scored dialogues. `by_model`: each model's transcripts (as
     `build_report` groups them)."""
@@ -351,7 +351,7 @@ def paired_differences(
     against = list(dict.fromkeys(upper + [b for b in baselines if b in by_model]))
     # a model that is a baseline itself is paired only against those named before it (r2 - r1, not r1 - r2 too)
     earlier = {a: against[: against.index(a)] if a in against else against for a in others}
-    pairs = {f"{a} - {b}": paired_difference(by_model[a], by_model[b]) for a in others for b in earlier[a]}
+    pairs = {f"{a} - {b}": paired_difference(by_model[a], by_model[b], strata) for a in others for b in earlier[a]}
     return {pair: per_turn for pair, per_turn in pairs.items() if per_turn}  # pairs that share scored dialogues
 
 
