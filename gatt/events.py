@@ -40,17 +40,15 @@ WORDINGS_FILE = Path(__file__).with_name("events.yaml")
 CONFLICTS = frozenset(
     {frozenset(p) for p in [("brevity", "hobby"), ("brevity", "figure"), ("brevity", "signoff"), ("caps", "signoff")]}
 )
+# Checks that a reply written without the instruction rarely passes: a reply that passes one after the
+# instruction was withdrawn still follows it. A word (hobby, name) counts only where a probe asks for it.
+SHOWS_ON_CHAT = frozenset({"language", "startswith", "endswith", "all_caps"})
+SHOWS_ON_PROBE = SHOWS_ON_CHAT | {"contains_any"}
 
 
 def conflict(family_a: str, family_b: str) -> bool:
     """Whether two families cannot hold together: a built-in pair, or two types a benchmark says conflict."""
     return frozenset((family_a, family_b)) in CONFLICTS or constraint_sets.conflict(family_a, family_b)
-
-
-# Checks that a reply written without the instruction rarely passes: a reply that passes one after the
-# instruction was withdrawn still follows it. A word (hobby, name) counts only where a probe asks for it.
-SHOWS_ON_CHAT = frozenset({"language", "startswith", "endswith", "all_caps"})
-SHOWS_ON_PROBE = SHOWS_ON_CHAT | {"contains_any"}
 
 
 def add_kinds_argument(parser: argparse.ArgumentParser, dealt: str, detail: str) -> None:
