@@ -88,7 +88,8 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys, monkeyp
     demo = ["--config", str(config), f"out={out}", "rounds=2"]
     report = main(demo)
     printed = capsys.readouterr().out
-    assert set(report) == {"settings", "base", "gatt-r1", "gatt-r2", "base+repeat", "followable", "paired", "rounds"}
+    paired = {"paired", "paired_heldout", "paired_heldout_family"}  # every stratum is rolled out
+    assert set(report) == {"settings", "base", "gatt-r1", "gatt-r2", "base+repeat", "followable", *paired, "rounds"}
     for name in ("base", "gatt-r1", "gatt-r2", "base+repeat"):
         assert list(report[name]["per_turn"]) == [str(t) for t in range(1, 7)]
     for path in (
@@ -375,7 +376,17 @@ def test_smollm2_demo_runs_every_stage_on_a_users_own_files(tmp_path, monkeypatc
             f"user_turns={turns}",
         ]
     )
-    assert set(report) == {"settings", "base", "gatt", "base+repeat", "followable", "paired", "rounds"}
+    # the user's file has trained values and a held-out family, no held-out value of a trained family
+    assert set(report) == {
+        "settings",
+        "base",
+        "gatt",
+        "base+repeat",
+        "followable",
+        "paired",
+        "paired_heldout_family",
+        "rounds",
+    }
     for name in ("base", "gatt", "base+repeat"):
         assert list(report[name]["per_turn"]) == ["1", "2", "3"]
         assert {"checks_only", "answer_gate", "no_regression"} <= set(report[name])
