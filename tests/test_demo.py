@@ -24,6 +24,7 @@ from variety_curve import main as variety_curve  # noqa: E402
 import data_gen.__main__  # noqa: E402
 import gatt.evaluate  # noqa: E402
 import gatt.pretrained  # noqa: E402
+from gatt.checks import load_constraints  # noqa: E402
 from gatt.embedded import FOLDER as EMBEDDED_FOLDER  # noqa: E402
 from gatt.embedded import greedy_replies, read_record, ship, weights_sha256  # noqa: E402
 from gatt.events import KINDS  # noqa: E402
@@ -421,3 +422,24 @@ def test_smollm2_demo_runs_every_stage_on_a_users_own_files(tmp_path, monkeypatc
     assert any(t in transcripts for t in USER_TURNS)  # the report asked the user's messages
     timings = json.loads((out / "timings.json").read_text())
     assert list(timings["stage_seconds"]) == ["base-model", "gatt-data", "replay-data", "gatt-model", "report"]
+
+
+def test_a_demo_config_names_a_built_in_instruction_set(tmp_path):
+    """`constraints: ifeval,ifbench` with `heldout_families: ['ifbench:*']` reaches the data and report stages as is,
+    and the committed SmolLM2 config's constraint file loads (its checks are the benchmarks')."""
+    config = DemoConfig(
+        out=str(tmp_path),
+        base_model="smollm2",
+        replay_dialogues=4,
+        constraints="ifeval,ifbench",
+        heldout_families=["ifbench:*"],
+    )
+    commands = {s.name: s.command for s in stages(config)}
+    for name in ("gatt-data", "report"):
+        at = commands[name].index("--constraints")
+        assert commands[name][at + 1] == "ifeval,ifbench"
+        assert commands[name][commands[name].index("--heldout-families") + 1] == "ifbench:*"
+    committed = yaml.safe_load((ROOT / "recipes" / "configs" / "smollm2_ifeval.yaml").read_text())
+    chosen = load_constraints(ROOT / committed["constraints"])
+    assert {c.checks[0].type for c in chosen} == {"ifeval", "ifbench"}
+    assert all(c.split == "heldout" for c in chosen if c.checks[0].type == "ifbench")  # never in the GAtt data
