@@ -25,7 +25,6 @@ its share of the shards (README, "Scaling out": the measured throughput).
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import os
 import sys
@@ -42,7 +41,14 @@ from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.teacher import TORCH_DTYPES, ModelTeacher, OracleTeacher, Teacher
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import UserTurn, load_user_turns, split_user_turns
-from gatt.checks import CONSTRAINTS_HELP, Constraint, dump_constraints, hold_out_families, load_constraints
+from gatt.checks import (
+    CONSTRAINTS_HELP,
+    Constraint,
+    dump_constraints,
+    hold_out_families,
+    load_constraints,
+    matching_families,
+)
 from gatt.cli import exit_on_bad_input
 from gatt.distributed import end_job, process_state
 from gatt.embedded import model_path
@@ -415,10 +421,8 @@ def run_constraints(args: argparse.Namespace) -> dict:
     """Write the chosen constraints to args.out (atomically) and return their counts per split."""
     constraints = _constraints(args)
     if args.families:
-        known = {c.family for c in constraints}
-        if unknown := [f for f in args.families if not fnmatch.filter(known, f)]:
-            raise ValueError(f"--families: no constraint of family {', '.join(map(repr, unknown))}")
-        constraints = [c for c in constraints if any(fnmatch.fnmatch(c.family, f) for f in args.families)]
+        kept = matching_families(constraints, args.families, "--families")
+        constraints = [c for c in constraints if c.family in kept]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     dump_constraints(constraints, args.out)
     return {

@@ -467,19 +467,27 @@ def split_values(values: Sequence[str], heldout_fraction: float, seed: int) -> s
     return set(random.Random(seed).sample(sorted(values), count))
 
 
+def matching_families(
+    constraints: Sequence[Constraint], patterns: Sequence[str], where: str, purpose: str = ""
+) -> set[str]:
+    """The families of `constraints` that the names or shell patterns (`ifbench:*`) match; ValueError starting
+    with `where` for one that matches none ("no constraint of family F{purpose}; families: ...")."""
+    known = {c.family for c in constraints}
+    if unknown := [p for p in patterns if not fnmatch.filter(known, p)]:
+        raise ValueError(
+            f"{where}: no constraint of family {', '.join(map(repr, unknown))}{purpose}; "
+            f"families: {', '.join(sorted(known))}"
+        )
+    return {f for pattern in patterns for f in fnmatch.filter(known, pattern)}
+
+
 def hold_out_families(
     constraints: Sequence[Constraint], families: Sequence[str], source: str = "constraints"
 ) -> list[Constraint]:
     """The constraints with every value of `families` held out (split `heldout`): kept out of the GAtt data and
     reported as held-out families, e.g. a family the teacher cannot write (README: the real-model result).
     A family may be a shell pattern: `ifbench:*` holds out every IFBench type."""
-    known = {c.family for c in constraints}
-    if unknown := [f for f in families if not fnmatch.filter(known, f)]:
-        raise ValueError(
-            f"{source}: no constraint of family {', '.join(map(repr, unknown))} to hold out; "
-            f"families: {', '.join(sorted(known))}"
-        )
-    held = {f for pattern in families for f in fnmatch.filter(known, pattern)}
+    held = matching_families(constraints, families, source, " to hold out")
     return [replace(c, split="heldout") if c.family in held else c for c in constraints]
 
 

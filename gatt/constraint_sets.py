@@ -87,31 +87,33 @@ def _instance(name: str, type_id: str) -> Any:
     return registry(name)[type_id](type_id)
 
 
-def _draw(name: str, type_id: str, index: int) -> tuple[str, dict[str, Any]]:
-    """(description, kwargs) of the builder's own random draw number `index`, from a fixed seed; the global
-    random state the builders use is restored after."""
+@contextmanager
+def _seeded(seed: object) -> Iterator[None]:
+    # The builders draw from the global `random`: a fixed seed inside, the caller's state restored after.
     state = random.getstate()
     try:
-        random.seed(f"{name}:{type_id}:{SEED}:{index}")
+        random.seed(seed)
+        yield
+    finally:
+        random.setstate(state)
+
+
+def _draw(name: str, type_id: str, index: int) -> tuple[str, dict[str, Any]]:
+    """(description, kwargs) of the builder's own random draw number `index`, from a fixed seed."""
+    with _seeded(f"{name}:{type_id}:{SEED}:{index}"):
         instance = _instance(name, type_id)
         description = instance.build_description()
         return description, dict(instance.get_instruction_args() or {})
-    finally:
-        random.setstate(state)
 
 
 def _kept(name: str, type_id: str, kwargs: Mapping[str, Any]) -> bool:
     """Whether the builder keeps these parameters, drawing nothing when given them. A builder may draw an
     impossible one (IFEval's paragraph n+1 of n) and replace it at random when it is given back: a check built from
     it would not be the instruction's."""
-    state = random.getstate()
-    try:
-        random.seed(0)
+    with _seeded(0):
         before = random.getstate()
         _instance(name, type_id).build_description(**kwargs)
         return random.getstate() == before
-    finally:
-        random.setstate(state)
 
 
 @functools.cache
