@@ -137,6 +137,7 @@ class DemoConfig:
     eval_no_instruction_dialogues: int | None = None  # for the no-regression score (default: eval_dialogues / 4)
     eval_max_new_tokens: int = 48
     eval_batch_size: int = 32  # dialogues rolled out together
+    eval_device: str = ""  # the report's device ("": teacher_device's; cpu: a GPU run's report finished on a CPU)
     eval_probe_every: int = 4  # a probe question every N turns from turn 2 (6: turns 2, 8, 14, 20)
     eval_baselines: bool = True  # also report `base` and `base+repeat`; false: the GAtt model alone
     eval_strict_gate: bool = False  # the report's answer gate for a real chat model (gatt.evaluate --strict-gate)
@@ -372,7 +373,7 @@ def stages(config: DemoConfig) -> list[Stage]:
             *_flag("--constraints", config.constraints),
             *heldout,
             *_flag("--user-turns", eval_turns),
-            *_flag("--device", config.teacher_device),
+            *_flag("--device", config.eval_device or config.teacher_device),
             *decoding,
             *(["--numerics", config.numerics] if config.numerics != "exact" else []),
             "--seed",
@@ -580,9 +581,11 @@ def run_stage(
 
 def fingerprint(stage: Stage, upstream: str) -> str:
     """What a stage's result depends on: its command, the files it names (configs, your constraints and user
-    turns), and the result before (`upstream`: that stage's key and when it finished)."""
+    turns), and the result before (`upstream`: that stage's key and when it finished). The Python that runs it is
+    not an input: stages made on another machine (a GPU's run copied here, say) are up to date here."""
     files = [ROOT / arg for arg in stage.command if (ROOT / arg).is_file() and not arg.endswith(".py")]
-    payload = json.dumps([stage.command, [hashlib.sha256(p.read_bytes()).hexdigest() for p in files], upstream])
+    command = ["python" if arg == sys.executable else arg for arg in stage.command]
+    payload = json.dumps([command, [hashlib.sha256(p.read_bytes()).hexdigest() for p in files], upstream])
     return hashlib.sha256(payload.encode()).hexdigest()
 
 

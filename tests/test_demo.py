@@ -258,6 +258,32 @@ def test_a_stage_past_its_timeout_is_killed_with_every_process_it_started(tmp_pa
     assert len(pids) == 2 and not any(running(pid) for pid in pids)
 
 
+def test_a_stage_made_by_another_python_is_up_to_date_and_any_other_change_is_not(monkeypatch):
+    """Stages carried from another machine (a GPU's run finished here) keep their stamps: the interpreter's path is
+    not an input of a stage's result; its arguments and the stage before are."""
+    keys = {}
+    for python in ("/opt/gpu/venv/bin/python3", "/home/me/.venv/bin/python"):
+        monkeypatch.setattr(sys, "executable", python)
+        plan = stages(DemoConfig(out="runs/x"))
+        keys[python] = [demo_module.fingerprint(stage, "UP 1") for stage in plan]
+        assert plan[1].command[0] == python
+    assert keys["/opt/gpu/venv/bin/python3"] == keys["/home/me/.venv/bin/python"]
+    stage = stages(DemoConfig(out="runs/x"))[1]
+    assert demo_module.fingerprint(stage, "UP 2") != keys["/home/me/.venv/bin/python"][1]
+    other = demo_module.Stage(stage.name, [*stage.command, "--seed", "1"], stage.output, stage.resumable)
+    assert demo_module.fingerprint(other, "UP 1") != keys["/home/me/.venv/bin/python"][1]
+
+
+def test_the_report_runs_on_eval_device_and_the_data_on_teacher_device():
+    def devices(**keys: str) -> dict[str, str]:
+        plan = stages(DemoConfig(out="runs/x", **keys))
+        return {s.name: s.command[s.command.index("--device") + 1] for s in plan if "--device" in s.command}
+
+    assert devices(teacher_device="cuda") == {"gatt-data": "cuda", "report": "cuda"}
+    assert devices(teacher_device="cuda", eval_device="cpu") == {"gatt-data": "cuda", "report": "cpu"}
+    assert devices() == {}  # "": each stage's own default (cuda if available)
+
+
 def test_rounds_continue_trains_each_round_from_the_last_model_on_its_own_data():
     out = Path("runs/x")
     commands = {stage.name: stage.command for stage in stages(DemoConfig(out=str(out), rounds=3, rounds_continue=True))}
