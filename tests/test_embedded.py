@@ -52,7 +52,8 @@ def test_the_shipped_files_are_the_ones_the_record_describes(record):
 def test_make_base_models_config_is_the_recorded_one(record):
     config_file = ROOT / "recipes" / "configs" / "base_model.yaml"
     config = dataclass_from_dict(DemoConfig, read_yaml_config(config_file), str(config_file))
-    # DemoConfig keys added since (instructions at any turn) are at their defaults, which change no base-model stage.
+    # DemoConfig keys added since (instructions at any turn, the report's device) are at their defaults, which change
+    # no base-model stage.
     demo = dataclasses.asdict(config)
     new = {key: demo.pop(key) for key in list(demo) if key not in record["demo_config"]}
     assert new == {
@@ -61,6 +62,7 @@ def test_make_base_models_config_is_the_recorded_one(record):
         "any_turn_overrides": [],
         "eval_kinds": ["first"],
         "eval_strata": [],
+        "eval_device": "",
     }
     assert demo == record["demo_config"]
     train = dataclasses.asdict(load_config(ROOT / config.base_config, base_train_overrides(config)))
