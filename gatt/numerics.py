@@ -3,8 +3,9 @@
 - `exact`: the model as it is (fp32 weights and activations).
 - `bf16`: weights and activations in bfloat16 (norms accumulate in fp32); in the library's attention
   (`MaskedMultiHeadAttention.attention_dtype`) the scores, softmax, KV cache and weighted sum stay fp32.
-  On a CPU with bf16 instructions (AVX512-BF16 or AMX; `bf16_is_native()`) a GEMM runs 3-4x faster
-  than in fp32; on one without them bf16 is emulated and several times *slower*. Attention over a
+  On a CPU with bf16 instructions (AVX512-BF16 or AMX; `bf16_is_native()`) a GEMM has run 3-4x faster
+  than in fp32 (an AMD EPYC), and 2x *slower* on a virtual Xeon whose flags claim AVX512-BF16; on one without them
+  bf16 is emulated and several times slower. So `auto` measures, and never trusts the flags alone. Attention over a
   long cache is bound by memory, not arithmetic, and PyTorch's CPU kernels read a bf16 cache more
   slowly than an fp32 one (SDPA 5x slower, a batched matmul on the cache's strided view 1.5x): so the
   cache stays fp32, which also keeps the attention as exact as the projections allow. Greedy replies
@@ -25,6 +26,7 @@ Evaluation: Numerics).
 
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 from typing import Literal
@@ -45,16 +47,17 @@ def bf16_is_native() -> bool:
 
 
 def bf16_is_fast(device: torch.device | str = "cpu") -> bool:
-    """Whether bf16 arithmetic pays on `device`: a GPU that supports it; a CPU with bf16 instructions, or else one
-    where a one-second probe finds bf16 matrix products faster than fp32 ones (on AVX2 alone they are emulated and
-    several times slower)."""
+    """Whether bf16 arithmetic pays on `device`: a GPU that supports it; a CPU where a one-second probe finds bf16
+    matrix products faster than fp32 ones (measured once a process). The CPU's flags are not enough: bf16 has run at
+    half fp32's speed on a machine that reports AVX512-BF16, and on AVX2 alone it is emulated, several times slower."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    if device.type != "cpu":
-        return False
-    if bf16_is_native():
-        return True
+    return device.type == "cpu" and _cpu_bf16_is_faster()
+
+
+@functools.cache
+def _cpu_bf16_is_faster() -> bool:
     from gatt.machine import matmul_gflops
 
     return matmul_gflops(torch.bfloat16, size=512, seconds=0.5) > matmul_gflops(torch.float32, size=512, seconds=0.5)

@@ -100,3 +100,20 @@ def test_the_teacher_samples_in_int8(tmp_path) -> None:
         ["gatt", "--teacher", str(tmp_path), "--teacher-numerics", "int8", "--num-dialogues", "1", "--out", "x"]
     )
     assert args.teacher_numerics == "int8"
+
+
+@pytest.mark.parametrize(("bf16_gflops", "fast"), [(166.0, False), (900.0, True)])
+def test_auto_measures_bf16_even_where_the_cpu_claims_bf16_instructions(monkeypatch, bf16_gflops, fast):
+    """A virtual Xeon reporting AVX512-BF16 multiplied bf16 at half fp32's speed: the flags alone must not pick bf16."""
+    import gatt.machine
+    import gatt.numerics
+
+    speeds = {torch.float32: 320.0, torch.bfloat16: bf16_gflops}
+    monkeypatch.setattr(gatt.numerics, "bf16_is_native", lambda: True)
+    monkeypatch.setattr(gatt.machine, "matmul_gflops", lambda dtype, **_: speeds[dtype])
+    gatt.numerics._cpu_bf16_is_faster.cache_clear()
+    try:
+        assert gatt.numerics.bf16_is_fast("cpu") is fast
+        assert gatt.numerics.resolve_auto("auto", "cpu", "bf16", "exact", "numerics") == ("bf16" if fast else "exact")
+    finally:
+        gatt.numerics._cpu_bf16_is_faster.cache_clear()
