@@ -509,7 +509,8 @@ class ChatBatch:
 
     def _compact(self, groups: list[tuple[list[int], list[tuple[Tensor, Tensor]]]]) -> None:
         """Rebuild the cache from `groups` (row indices and each layer's (K, V) of those rows) in row order,
-        each row's real columns packed to the left: the holes of earlier turns are dropped."""
+        each row's real columns packed to the left: the holes of earlier turns are dropped. The groups' layer lists
+        are emptied as the layers are packed, so the old rows are freed one layer at a time."""
         device = self.model.device
         width = max(len(row.columns) for row in self.rows)
         spare = self.max_new_tokens + 128  # the next turn's prompt and reply fit without growing
@@ -519,13 +520,16 @@ class ChatBatch:
             for j, i in enumerate(indices):
                 columns[j, : len(self.rows[i].columns)] = torch.tensor(self.rows[i].columns, dtype=torch.long)
             sources.append((torch.tensor(indices, device=device), columns.to(device), layers))
-        for number, layer in enumerate(self.cache.layers):
-            keys, values = sources[0][2][number]
-            _, heads, _, head_dim = keys.shape
-            packed = [keys.new_empty(len(self.rows), heads, width, head_dim) for _ in range(2)]  # (B, H_kv, width, D)
-            for indices, columns, layers in sources:
+        for layer in self.cache.layers:
+            # this layer's old (K, V) of each group, taken out of `sources` (and the caller's `parked`): freed by the
+            # next iteration, so the peak is the cache and a layer or two, not two caches
+            old = [layers.pop(0) for _, _, layers in sources]
+            _, heads, _, head_dim = old[0][0].shape
+            shape = (len(self.rows), heads, width, head_dim)  # (B, H_kv, width, D)
+            packed = [old[0][0].new_empty(shape) for _ in range(2)]
+            for (indices, columns, _), group in zip(sources, old):
                 index = columns[:, None, :, None].expand(-1, heads, -1, head_dim)  # (rows, H_kv, width, D)
-                for out, tensor in zip(packed, layers[number]):
+                for out, tensor in zip(packed, group):
                     out[indices] = tensor.gather(2, index)
             layer.assign(*packed, spare)
         self.mask = torch.zeros(len(self.rows), width, dtype=torch.long, device=device)

@@ -1,5 +1,7 @@
 """ChatBatch: k candidates from one encoded prompt, keeping one, and continuing from the kept cache row."""
 
+import weakref
+
 import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
@@ -206,6 +208,43 @@ def test_dropping_stopped_rows_writes_what_decoding_every_row_writes(model, toke
     assert torch.equal(chat.mask, (torch.arange(chat.mask.shape[1]) < lengths[:, None]).long())
     assert chat.mask.shape[1] == lengths.max() < plain_chat.mask.shape[1]
     assert torch.equal(lengths, plain_chat.mask.sum(1))
+
+
+def test_compaction_frees_each_old_layer_before_packing_the_next(model, tokenizer, monkeypatch):
+    """Compacting the cache holds the old (K, V) of a layer or two beside the new cache, not a second whole cache:
+    when layer n is assigned its packed rows, the old tensors of layers before n (the rows still decoding and
+    the rows set aside) are gone (a 20-turn SmolLM2 rollout's peak memory halves)."""
+    alive_before: list[int] = []  # at each assign: how many old tensors of the layers before it are still alive
+    old_refs: list[list[weakref.ref]] = []  # per layer: the old tensors being compacted
+    assigned = [0]  # layers assigned in the compaction under way
+    compact, assign = ChatBatch._compact, GrowingLayer.assign
+
+    def tracking_compact(self, groups):
+        old_refs[:] = [
+            [weakref.ref(t) for _, layers in groups for t in layers[n]] for n in range(len(self.cache.layers))
+        ]
+        assigned[0] = 0
+        compact(self, groups)
+
+    def tracking_assign(self, keys, values, spare):
+        alive_before.append(sum(r() is not None for refs in old_refs[: assigned[0]] for r in refs))
+        assigned[0] += 1
+        assign(self, keys, values, spare)
+
+    monkeypatch.setattr(ChatBatch, "_compact", tracking_compact)
+    monkeypatch.setattr(GrowingLayer, "assign", tracking_assign)
+    chat = ChatBatch(model, tokenizer, Sampler(do_sample=False), max_new_tokens=12)
+    chat.stops = {t for t in range(len(tokenizer)) if t % 5 == 0}  # rows stop at different steps: some are set aside
+    histories = {key: [{"role": "user", "content": TEXTS[key]}] for key in range(6)}
+    for _ in range(3):
+        out = chat.generate({key: prompt(tokenizer, h) for key, h in histories.items()})
+        for key, history in histories.items():
+            history += [
+                {"role": "assistant", "content": out[key][0].text},
+                {"role": "user", "content": TEXTS[key + 40]},
+            ]
+    assert len(alive_before) >= 2 * len(model.model.layers)  # compacted on at least two turns
+    assert alive_before == [0] * len(alive_before)
 
 
 @pytest.mark.parametrize("top_p", [0.5, 0.9, 0.95])
