@@ -36,7 +36,7 @@ from gatt.eval.cache import RolloutCache, fingerprint
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.judge import apply_gate
 from gatt.eval.plan import STRATA, EvalDialogue, plan_dialogues
-from gatt.eval.report import NOT_MODELS, build_report, format_table, write_report
+from gatt.eval.report import NOT_MODELS, build_report, summary_tables, write_report
 from gatt.eval.rollout import RolloutConfig, distributed_rollout
 from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
 from gatt.events import add_kinds_argument
@@ -501,7 +501,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     report = build_report(transcripts, settings, args.paired_baseline)
     write_report(report, transcripts, args.out)
-    print(format_table(report))
+    print(summary_tables(report))
     print(f"wrote {args.out}/report.json, report.md, adherence.png, attention.png, transcripts.jsonl")
     return report
 

@@ -63,7 +63,7 @@ import yaml
 from gatt.cli import exit_on_bad_input
 from gatt.embedded import FOLDER as EMBEDDED_FOLDER
 from gatt.embedded import package, weights_sha256
-from gatt.eval.report import add_rounds, format_table
+from gatt.eval.report import add_rounds, summary_tables
 from gatt.events import KINDS
 from gatt.machine import available_cpus, machine_calibration
 from gatt.numerics import NUMERICS, resolve_auto
@@ -655,7 +655,7 @@ def run(config: DemoConfig, command: str = "") -> dict[str, Any]:
     if config.rounds == 0:
         packaged = package_base_model(config, command, report, summary)
         print(f"packaged: {packaged} (to ship it: make ship-base-model)")
-    print("\n" + format_table(report))
+    print("\n" + summary_tables(report))
     print(
         "stage times: "
         + ", ".join(f"{name} {s:.0f} s" for name, s in timings.items())

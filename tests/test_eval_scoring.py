@@ -6,7 +6,15 @@ from typing import Any
 
 import pytest
 
-from gatt.eval.report import _adherence_figure, _markdown, _models, build_report, format_table, write_report
+from gatt.eval.report import (
+    _adherence_figure,
+    _markdown,
+    _models,
+    build_report,
+    format_table,
+    summary_tables,
+    write_report,
+)
 from gatt.eval.scoring import (
     STRATA_INSTRUCTED,
     adherence_per_turn,
@@ -352,6 +360,23 @@ def test_format_table_rows() -> None:
     )
     assert [line.split("|")[1].strip() for line in format_table(short).splitlines()[2:]] == ["2", "4", "6", "10", "20"]
     assert "| 10 | 100.0% [20.7–100.0] (n=1) | – |" in format_table(short)
+
+
+def test_summary_tables_print_the_strata_that_have_rows() -> None:
+    """A report on held-out strata alone (no train constraints) prints its held-out tables, not an empty one."""
+    heldout = build_report(
+        [
+            dialogue("h", "heldout_value", "hobby", [True] * 4),
+            dialogue("h", "heldout_value", "hobby", [False] * 4, "b"),
+        ],
+        {},
+    )
+    summary = summary_tables(heldout)
+    assert "Adherence per turn (train constraints)" not in summary
+    assert summary.startswith("Adherence per turn (held-out values)\n| Turn | gatt | b |")
+    assert "| 4 | 100.0% [20.7–100.0] (n=1) | 0.0% [0.0–79.3] (n=1) |" in summary
+    both = build_report(long_run(), {})
+    assert summary_tables(both).startswith(f"Adherence per turn (train constraints)\n{format_table(both)}\n\n")
 
 
 def test_write_report_files(tmp_path: Path) -> None:

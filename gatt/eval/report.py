@@ -93,6 +93,15 @@ def format_table(report: dict[str, Any], key: str = "per_turn", *, checks_only: 
     return _table("Turn", models, rows)
 
 
+def summary_tables(report: dict[str, Any]) -> str:
+    """The gated per-turn tables that have rows (train constraints, held-out values, held-out families), each under
+    its title: what a command prints at its end (a report on held-out strata alone has no train table)."""
+    models = _models(report)
+    return "\n\n".join(
+        f"{title}\n{format_table(report, key)}" for key, title in TITLES.items() if any(report[m][key] for m in models)
+    )
+
+
 def _scores(report: dict[str, Any], model: str, checks_only: bool) -> dict[str, Any]:
     return report[model]["checks_only"] if checks_only else report[model]
 
