@@ -414,14 +414,36 @@ def test_adherence_figure_keeps_its_legend_off_the_curves_and_the_checks_in_thei
     figure = _adherence_figure(report)
     figure.draw_without_rendering()  # lays out the constrained figure
     gated, checks = figure.axes
-    assert [ax.get_title() for ax in (gated, checks)] == ["Checks and answer gate", "Checks alone (trained values)"]
+    assert [ax.get_title() for ax in (gated, checks)] == ["Checks and answer gate", "Checks alone"]
     models = _models(report)
-    series = [m for m in models if report[m]["per_turn"]] + [m for m in models if report[m]["heldout_per_turn"]]
-    assert len(checks.lines) == len(models) and len(gated.lines) == len(series) > len(models)
+    strata = ("per_turn", "heldout_per_turn", "heldout_family_per_turn")
+    series = [
+        f"{m}: {label}"
+        for m in models
+        for key, label in zip(strata, ("trained values", "held-out values", "held-out families"))
+        if report[m][key]
+    ]
+    assert [line.get_label() for line in gated.lines] == series and len(series) > len(models)
+    assert [line.get_label() for line in checks.lines] == series  # the same strata, by the checks alone
     (legend,) = figure.legends
     box = legend.get_window_extent()
     assert not any(box.overlaps(ax.get_window_extent()) for ax in figure.axes)
     assert [text.get_text() for text in legend.get_texts()] == [line.get_label() for line in gated.lines]
+
+
+def test_adherence_figure_of_held_out_strata_alone() -> None:
+    """A report on held-out values and held-out families only (IFEval parameters, IFBench types) plots both strata
+    in both panels."""
+    run = [
+        dialogue("v", "heldout_value", "a", [T, F, T]),
+        dialogue("f", "heldout_family", "b", [F, T, T]),
+    ]
+    figure = _adherence_figure(build_report(run, {}))
+    gated, checks = figure.axes
+    labels = ["gatt: held-out values", "gatt: held-out families"]
+    assert [line.get_label() for line in gated.lines] == labels == [line.get_label() for line in checks.lines]
+    assert [line.get_linestyle() for line in gated.lines] == ["--", ":"]
+    assert list(gated.lines[1].get_ydata()) == [0.0, 100.0, 100.0]
 
 
 def test_attention_png_without_measurements(tmp_path: Path) -> None:

@@ -386,29 +386,36 @@ def _turn_series(table: dict[str, dict[str, Any]]) -> tuple[list[int], list[floa
     )
 
 
+# The adherence figure's strata: per-turn key -> (label, line style).
+FIGURE_STRATA: dict[str, tuple[str, str]] = {
+    "per_turn": ("trained values", "-"),
+    "heldout_per_turn": ("held-out values", "--"),
+    "heldout_family_per_turn": ("held-out families", ":"),
+}
+
+
 def _adherence_figure(report: dict[str, Any]) -> Figure:
-    """Two panels sharing the turn axis: adherence (checks and the answer gate) on trained and held-out values, then
-    the checks alone on trained values; one legend outside both, so no curve is hidden under it."""
+    """Two panels sharing the turn axis: adherence (checks and the answer gate), then the checks alone, each with a
+    line per model and stratum that has turns (a band on each model's first); one legend outside both, so no curve
+    is hidden under it."""
     fig = Figure(figsize=(10, 4.5), layout="constrained")
     gated, checks = fig.subplots(1, 2, sharey=True)
     for i, m in enumerate(_models(report)):
-        color = f"C{i}"
-        turns, values, lo, hi = _turn_series(report[m]["per_turn"])
-        if turns:
-            gated.plot(turns, values, color=color, marker="o", markersize=3, label=f"{m}: trained values")
-            gated.fill_between(turns, lo, hi, color=color, alpha=0.2)
-        turns, values, _, _ = _turn_series(report[m]["heldout_per_turn"])
-        if turns:
-            gated.plot(turns, values, color=color, linestyle="--", label=f"{m}: held-out values")
-        turns, values, lo, hi = _turn_series(report[m]["checks_only"]["per_turn"])
-        if turns:
-            checks.plot(turns, values, color=color, marker="o", markersize=3)
-            checks.fill_between(turns, lo, hi, color=color, alpha=0.2)
+        for ax, scores in ((gated, report[m]), (checks, report[m]["checks_only"])):
+            banded = False
+            for key, (label, style) in FIGURE_STRATA.items():
+                turns, values, lo, hi = _turn_series(scores[key])
+                if not turns:
+                    continue
+                ax.plot(turns, values, color=f"C{i}", linestyle=style, marker="o", markersize=3, label=f"{m}: {label}")
+                if not banded:
+                    ax.fill_between(turns, lo, hi, color=f"C{i}", alpha=0.2)
+                    banded = True
     gated.set(xlabel="Turn", ylabel="Adherence (%)", title="Checks and answer gate", ylim=(0, 102))
-    checks.set(xlabel="Turn", title="Checks alone (trained values)")
+    checks.set(xlabel="Turn", title="Checks alone")
     fig.suptitle("Instruction adherence per turn (bands: 95% Wilson intervals)")
     if gated.lines:
-        fig.legend(loc="outside right center")
+        fig.legend(*gated.get_legend_handles_labels(), loc="outside right center")
     return fig
 
 
