@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from data_gen.constraints import catalogue, limit_values
+from data_gen.constraints import HELDOUT_FAMILIES, catalogue, limit_families, limit_values
 from data_gen.eval_set import write_eval_set
 from data_gen.pass_rate import PassRateConfig, demonstrations, format_pass_rates, measure_pass_rates
 from data_gen.synthesis import SynthesisConfig, synthesize
@@ -68,7 +68,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         default=None,
         metavar="FAMILY",
-        help="families kept out of GAtt data (every value held out): of the built-in catalogue (default: brevity; "
+        help="families kept out of GAtt data (every value held out): of the built-in catalogue (default: "
+        f"{', '.join(HELDOUT_FAMILIES)}; "
         "the base corpus still teaches them) or of --constraints (default: none); a shell pattern holds out every "
         "family it matches (ifbench:*)",
     )
@@ -198,6 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="use at most K train values of each family (a fixed-seed draw): the data-variety knob "
         "(default: every train value)",
+    )
+    gatt.add_argument(
+        "--trained-families",
+        type=int,
+        metavar="K",
+        help="use the train values of at most K families (a fixed-seed draw, a larger K keeps a superset): the "
+        "families curve's knob, how transfer to held-out families grows with the families trained (default: all)",
     )
     replay = commands.add_parser(
         "replay",
@@ -357,6 +365,8 @@ def run_gatt(args: argparse.Namespace) -> dict:
     )  # held-out values never enter GAtt data
     if getattr(args, "values_per_family", None) is not None:
         constraints = limit_values(constraints, args.values_per_family, seed=args.seed)
+    if getattr(args, "trained_families", None) is not None:
+        constraints = limit_families(constraints, args.trained_families, seed=args.seed)
     if name == "replay" and args.teacher == "oracle":
         raise ValueError("replay data are a model's own answers: --teacher must be a model directory")
     teacher = make_teacher(args, constraints)

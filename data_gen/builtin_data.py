@@ -3,8 +3,8 @@
 * `topics.yaml`: the languages and each topic's name in them (`data_gen.user_turns`);
 * `topic_keywords.yaml`: the words that show a text is about each topic, per language (`data_gen.user_turns`);
 * `phrasings.yaml`: the templates of the built-in user messages (`data_gen.user_turns`);
-* `catalogue.yaml`: the values of the constraint families (`data_gen.constraints`);
-* `toy_world.yaml`: the scripted responder's sentences and hobby emoji (`data_gen.toy_world`).
+* `catalogue.yaml`: the instruction space, value pools and family rules (`data_gen.constraints`);
+* `toy_world.yaml`: the scripted responder's sentences (`data_gen.toy_world`).
 
 Each reader returns fresh objects of the types the modules always had (dicts in file order, tuples for
 lists): seeded sampling follows that order. A missing, malformed or misshapen file raises
@@ -30,17 +30,16 @@ SECTIONS = {
     "topics.yaml": ("languages", "topics"),
     "topic_keywords.yaml": ("keywords",),
     "phrasings.yaml": ("phrasings",),
-    "catalogue.yaml": ("hobbies", "languages", "figures", "sign_off_words"),
+    "catalogue.yaml": ("pools", "families"),
     "toy_world.yaml": (
         "topic_replies",
         "generic_reply",
-        "figure_line",
-        "hobby_line",
-        "speak_line",
+        "lines",
         "assistant_line",
-        "no_hobby_line",
+        "question",
         "help_line",
-        "hobby_emoji",
+        "language_phrases",
+        "emoji",
     ),
 }
 
@@ -136,32 +135,20 @@ def phrasings() -> tuple[str, ...]:
     return _texts(*_section("phrasings.yaml", "phrasings"))
 
 
-def hobbies() -> tuple[str, ...]:
-    """The hobby family's values (constraints.HOBBIES)."""
-    return _texts(*_section("catalogue.yaml", "hobbies"))
+def pools() -> dict[str, Any]:
+    """Pool name -> its YAML form: a list, a mapping of values to attributes, or a generator (constraints.py)."""
+    return _mapping(*_section("catalogue.yaml", "pools"), lambda value, _: value)
 
 
-def _language(value: Any, where: str) -> tuple[str, str]:
-    entry = _mapping(value, where, _text, ("code", "native"))
-    if entry["code"] not in language_codes():
-        raise DataFileError(f"{where}.code: {entry['code']!r} is none of topics.yaml's languages")
-    return entry["code"], entry["native"]
-
-
-def languages() -> dict[str, tuple[str, str]]:
-    """English name -> (ISO 639-1 code, the language's own name) (constraints.LANGUAGES)."""
-    return _mapping(*_section("catalogue.yaml", "languages"), _language)
-
-
-def figures() -> dict[str, tuple[str, ...]]:
-    """Full name -> the names a reply may use for them (constraints.FIGURES)."""
-    return _mapping(*_section("catalogue.yaml", "figures"), _texts)
-
-
-def sign_off_words() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(adjectives, nouns) that sign-offs are made of (constraints.SIGN_OFF_WORDS)."""
-    words = _mapping(*_section("catalogue.yaml", "sign_off_words"), _texts, ("adjectives", "nouns"))
-    return words["adjectives"], words["nouns"]
+def family_specs() -> tuple[dict[str, Any], ...]:
+    """The families' YAML entries, in file order (validated field by field in data_gen.constraints)."""
+    value, where = _section("catalogue.yaml", "families")
+    if not isinstance(value, list) or not value:
+        raise DataFileError(f"{where}: expected a non-empty list of families, got {value!r}")
+    for index, entry in enumerate(value):
+        if not isinstance(entry, dict) or not isinstance(entry.get("family"), str):
+            raise DataFileError(f"{where}[{index}]: expected a mapping with a `family` name, got {entry!r}")
+    return tuple(value)
 
 
 def topic_replies() -> dict[str, tuple[str, ...]]:
@@ -170,10 +157,22 @@ def topic_replies() -> dict[str, tuple[str, ...]]:
 
 
 def toy_line(key: str) -> dict[str, str]:
-    """Language -> one of the responder's sentences in toy_world.yaml (generic_reply, figure_line, ...)."""
+    """Language -> one of the responder's sentences in toy_world.yaml (generic_reply, assistant_line, ...)."""
     return _per_language(_text)(*_section("toy_world.yaml", key))
 
 
-def hobby_emoji() -> dict[str, str]:
-    """Hobby -> the emoji written after its name (toy_world.HOBBY_EMOJI)."""
-    return _mapping(*_section("toy_world.yaml", "hobby_emoji"), _text)
+def lines() -> dict[str, dict[str, str]]:
+    """Line name -> language -> the sentence a family's rule adds ({value} and its attributes fill it)."""
+    return _mapping(*_section("toy_world.yaml", "lines"), _per_language(_text))
+
+
+def language_phrases() -> dict[str, dict[str, str]]:
+    """Language code (every toy-world language but English) -> {greeting, thanks, farewell}."""
+    codes = tuple(code for code in language_codes() if code != "en")
+    keys = ("greeting", "thanks", "farewell")
+    return _mapping(*_section("toy_world.yaml", "language_phrases"), lambda v, w: _mapping(v, w, _text, keys), codes)
+
+
+def emoji() -> tuple[str, ...]:
+    """What the `emoji` family ends a reply with."""
+    return _texts(*_section("toy_world.yaml", "emoji"))

@@ -1,154 +1,302 @@
-"""The constraint catalogue: the paper's families (hobby, language, public figure) plus format families.
+"""The constraint catalogue: the toy world's instruction space, built from data_gen/data/catalogue.yaml.
 
-Every constraint has a full instruction and a shortened form ("Always answer in French." /
-"Language: French"), checks for every reply given under it, and attribute probes. The values of each
-family are split into train and held-out sets with a fixed seed: held-out values (and whole held-out
-families) never appear in GAtt data, only in the base SFT corpus as local instructions, so the
-evaluation can measure whether GAtt's persistence transfers.
+The space is wide on purpose: GAtt should teach one skill, "keep doing what the system message says", and a
+small model learns a skill only from many instances of it. So the catalogue has families of four kinds (copy
+a string, a form, a language, a persona), each a rule with values drawn from a pool; the paper's families
+(hobby, language, public figure) are three of them. Every constraint has a full instruction, paraphrases, a
+shortened form ("Always answer in French." / "Language: French"), checks for every reply given under it, and
+attribute probes. The families and their pools are data (catalogue.yaml); this module reads them, checks
+them and builds the constraints; `data_gen.toy_world` obeys them through each family's `reply` rule.
 
-The families' values (hobbies, languages, figures, sign-off words) are data, in data_gen/data/catalogue.yaml
-(read by `data_gen.builtin_data`); this module builds the constraints from them.
+Each family's values are split into train and held-out values with a fixed seed, and whole families
+(HELDOUT_FAMILIES, of every kind) are held out: neither ever appears in GAtt data, only in the base SFT
+corpus as a chat model would see them, so the evaluation measures whether GAtt's persistence transfers.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+import string
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from data_gen import builtin_data
+from data_gen.builtin_data import DataFileError
 from gatt.checks import Check, Constraint, Probe, split_values
-from gatt.events import conflict, instruction_text  # noqa: F401  (instruction_text: data_gen's name for it)
+from gatt.events import conflict as _gatt_conflict
+from gatt.events import instruction_text  # noqa: F401  (data_gen's name for it)
 
-FAMILIES = ("hobby", "language", "figure", "caps", "signoff", "brevity")
+KINDS = ("copy", "form", "language", "persona")
+# What a family's `reply` rule may say (catalogue.yaml's header explains each).
+REPLY_KEYS = ("language", "line", "line_first", "answer", "replace", "structure", "prefix", "suffix", "case", "wrap")
+STRUCTURES = ("first", "numbered", "bulleted")
+CASES = ("upper", "lower", "title")
+_FAMILY_KEYS = (
+    "family",
+    "kind",
+    "values",
+    "value",
+    "instruction",
+    "paraphrases",
+    "short",
+    "slot",
+    "conflicts",
+    "reply",
+    "checks",
+    "probes",
+    "probe_checks",
+)
+_REQUIRED = ("family", "kind", "instruction", "short", "slot", "reply", "checks", "probes")
+# Whole families GAtt data never shows, one or more of every kind: the paper's zero-shot case. `brevity` is the
+# paper's own example ("answer in one sentence only"); `lowercase` and `bullets` are forms beside trained ones
+# (capitals, numbered lists), `hashtag` and `code` strings to copy, `farewell_in` a language, `city` a persona.
+HELDOUT_FAMILIES = ("brevity", "lowercase", "bullets", "hashtag", "code", "farewell_in", "city")
 
-# The families' values (data_gen/data/catalogue.yaml), in file order: catalogue() keeps it.
-HOBBIES: tuple[str, ...] = builtin_data.hobbies()
-# English name -> (ISO 639-1 code, the language's own name).
-LANGUAGES: dict[str, tuple[str, str]] = builtin_data.languages()
-# Full name -> the names a reply may use for them.
-FIGURES: dict[str, tuple[str, ...]] = builtin_data.figures()
-# Sign-offs drawn procedurally (an adjective and a noun: "Warm wishes!"), 120 of them: GAtt data that shows
-# many sign-offs teaches "end with the one the system message names", not a list to recall.
-SIGN_OFF_WORDS: tuple[tuple[str, ...], tuple[str, ...]] = builtin_data.sign_off_words()
-SIGN_OFFS = tuple(f"{adjective} {noun}!" for adjective in SIGN_OFF_WORDS[0] for noun in SIGN_OFF_WORDS[1])
+
+@dataclass(frozen=True)
+class ReplyRule:
+    """How the scripted responder obeys a family (catalogue.yaml `reply`); templates are filled per value."""
+
+    language: bool = False
+    line: str = ""
+    line_first: bool = False
+    answer: str = ""
+    replace: Mapping[str, str] = field(default_factory=dict)
+    structure: str = ""
+    prefix: str = ""
+    suffix: str = ""
+    case: str = ""
+    wrap: tuple[str, str] | None = None
 
 
-def _hobby(value: str) -> Constraint:
-    mentions = Check("contains_any", {"words": [value]})
-    return Constraint(
-        name=f"hobby:{value}",
-        instruction=f"You enjoy {value}, and you mention it in every answer.",
-        short=f"Hobby: {value}",
-        paraphrases=(
-            f"Your favorite hobby is {value}. Bring it up in each reply.",
-            f"You are a big fan of {value}: talk about it whenever you answer.",
-        ),
-        checks=(mentions,),
-        probes=(
-            Probe("What is your favorite hobby?", (mentions,)),
-            Probe("What do you do in your free time?", (mentions,)),
-        ),
-        family="hobby",
-        value=value,
+@dataclass(frozen=True)
+class Family:
+    """One rule of the instruction space: its kind, values (each with its attributes) and how it is obeyed."""
+
+    name: str
+    kind: str
+    values: tuple[tuple[str, Mapping[str, Any]], ...]
+    slot: str
+    conflicts: frozenset[str]
+    reply: ReplyRule
+    spec: Mapping[str, Any]  # the catalogue entry, whose templates build each value's constraint
+
+    def constraint(self, value: str, attributes: Mapping[str, Any]) -> Constraint:
+        """The constraint of one value: every template of the entry filled with it."""
+        spec, where = self.spec, f"{_catalogue_file()}: family {self.name!r}"
+        fill = {"value": value, **attributes}
+        checks = tuple(_checks(spec["checks"], fill, f"{where} checks"))
+        probe_checks = (
+            _checks(spec["probe_checks"], fill, f"{where} probe_checks") if "probe_checks" in spec else checks
+        )
+        return Constraint(
+            name=f"{self.name}:{value}",
+            instruction=_fill(spec["instruction"], fill, where),
+            short=_fill(spec["short"], fill, where),
+            paraphrases=tuple(_fill(text, fill, where) for text in spec.get("paraphrases", [])),
+            checks=checks,
+            probes=tuple(Probe(question, tuple(probe_checks)) for question in spec["probes"]),
+            family=self.name,
+            value=value,
+        )
+
+
+def _catalogue_file() -> str:
+    return str(builtin_data.DATA_DIR / "catalogue.yaml")
+
+
+def _fill(template: Any, fill: Mapping[str, Any], where: str) -> Any:
+    """A template with {value} and the value's attributes filled in; "{names}" alone is the list itself."""
+    if isinstance(template, list):
+        return [item for part in template for item in _as_list(_fill(part, fill, where))]
+    if not isinstance(template, str):
+        return template
+    if template.startswith("{") and template.endswith("}") and isinstance(fill.get(template[1:-1]), list):
+        return list(fill[template[1:-1]])
+    try:
+        return template.format(**fill)
+    except (KeyError, IndexError, ValueError) as error:
+        raise DataFileError(
+            f"{where}: template {template!r} cannot be filled ({error!r}); has {sorted(fill)}"
+        ) from None
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _checks(specs: Any, fill: Mapping[str, Any], where: str) -> list[Check]:
+    if not isinstance(specs, list):
+        raise DataFileError(f"{where}: expected a list of checks, got {specs!r}")
+    out = []
+    for index, spec in enumerate(specs):
+        filled = {key: _fill(item, fill, f"{where}[{index}]") for key, item in dict(spec).items()}
+        try:
+            out.append(Check.from_dict(filled, f"{where}[{index}]"))
+        except ValueError as error:
+            raise DataFileError(str(error)) from None
+    return out
+
+
+def _pool_values(name: str, spec: Any) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """A pool's values, each with its attributes: a list, a mapping value -> attributes, or a seeded generator."""
+    where = f"{_catalogue_file()}: pools.{name}"
+    if isinstance(spec, list) and spec and all(isinstance(v, str | int) for v in spec):
+        values = [(str(v), {}) for v in spec]
+    elif isinstance(spec, dict) and "product" in spec:
+        parts, fmt = spec["product"], spec.get("format")
+        if not (isinstance(parts, list) and all(isinstance(p, list) and p for p in parts) and isinstance(fmt, str)):
+            raise DataFileError(f"{where}: a product needs `product: [[...], ...]` and a `format`, got {spec!r}")
+        combos: list[tuple[Any, ...]] = [()]
+        for part in parts:
+            combos = [(*combo, item) for combo in combos for item in part]
+        values = [(fmt.format(*combo), {}) for combo in combos]
+    elif isinstance(spec, dict) and "generate" in spec:
+        values = [(v, {}) for v in _generate(spec, where)]
+    elif isinstance(spec, dict) and spec and all(isinstance(a, dict) for a in spec.values()):
+        values = [(str(v), dict(attributes)) for v, attributes in spec.items()]
+    else:
+        raise DataFileError(f"{where}: expected a list, a mapping of values to attributes or a generator, got {spec!r}")
+    names = [v for v, _ in values]
+    if len(set(names)) != len(names):
+        raise DataFileError(f"{where}: values repeat: {sorted({v for v in names if names.count(v) > 1})}")
+    return tuple(values)
+
+
+def _generate(spec: Mapping[str, Any], where: str) -> list[str]:
+    """Distinct procedural values: codes (two capitals and two digits, KX47) or numbers, from a seeded draw."""
+    kind, count, rng = spec["generate"], spec.get("count"), random.Random(spec.get("seed", 0))
+    if not isinstance(count, int) or count < 1:
+        raise DataFileError(f"{where}: `count` must be a positive integer, got {count!r}")
+    if kind == "number":
+        low, high = spec.get("low", 0), spec.get("high", 99)
+        if high - low + 1 < count:
+            raise DataFileError(f"{where}: {count} distinct numbers do not fit in {low}..{high}")
+        return [str(n) for n in rng.sample(range(low, high + 1), count)]
+    if kind == "code":
+        out: list[str] = []
+        while len(out) < count:
+            code = "".join(rng.choices(string.ascii_uppercase, k=2) + rng.choices(string.digits, k=2))
+            if code not in out:
+                out.append(code)
+        return out
+    raise DataFileError(f"{where}: unknown generator {kind!r}; expected code or number")
+
+
+def _reply_rule(spec: Any, where: str, lines: Mapping[str, Any]) -> ReplyRule:
+    if not isinstance(spec, dict):
+        raise DataFileError(f"{where}: expected a mapping, got {spec!r}")
+    if unknown := [key for key in spec if key not in REPLY_KEYS]:
+        raise DataFileError(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(REPLY_KEYS)}")
+    for key in ("line", "answer"):
+        if key in spec and spec[key] not in lines:
+            raise DataFileError(f"{where}.{key}: no line {spec[key]!r} in toy_world.yaml; lines: {', '.join(lines)}")
+    if spec.get("structure", "") not in ("", *STRUCTURES):
+        raise DataFileError(f"{where}.structure: expected one of {', '.join(STRUCTURES)}, got {spec['structure']!r}")
+    if spec.get("case", "") not in ("", *CASES):
+        raise DataFileError(f"{where}.case: expected one of {', '.join(CASES)}, got {spec['case']!r}")
+    wrap = spec.get("wrap")
+    if wrap is not None and not (isinstance(wrap, list) and len(wrap) == 2 and all(isinstance(w, str) for w in wrap)):
+        raise DataFileError(f"{where}.wrap: expected [left, right], got {wrap!r}")
+    replacements = spec.get("replace", {})
+    if not isinstance(replacements, dict) or not all(isinstance(k, str) and k for k in replacements):
+        raise DataFileError(f"{where}.replace: expected a mapping of text to text, got {replacements!r}")
+    return ReplyRule(**{**spec, "wrap": tuple(wrap) if wrap else None})
+
+
+def _family(spec: Mapping[str, Any], pools: Mapping[str, Any], lines: Mapping[str, Any]) -> Family:
+    name = spec["family"]
+    where = f"{_catalogue_file()}: family {name!r}"
+    if unknown := [key for key in spec if key not in _FAMILY_KEYS]:
+        raise DataFileError(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(_FAMILY_KEYS)}")
+    if missing := [key for key in _REQUIRED if key not in spec]:
+        raise DataFileError(f"{where}: missing {', '.join(missing)}")
+    if ("values" in spec) == ("value" in spec):
+        raise DataFileError(f"{where}: needs either `values` (a pool's name) or one `value`")
+    if spec["kind"] not in KINDS:
+        raise DataFileError(f"{where}: kind must be one of {', '.join(KINDS)}, got {spec['kind']!r}")
+    if not isinstance(spec["probes"], list) or not all(isinstance(q, str) and q for q in spec["probes"]):
+        raise DataFileError(f"{where}: probes must be a list of questions, got {spec['probes']!r}")
+    if "values" in spec:
+        if spec["values"] not in pools:
+            raise DataFileError(f"{where}: no pool {spec['values']!r}; pools: {', '.join(pools)}")
+        values = _pool_values(spec["values"], pools[spec["values"]])
+    else:
+        values = ((str(spec["value"]), {}),)
+    phrases = builtin_data.language_phrases()
+    # A language value ({code}) carries its greeting, thanks and farewell as attributes too.
+    values = tuple((v, {**phrases.get(a.get("code", ""), {}), **a}) for v, a in values)
+    conflicts = spec.get("conflicts", [])
+    if not isinstance(conflicts, list) or not all(isinstance(c, str) for c in conflicts):
+        raise DataFileError(f"{where}: conflicts must be a list of slots or families, got {conflicts!r}")
+    return Family(
+        name=name,
+        kind=spec["kind"],
+        values=values,
+        slot=str(spec["slot"]),
+        conflicts=frozenset(conflicts),
+        reply=_reply_rule(spec["reply"], f"{where}: reply", lines),
+        spec=spec,
     )
 
 
-def _language(value: str) -> Constraint:
-    code, native = LANGUAGES[value]
-    names = Check("contains_any", {"words": [value, native]})
-    return Constraint(
-        name=f"language:{value}",
-        instruction=f"Always answer in {value}.",
-        short=f"Language: {value}",
-        paraphrases=(f"Reply only in {value}, whatever language I write in.", f"From now on, speak {value}."),
-        checks=(Check("language", {"code": code}),),
-        probes=(Probe("Which language do you speak?", (names,)), Probe("What language are we using?", (names,))),
-        family="language",
-        value=value,
-    )
+def load_families() -> dict[str, Family]:
+    """The catalogue's families by name, in file order; DataFileError naming the family and key at fault."""
+    pools, lines = builtin_data.pools(), builtin_data.lines()
+    families: dict[str, Family] = {}
+    for spec in builtin_data.family_specs():
+        if spec["family"] in families:
+            raise DataFileError(f"{_catalogue_file()}: family {spec['family']!r} is defined twice")
+        families[spec["family"]] = _family(spec, pools, lines)
+    return families
 
 
-def _figure(value: str) -> Constraint:
-    names = Check("contains_any", {"words": list(FIGURES[value])})
-    return Constraint(
-        name=f"figure:{value}",
-        instruction=f"Act as {value}, and say who you are in every answer.",
-        short=f"Figure: {value}",
-        paraphrases=(
-            f"You are {value}. Introduce yourself in each reply.",
-            f"Pretend to be {value} and give your name every time you answer.",
-        ),
-        checks=(names,),
-        probes=(Probe("Who are you?", (names,)), Probe("What is your name?", (names,))),
-        family="figure",
-        value=value,
-    )
+FAMILY_RULES: dict[str, Family] = load_families()
+FAMILIES: tuple[str, ...] = tuple(FAMILY_RULES)
+# English name -> (ISO 639-1 code, the language's own name): the toy world's languages besides English.
+LANGUAGES: dict[str, tuple[str, str]] = {
+    value: (attributes["code"], attributes["native"]) for value, attributes in FAMILY_RULES["language"].values
+}
 
 
-def _caps() -> Constraint:
-    caps = Check("all_caps", {})
-    return Constraint(
-        name="caps:all caps",
-        instruction="Always answer in capital letters.",
-        short="Format: all caps",
-        paraphrases=("Write every reply in upper case.", "Use capital letters only in your answers."),
-        checks=(caps,),
-        probes=(Probe("Say something about yourself.", (caps,)),),
-        family="caps",
-        value="all caps",
-    )
+def _takes(family: Family, other: Family) -> bool:
+    """Whether `family` lists `other` (its name, its slot, or `line` for a family with a line) as a conflict."""
+    return bool({other.name, other.slot, *(("line",) if other.reply.line else ())} & family.conflicts)
 
 
-def _signoff(value: str) -> Constraint:
-    ends = Check("endswith", {"text": value})
-    return Constraint(
-        name=f"signoff:{value}",
-        instruction=f'End every answer with "{value}"',
-        short=f"Sign-off: {value}",
-        paraphrases=(f'Finish each reply with "{value}"', f'Sign off every message with "{value}"'),
-        checks=(ends,),
-        probes=(Probe("How do you end your messages?", (ends,)),),
-        family="signoff",
-        value=value,
-    )
+def conflict(family_a: str, family_b: str) -> bool:
+    """Whether two families cannot hold together: two catalogue families sharing a slot or listing each other,
+    or a pair gatt.events knows (a benchmark's conflicting types)."""
+    a, b = FAMILY_RULES.get(family_a), FAMILY_RULES.get(family_b)
+    if a is not None and b is not None:
+        return a.name != b.name and (a.slot == b.slot or _takes(a, b) or _takes(b, a))
+    return _gatt_conflict(family_a, family_b)
 
 
-def _brevity() -> Constraint:
-    one = Check("max_sentences", {"n": 1})
-    return Constraint(
-        name="brevity:one sentence",
-        instruction="Answer in one sentence only.",
-        short="Format: one sentence",
-        paraphrases=("Keep every reply to a single sentence.", "Reply with just one sentence."),
-        checks=(one,),
-        probes=(Probe("Describe your day.", (one,)),),
-        family="brevity",
-        value="one sentence",
-    )
+def family_table() -> dict[str, dict[str, Any]]:
+    """Family -> {kind, conflicts: the families it never holds with}: what gatt reads (gatt/eval/builtin/families.yaml)."""
+    return {
+        name: {"kind": family.kind, "conflicts": [other for other in FAMILIES if conflict(name, other)]}
+        for name, family in FAMILY_RULES.items()
+    }
 
 
 def catalogue(
-    *, heldout_fraction: float = 0.25, seed: int = 0, heldout_families: Sequence[str] = ("brevity",)
+    *, heldout_fraction: float = 0.25, seed: int = 0, heldout_families: Sequence[str] = HELDOUT_FAMILIES
 ) -> list[Constraint]:
     """Every catalogue constraint, tagged split="train" or "heldout" (held-out values and whole held-out families)."""
     unknown = set(heldout_families) - set(FAMILIES)
     if unknown:
         raise ValueError(f"unknown held-out families {sorted(unknown)}; expected some of {', '.join(FAMILIES)}")
-    by_family = {
-        "hobby": [_hobby(v) for v in HOBBIES],
-        "language": [_language(v) for v in LANGUAGES],
-        "figure": [_figure(v) for v in FIGURES],
-        "caps": [_caps()],
-        "signoff": [_signoff(v) for v in SIGN_OFFS],
-        "brevity": [_brevity()],
-    }
     constraints = []
-    for family, members in by_family.items():
-        heldout = split_values([c.value for c in members], heldout_fraction, seed + FAMILIES.index(family))
-        for constraint in members:
-            is_heldout = family in heldout_families or constraint.value in heldout
-            constraints.append(replace(constraint, split="heldout" if is_heldout else "train"))
+    for name, family in FAMILY_RULES.items():
+        values = [value for value, _ in family.values]
+        heldout = split_values(values, heldout_fraction, seed + zlib.crc32(name.encode()))
+        for value, attributes in family.values:
+            split = "heldout" if name in heldout_families or value in heldout else "train"
+            constraints.append(replace(family.constraint(value, attributes), split=split))
     return constraints
 
 
@@ -164,6 +312,18 @@ def limit_values(constraints: Sequence[Constraint], per_family: int, seed: int =
         random.Random(f"{seed}-{family}").shuffle(names)
         kept |= set(names[:per_family])
     return [c for c in constraints if c.name in kept]
+
+
+def limit_families(constraints: Sequence[Constraint], count: int, seed: int = 0) -> list[Constraint]:
+    """The constraints of at most `count` families, in the input order: the families curve's knob (how
+    held-out-family adherence grows with the number of trained families). The families are shuffled with a
+    fixed seed and the first `count` kept, so a larger count keeps a superset."""
+    if count < 1:
+        raise ValueError(f"families must be >= 1, got {count}")
+    families = sorted({c.family for c in constraints})
+    random.Random(f"{seed}-families").shuffle(families)
+    kept = set(families[:count])
+    return [c for c in constraints if c.family in kept]
 
 
 @dataclass

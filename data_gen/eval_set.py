@@ -1,9 +1,10 @@
 """The built-in evaluation set that ships inside `gatt` (gatt/eval/builtin/), exported from the toy world.
 
-`gatt` never imports `data_gen`, so the evaluation reads these two files instead of the catalogue
+`gatt` never imports `data_gen`, so the evaluation reads these files instead of the catalogue
 and the user-turn generator:
 
 * `constraints.yaml`: the whole catalogue, each constraint tagged train or heldout;
+* `families.yaml`: each family's kind and the families it never holds with (`gatt.events.conflict`);
 * `user_turns.jsonl`: the held-out user turns (never in the training pool), one
   `{"content", "topic", "checks"}` object a line, whose `contains_any` check passes when a reply names
   the topic in any of the toy world's languages (the no-regression "still on topic" score).
@@ -17,17 +18,22 @@ import json
 import os
 from pathlib import Path
 
-from data_gen.constraints import catalogue
+import yaml
+
+from data_gen.constraints import catalogue, family_table
 from data_gen.user_turns import on_topic_check, split_user_turns
 from gatt.checks import dump_constraints
 
 
 def write_eval_set(out_dir: Path, *, seed: int = 0) -> dict:
-    """Write out_dir/constraints.yaml and out_dir/user_turns.jsonl atomically; return their counts."""
+    """Write out_dir/constraints.yaml, families.yaml and user_turns.jsonl atomically; return their counts."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     constraints = catalogue(seed=seed)
     dump_constraints(constraints, out_dir / "constraints.yaml")
+    families = out_dir / ".families.yaml.tmp"
+    families.write_text(yaml.safe_dump({"families": family_table()}, sort_keys=False, width=100), encoding="utf-8")
+    os.replace(families, out_dir / "families.yaml")
 
     _, heldout = split_user_turns(seed=seed)
     path, tmp = out_dir / "user_turns.jsonl", out_dir / ".user_turns.jsonl.tmp"
@@ -39,6 +45,7 @@ def write_eval_set(out_dir: Path, *, seed: int = 0) -> dict:
     os.replace(tmp, path)
     return {
         "constraints": len(constraints),
+        "families": len(family_table()),
         "heldout_constraints": sum(c.split == "heldout" for c in constraints),
         "user_turns": len(heldout),
         "topics": len({turn.topic for turn in heldout}),

@@ -1,16 +1,18 @@
 """The toy world: a deterministic scripted responder and the base SFT corpus the embedded model learns from.
 
 The responder answers the built-in user messages on topic, in any of the catalogue's languages, and
-applies any combination of catalogue constraints (persona line, hobby line, one sentence, capitals,
-sign-off), probes included. It is the `oracle` teacher of GAtt synthesis.
+obeys any combination of non-conflicting catalogue constraints, probes included, by each family's `reply`
+rule (data_gen/data/catalogue.yaml): the lines it adds, then replacements, the sentence structure, the text
+before and after, the letter case and the wrapping, in that order. It is the `oracle` teacher of GAtt
+synthesis.
 
 The base corpus is built the way ordinary chat SFT data is, so a model trained on it shows the
 failure GAtt fixes: instructions attached to one user message govern only that reply; instructions
 in the system message appear only in short (1-2 turn) dialogues; plain dialogues and probes with and
 without a constraint in view teach the default answers.
 
-The responder's sentences in each language and the hobbies' emoji are data, in data_gen/data/toy_world.yaml
-(read by `data_gen.builtin_data`).
+The responder's sentences in each language are data, in data_gen/data/toy_world.yaml (read by
+`data_gen.builtin_data`).
 """
 
 from __future__ import annotations
@@ -18,41 +20,36 @@ from __future__ import annotations
 import random
 import re
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from data_gen import builtin_data
-from data_gen.constraints import LANGUAGES, ConstraintSampler, instruction_text
+from data_gen.constraints import FAMILY_RULES, LANGUAGES, ConstraintSampler, Family, instruction_text
 from data_gen.user_turns import TOPICS, UserTurn
 from gatt.checks import Constraint
 
 # How both the base corpus and GAtt synthesis attach an instruction to a user message (the eval's upper bound too).
 from gatt.collator import append_instruction as with_instruction
 
-# The responder's sentences per language and the hobbies' emoji (data_gen/data/toy_world.yaml, whose
-# comments say why they read as they do). TOPIC_REPLIES' {T} is the topic's English noun phrase as a label.
+# The responder's sentences per language (data_gen/data/toy_world.yaml, whose comments say why they read as
+# they do). TOPIC_REPLIES' {T} is the topic's English noun phrase as a label.
 TOPIC_REPLIES: dict[str, tuple[str, ...]] = builtin_data.topic_replies()
 GENERIC_REPLY: dict[str, str] = builtin_data.toy_line("generic_reply")  # for messages outside the toy world
-FIGURE_LINE: dict[str, str] = builtin_data.toy_line("figure_line")
-HOBBY_LINE: dict[str, str] = builtin_data.toy_line("hobby_line")
-HOBBY_EMOJI: dict[str, str] = builtin_data.hobby_emoji()  # tells the small model's hobby names apart
-SPEAK_LINE: dict[str, str] = builtin_data.toy_line("speak_line")
 ASSISTANT_LINE: dict[str, str] = builtin_data.toy_line("assistant_line")
-NO_HOBBY_LINE: dict[str, str] = builtin_data.toy_line("no_hobby_line")
 HELP_LINE: dict[str, str] = builtin_data.toy_line("help_line")  # after short probe answers, to show the language
+QUESTION: dict[str, str] = builtin_data.toy_line("question")
+LINES: dict[str, dict[str, str]] = builtin_data.lines()  # a family's line, per language
+EMOJI: tuple[str, ...] = builtin_data.emoji()
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_WORD_START = re.compile(r"(^|\s)(\S)")
 
 
 def _capitalize(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _hobby_line(lang: str, hobby: str) -> str:
-    emoji = HOBBY_EMOJI.get(hobby)
-    return HOBBY_LINE[lang].format(f"{hobby} {emoji}" if emoji else hobby)
-
-
-def _first_sentence(text: str) -> str:
-    return re.split(r"(?<=[.!?])\s+", text.strip(), maxsplit=1)[0]
+def _sentences(text: str) -> list[str]:
+    return _SENTENCE_END.split(text.strip())
 
 
 class ToyResponder:
@@ -60,50 +57,81 @@ class ToyResponder:
 
     def __init__(self, catalogue: Sequence[Constraint]) -> None:
         # Probe questions are recognised by their text, so a probe works wherever it is asked.
-        self.probe_family = {p.question: c.family for c in catalogue for p in c.probes}
+        self.probe_families: dict[str, set[str]] = {}
+        for c in catalogue:
+            for p in c.probes:
+                self.probe_families.setdefault(p.question, set()).add(c.family)
 
     def reply(self, turn: UserTurn, in_view: Sequence[Constraint] = ()) -> str:
-        """The reply to `turn` obeying every constraint in `in_view` (at most one per family)."""
-        by_family = {c.family: c for c in in_view}
-        lang = LANGUAGES[by_family["language"].value][0] if "language" in by_family else "en"
-        probe = self.probe_family.get(turn.text)
-        body = self._body(turn, probe, by_family, lang)
-        if "brevity" in by_family:
-            return self._format(_first_sentence(body), by_family)
-        sentences = [body]
-        if "figure" in by_family and probe != "figure":
-            sentences.insert(0, FIGURE_LINE[lang].format(by_family["figure"].value))
-        if "hobby" in by_family and probe != "hobby":
-            sentences.append(_hobby_line(lang, by_family["hobby"].value))
-        return self._format(" ".join(sentences), by_family)
+        """The reply to `turn` obeying every constraint in `in_view` (at most one per family; constraints of
+        families or values the catalogue does not have are not obeyed)."""
+        rules = [(FAMILY_RULES[c.family], _attributes(c)) for c in in_view if c.family in FAMILY_RULES]
+        rules = [(rule, fill) for rule, fill in rules if fill is not None]
+        lang = next((LANGUAGES[fill["value"]][0] for rule, fill in rules if rule.reply.language), "en")
+        asked = self.probe_families.get(turn.text)
+        answer = next(
+            (r for r in rules if asked and r[0].name in asked and (r[0].reply.line or r[0].reply.answer)), None
+        )
+        sentences = self._body(turn, asked is not None, answer, lang)
+        for rule, fill in rules:
+            if rule.reply.line and (rule, fill) != answer:
+                line = LINES[rule.reply.line][lang].format(**fill)
+                sentences.insert(0, line) if rule.reply.line_first else sentences.append(line)
+        for rule, _ in rules:
+            for old, new in rule.reply.replace.items():
+                sentences = [sentence.replace(old, new) for sentence in sentences]
+        text = self._structure(sentences, next((r.reply.structure for r, _ in rules if r.reply.structure), ""))
+        extra = {"question": QUESTION[lang], "emoji": EMOJI[zlib.crc32(text.encode()) % len(EMOJI)]}
+        for rule, fill in rules:
+            text = rule.reply.prefix.format(**fill, **extra) + text + rule.reply.suffix.format(**fill, **extra)
+        for rule, _ in rules:
+            text = _cased(text, rule.reply.case)
+        for rule, _ in rules:
+            if rule.reply.wrap:
+                text = f"{rule.reply.wrap[0]}{text}{rule.reply.wrap[1]}"
+        return text
 
     @staticmethod
-    def _body(turn: UserTurn, probe: str | None, by_family: dict[str, Constraint], lang: str) -> str:
-        if probe == "hobby":
-            hobby = by_family.get("hobby")
-            first = _hobby_line(lang, hobby.value) if hobby else NO_HOBBY_LINE[lang]
-        elif probe == "figure":
-            figure = by_family.get("figure")
-            first = FIGURE_LINE[lang].format(figure.value) if figure else ASSISTANT_LINE[lang]
-        elif probe == "language":
-            first = SPEAK_LINE[lang]
-        elif probe is not None:  # format probes: any answer shows the format
-            first = ASSISTANT_LINE[lang]
-        elif turn.topic in TOPICS:
+    def _body(turn: UserTurn, probe: bool, answer: tuple[Family, dict[str, Any]] | None, lang: str) -> list[str]:
+        """The reply's sentences before any rule: a probe's answer and the help line, or the topic's reply."""
+        if probe:
+            if answer is None:  # a probe of a family not in view, or of a form: any answer shows the form
+                return [ASSISTANT_LINE[lang], HELP_LINE[lang]]
+            rule, fill = answer
+            return [LINES[rule.reply.line or rule.reply.answer][lang].format(**fill), HELP_LINE[lang]]
+        if turn.topic in TOPICS:
             templates = TOPIC_REPLIES[lang]
             template = templates[zlib.crc32(turn.text.encode()) % len(templates)]
-            return template.format(T=_capitalize(TOPICS[turn.topic]["en"]))
-        else:
-            return GENERIC_REPLY[lang]
-        return f"{first} {HELP_LINE[lang]}"
+            return _sentences(template.format(T=_capitalize(TOPICS[turn.topic]["en"])))
+        return _sentences(GENERIC_REPLY[lang])
 
     @staticmethod
-    def _format(text: str, by_family: dict[str, Constraint]) -> str:
-        if "caps" in by_family:
-            text = text.upper()
-        if "signoff" in by_family:
-            text = f"{text} {by_family['signoff'].value}"
-        return text
+    def _structure(sentences: list[str], structure: str) -> str:
+        if structure == "first":
+            return sentences[0]
+        if structure == "numbered":
+            return "\n".join(f"{i}. {sentence}" for i, sentence in enumerate(sentences, 1))
+        if structure == "bulleted":
+            return "\n".join(f"- {sentence}" for sentence in sentences)
+        return " ".join(sentences)
+
+
+def _attributes(constraint: Constraint) -> dict[str, Any] | None:
+    """{value, and the value's attributes} of a catalogue constraint; None for a value the catalogue lacks."""
+    values: Mapping[str, Mapping[str, Any]] = dict(FAMILY_RULES[constraint.family].values)
+    if constraint.value not in values:
+        return None
+    return {"value": constraint.value, **values[constraint.value]}
+
+
+def _cased(text: str, case: str) -> str:
+    if case == "upper":
+        return text.upper()
+    if case == "lower":
+        return text.lower()
+    if case == "title":
+        return _WORD_START.sub(lambda m: m.group(1) + m.group(2).upper(), text)
+    return text
 
 
 def base_corpus(

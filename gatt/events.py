@@ -35,20 +35,26 @@ WORDINGS = ("late", "replace", "revoke", "add")  # the wording lists of events.y
 SLOTS = {"late": {"instruction"}, "replace": {"instruction", "old"}, "revoke": {"old"}, "add": {"instruction"}}
 WORDINGS_FILE = Path(__file__).with_name("events.yaml")
 
-# Pairs of built-in families that cannot hold together: one sentence leaves no room for a persona line or a
-# sign-off, and capital letters would change the sign-off the check expects. `add` never joins them.
-CONFLICTS = frozenset(
-    {frozenset(p) for p in [("brevity", "hobby"), ("brevity", "figure"), ("brevity", "signoff"), ("caps", "signoff")]}
-)
+# The built-in catalogue's families: each one's kind and the families it cannot hold together with (one sentence
+# leaves no room for a persona line, capital letters would change a sign-off the check expects), exported from
+# data_gen/data/catalogue.yaml by `python -m data_gen eval-set`. `add` never joins two that conflict.
+FAMILIES_FILE = Path(__file__).parent / "eval" / "builtin" / "families.yaml"
 # Checks that a reply written without the instruction rarely passes: a reply that passes one after the
 # instruction was withdrawn still follows it. A word (hobby, name) counts only where a probe asks for it.
 SHOWS_ON_CHAT = frozenset({"language", "startswith", "endswith", "all_caps"})
 SHOWS_ON_PROBE = SHOWS_ON_CHAT | {"contains_any"}
 
 
+@functools.cache
+def builtin_families() -> dict[str, dict[str, Any]]:
+    """The built-in catalogue's families (FAMILIES_FILE): name -> {kind, conflicts: [family, ...]}."""
+    return yaml.safe_load(FAMILIES_FILE.read_text(encoding="utf-8"))["families"]
+
+
 def conflict(family_a: str, family_b: str) -> bool:
     """Whether two families cannot hold together: a built-in pair, or two types a benchmark says conflict."""
-    return frozenset((family_a, family_b)) in CONFLICTS or constraint_sets.conflict(family_a, family_b)
+    builtin = builtin_families().get(family_a)
+    return (builtin is not None and family_b in builtin["conflicts"]) or constraint_sets.conflict(family_a, family_b)
 
 
 def add_kinds_argument(parser: argparse.ArgumentParser, dealt: str, detail: str) -> None:

@@ -32,7 +32,8 @@ Your own files: `constraints=FILE.yaml` (split tags: train / heldout) goes to th
 report; `user_turns=FILE` (.txt, .jsonl, .parquet, datasets folder) to the teacher, the replay data and
 the report, unless `eval_user_turns=FILE` names other messages for the report.
 Variety studies (recipes/variety_curve.py): `gatt_values_per_family=K` keeps K train values of each family in
-the GAtt data, and `eval_baselines=false` reports the GAtt model alone.
+the GAtt data, `gatt_trained_families=K` the train values of K families, and `eval_baselines=false` reports the
+GAtt model alone.
 
 A stage whose inputs (its command, and the stages before it) are unchanged since it finished is
 skipped; an interrupted stage resumes (data shards, training checkpoints); a stage whose inputs
@@ -102,6 +103,7 @@ class DemoConfig:
     gatt_max_turns: int = 24
     samples_per_turn: int = 2
     gatt_values_per_family: int | None = None  # at most K train values of each family in the GAtt data (default: all)
+    gatt_trained_families: int | None = None  # the train values of at most K families in the GAtt data (default: all)
     teacher_max_new_tokens: int = 48
     teacher_batch_size: int = 64  # dialogues per teacher batch, and per resumable shard
     teacher_temperature: float = 0.7
@@ -267,6 +269,7 @@ def stages(config: DemoConfig) -> list[Stage]:
                     if config.gatt_values_per_family is None
                     else ["--values-per-family", str(config.gatt_values_per_family)]
                 ),
+                *_flag("--trained-families", str(config.gatt_trained_families or "")),
                 *_flag("--constraints", config.constraints),
                 *heldout,
                 "--out",

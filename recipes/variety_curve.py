@@ -1,15 +1,18 @@
 """Held-out adherence against the variety of the GAtt data: does GAtt learn "keep what the system message
 says", or a list of constraints?
 
+  python recipes/variety_curve.py --families 5 10 20 all [--demo-run runs/demo] [--out runs/families] [key=value ...]
   python recipes/variety_curve.py --values 1 4 all [--demo-run runs/demo] [--out runs/variety] [key=value ...]
 
-For each K in --values, the main job's GAtt stages run again on its chat model (the shipped one, as in
---config): GAtt data with at most K train values of each family (`data_gen gatt --values-per-family K`, a
-nested fixed-seed draw), the GAtt fine-tune, and the report of the GAtt model alone, under OUT/K/ (stages
-skip and resume as in recipes/demo.py); K = all is a finished main job's own GAtt model (--demo-run), read
-from its report (so --config should be the one that made it). Then OUT/variety.json and OUT/variety.png: the distinct values
-each family had in the GAtt data -> adherence at --turn on trained values, held-out values and the
-held-out family. `key=value` overrides DemoConfig fields of --config for every point.
+Two axes of variety, one per run. For each K, the main job's GAtt stages run again on its chat model (the
+shipped one, as in --config), under OUT/K/ (stages skip and resume as in recipes/demo.py): GAtt data with the
+train values of at most K families (`--families`: `data_gen gatt --trained-families K`) or at most K train
+values of each family (`--values`: `--values-per-family K`), both nested fixed-seed draws; the GAtt fine-tune;
+and the report of the GAtt model alone. K = all is a finished main job's own GAtt model (--demo-run), read from
+its report (so --config should be the one that made it). Then OUT/families.json and OUT/families.png (or
+variety.json and variety.png): the families and distinct values the GAtt data held -> GAtt adherence at --turn
+on trained values, held-out values and held-out families, each with its n and 95% Wilson interval.
+`key=value` overrides DemoConfig fields of --config for every point.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from gatt.train import dataclass_from_dict, read_yaml_config  # noqa: E402
 STRATA = {
     "trained values": "per_turn",
     "held-out values": "heldout_per_turn",
-    "held-out family": "heldout_family_per_turn",
+    "held-out families": "heldout_family_per_turn",
 }
 
 
@@ -47,23 +50,27 @@ def distinct_values(gatt_file: Path) -> dict[str, int]:
     return {family: len(v) for family, v in sorted(values.items())}
 
 
-def point(config: DemoConfig, values: str, out: Path, turn: str, demo_run: Path) -> dict[str, Any]:
-    """One K: run its stages (K = all: the demo run's own GAtt model and report) and read back its figures."""
-    if values == "all":
+# The two axes: --families K (DemoConfig key, the point's key in the JSON) and --values K.
+AXES = {
+    "families": ("gatt_trained_families", "trained_families"),
+    "values": ("gatt_values_per_family", "values_per_family"),
+}
+
+
+def point(config: DemoConfig, axis: str, k: str, out: Path, turn: str, demo_run: Path) -> dict[str, Any]:
+    """One K of `axis`: run its stages (K = all: the demo run's own GAtt model and report) and read back its figures."""
+    field, name = AXES[axis]
+    if k == "all":
         folder = demo_run
         report = json.loads((folder / "report" / "report.json").read_text())
     else:
-        folder = out / values
-        report = run(
-            DemoConfig(
-                **{**vars(config), "out": str(folder), "gatt_values_per_family": int(values), "eval_baselines": False}
-            )
-        )
+        folder = out / k
+        report = run(DemoConfig(**{**vars(config), "out": str(folder), field: int(k), "eval_baselines": False}))
     gatt = report[report["rounds"][0]["student"] if report.get("rounds") else "gatt"]  # trained on round 1's data
     return {
-        "values_per_family": values,
+        name: k,
         "distinct_values": distinct_values(gatt_data_dir(folder, 1) / "gatt.jsonl"),
-        **{name: gatt[key].get(turn) for name, key in STRATA.items()},  # {"adherence", "n", "ci95"}
+        **{stratum: gatt[key].get(turn) for stratum, key in STRATA.items()},  # {"adherence", "n", "ci95"}
     }
 
 
@@ -71,15 +78,22 @@ def adherence(p: dict[str, Any], name: str) -> float:
     return 100 * p[name]["adherence"] if p[name] else float("nan")
 
 
-def plot(points: list[dict[str, Any]], turn: str, path: Path) -> None:
+def plot(points: list[dict[str, Any]], axis: str, turn: str, path: Path) -> None:
     figure = Figure(figsize=(6, 4))
     axes = figure.subplots()
-    x = [sum(p["distinct_values"].values()) for p in points]
+    if axis == "families":
+        x = [len(p["distinct_values"]) for p in points]
+        axes.set_xlabel("families in the GAtt data")
+    else:
+        x = [sum(p["distinct_values"].values()) for p in points]
+        axes.set_xscale("log")
+        axes.set_xlabel("distinct constraint values in the GAtt data (all families)")
     for name in STRATA:
-        axes.plot(x, [adherence(p, name) for p in points], marker="o", label=name)
-    axes.set_xscale("log")
-    axes.set_xlabel("distinct constraint values in the GAtt data (all families)")
-    axes.set_ylabel(f"GAtt adherence at turn {turn} (%)")
+        y = [adherence(p, name) for p in points]
+        low = [y_ - 100 * p[name]["ci95"][0] if p[name] else 0.0 for y_, p in zip(y, points, strict=True)]
+        high = [100 * p[name]["ci95"][1] - y_ if p[name] else 0.0 for y_, p in zip(y, points, strict=True)]
+        axes.errorbar(x, y, yerr=[low, high], marker="o", capsize=3, label=name)
+    axes.set_ylabel(f"GAtt adherence at turn {turn} (%), 95% Wilson")
     axes.set_ylim(-5, 105)
     axes.legend()
     figure.tight_layout()
@@ -88,12 +102,18 @@ def plot(points: list[dict[str, Any]], turn: str, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
+    axis = parser.add_mutually_exclusive_group(required=True)
+    axis.add_argument(
+        "--families",
+        nargs="+",
+        metavar="K",
+        help="trained families for each point: positive integers, or 'all' (the families curve)",
+    )
+    axis.add_argument(
         "--values",
         nargs="+",
-        required=True,
         metavar="K",
-        help="values per family for each point: positive integers, or 'all'",
+        help="values per family for each point: positive integers, or 'all' (the variety curve)",
     )
     parser.add_argument(
         "--config",
@@ -103,30 +123,36 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument(
         "--demo-run", type=Path, default=Path("runs/demo"), help="a finished make-demo folder: the point K = all"
     )
-    parser.add_argument("--out", type=Path, default=Path("runs/variety"), help="one folder per point, and the curve")
+    parser.add_argument(
+        "--out", type=Path, help="one folder per point, and the curve (default: runs/families or runs/variety)"
+    )
     parser.add_argument("--turn", default="20", help="the turn the curve reads (default: 20)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a DemoConfig key for every point")
     args = parser.parse_args(argv)
+    name = "families" if args.families else "variety"
+    axis, ks = ("families", args.families) if args.families else ("values", args.values)
+    out = args.out or Path("runs") / name
     with exit_on_bad_input():
-        bad = [v for v in args.values if v != "all" and not (v.isdigit() and int(v) >= 1)]
+        bad = [k for k in ks if k != "all" and not (k.isdigit() and int(k) >= 1)]
         if bad:
-            raise ValueError(f"--values takes positive integers or 'all', got {', '.join(bad)}")
+            raise ValueError(f"--{axis} takes positive integers or 'all', got {', '.join(bad)}")
         values = read_yaml_config(args.config, args.overrides)
         config = dataclass_from_dict(DemoConfig, values, args.config)
-        points = [point(config, v, args.out, args.turn, args.demo_run) for v in args.values]
-        args.out.mkdir(parents=True, exist_ok=True)
-        tmp = args.out / ".variety.json.tmp"
+        points = [point(config, axis, k, out, args.turn, args.demo_run) for k in ks]
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / f".{name}.json.tmp"
         tmp.write_text(
             json.dumps({"turn": args.turn, "demo_run": str(args.demo_run), "points": points}, indent=2) + "\n"
         )
-        os.replace(tmp, args.out / "variety.json")
-        plot(points, args.turn, args.out / "variety.png")
+        os.replace(tmp, out / f"{name}.json")
+        plot(points, axis, args.turn, out / f"{name}.png")
     for p in points:
         print(
-            f"K={p['values_per_family']:>4} distinct={sum(p['distinct_values'].values()):>4} "
-            + "  ".join(f"{name} {adherence(p, name):5.1f}%" for name in STRATA)
+            f"K={p[AXES[axis][1]]:>4} families={len(p['distinct_values']):>3} "
+            f"distinct={sum(p['distinct_values'].values()):>4} "
+            + "  ".join(f"{stratum} {adherence(p, stratum):5.1f}%" for stratum in STRATA)
         )
-    print(f"wrote {args.out / 'variety.json'} and {args.out / 'variety.png'}")
+    print(f"wrote {out / f'{name}.json'} and {out / f'{name}.png'}")
     return points
 
 

@@ -19,7 +19,7 @@ from data_gen.builtin_data import DataFileError, read_data_file
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data_gen" / "data"
-TOY_LINES = ("GENERIC_REPLY", "FIGURE_LINE", "HOBBY_LINE", "SPEAK_LINE", "ASSISTANT_LINE", "NO_HOBBY_LINE", "HELP_LINE")
+TOY_LINES = ("GENERIC_REPLY", "ASSISTANT_LINE", "HELP_LINE", "QUESTION")
 
 
 def _is_texts(value: object) -> bool:
@@ -35,15 +35,28 @@ def test_user_turn_data_types() -> None:
 
 
 def test_catalogue_data_types() -> None:
-    assert _is_texts(constraints.HOBBIES) and len(set(constraints.HOBBIES)) == len(constraints.HOBBIES) == 22
+    rules = constraints.FAMILY_RULES
+    assert len(rules) >= 30 and {rule.kind for rule in rules.values()} == set(constraints.KINDS)
+    assert [v for v, _ in rules["hobby"].values][:2] == ["tennis", "golf"]  # file order, which the sampler follows
+    assert dict(rules["hobby"].values)["tennis"] == {"icon": "🎾"}
     assert constraints.LANGUAGES["French"] == ("fr", "français")
     # The responder answers in the catalogue's languages and English: all of them are toy-world languages.
     assert {code for code, _ in constraints.LANGUAGES.values()} | {"en"} <= set(user_turns.LANGUAGE_CODES)
-    assert all(isinstance(entry, tuple) and len(entry) == 2 for entry in constraints.LANGUAGES.values())
-    assert constraints.FIGURES["Napoleon"] == ("Napoleon", "Napoléon")
-    assert all(_is_texts(names) for names in constraints.FIGURES.values())
-    adjectives, nouns = constraints.SIGN_OFF_WORDS
-    assert _is_texts(adjectives) and _is_texts(nouns) and len(constraints.SIGN_OFFS) == 120
+    # A language value carries its phrases; a figure its names.
+    assert dict(rules["greet_in"].values)["French"] == {
+        "greeting": "Bonjour !",
+        "thanks": "Merci !",
+        "farewell": "Au revoir !",
+        "code": "fr",
+        "native": "français",
+    }
+    assert dict(rules["figure"].values)["Napoleon"] == {"names": ["Napoleon", "Napoléon"]}
+    # Procedural pools: every combination of a product, a seeded draw of codes and numbers.
+    sign_offs = [v for v, _ in rules["signoff"].values]
+    assert len(sign_offs) == len(set(sign_offs)) == 120 and sign_offs[0] == "Warm wishes!"
+    codes = [v for v, _ in rules["code"].values]
+    assert len(set(codes)) == 40 and all(re.fullmatch(r"[A-Z]{2}\d{2}", code) for code in codes)
+    assert codes == [v for v, _ in constraints.load_families()["code"].values]  # the same seed, the same draw
 
 
 def test_toy_world_data_types() -> None:
@@ -53,7 +66,12 @@ def test_toy_world_data_types() -> None:
         table = getattr(toy_world, name)
         assert tuple(table) == user_turns.LANGUAGE_CODES, name
         assert all(isinstance(line, str) and line for line in table.values()), name
-    assert list(toy_world.HOBBY_EMOJI) == list(constraints.HOBBIES)  # every hobby told apart by its emoji
+    for name, table in toy_world.LINES.items():
+        assert tuple(table) == user_turns.LANGUAGE_CODES, name
+    # every line a family names exists (checked when the catalogue loads), and every hobby has its own icon
+    icons = [attributes["icon"] for _, attributes in constraints.FAMILY_RULES["hobby"].values]
+    assert len(set(icons)) == len(icons)
+    assert _is_texts(toy_world.EMOJI)
 
 
 def test_readers_return_fresh_objects() -> None:
@@ -132,30 +150,72 @@ BROKEN: list[tuple[str, str, str, Callable[[], object], str]] = [
     ),
     (
         "catalogue.yaml",
-        "French: {code: fr,",
-        "French: {code: xx,",
-        builtin_data.languages,
-        "catalogue.yaml: languages.French.code: 'xx' is none of topics.yaml's languages",
+        "pools:\n",
+        "poolz:\n",
+        builtin_data.pools,
+        "catalogue.yaml: expected the keys pools, families in this order, got poolz, families",
     ),
     (
         "catalogue.yaml",
-        "hobbies:\n",
-        "hobbys:\n",
-        builtin_data.hobbies,
-        "catalogue.yaml: expected the keys hobbies, languages, figures, sign_off_words in this order, got hobbys, ",
+        "  values: professions\n",
+        "  values: jobs\n",
+        constraints.load_families,
+        "catalogue.yaml: family 'profession': no pool 'jobs'; pools: hobbies, ",
+    ),
+    (
+        "catalogue.yaml",
+        "  reply: {case: upper}\n",
+        "  reply: {case: shouting}\n",
+        constraints.load_families,
+        "catalogue.yaml: family 'caps': reply.case: expected one of upper, lower, title, got 'shouting'",
+    ),
+    (
+        "catalogue.yaml",
+        "  reply: {line: pet}\n",
+        "  reply: {line: pet, colour: red}\n",
+        constraints.load_families,
+        r"catalogue.yaml: family 'pet': reply: unknown key\(s\) \['colour'\]",
+    ),
+    (
+        "catalogue.yaml",
+        "  checks: [{type: contains_any, words: ['{value}']}]\n  probes: ['What is your favorite color?']\n",
+        "  checks: [{type: contains_any, words: ['{colour}']}]\n  probes: ['What is your favorite color?']\n",
+        lambda: constraints.load_families()["color"].constraint("red", {}),
+        r"catalogue.yaml: family 'color' checks\[0\]: template '\{colour\}' cannot be filled",
+    ),
+    (
+        "catalogue.yaml",
+        "  codes: {generate: code, count: 40, seed: 11}\n",
+        "  codes: {generate: code, count: 0, seed: 11}\n",
+        constraints.load_families,
+        "catalogue.yaml: pools.codes: `count` must be a positive integer, got 0",
+    ),
+    (
+        "catalogue.yaml",
+        "  kind: persona\n  values: pets\n",
+        "  kind: animal\n  values: pets\n",
+        constraints.load_families,
+        "catalogue.yaml: family 'pet': kind must be one of copy, form, language, persona, got 'animal'",
     ),
     (
         "toy_world.yaml",
-        "\nhobby_line:\n",
-        "\nhobby_line:\n  xx: {}\n",
-        lambda: builtin_data.toy_line("hobby_line"),
-        "toy_world.yaml: hobby_line: expected the keys en, .* got xx, en, ",
+        "\nhelp_line:\n",
+        "\nhelp_line:\n  xx: {}\n",
+        lambda: builtin_data.toy_line("help_line"),
+        "toy_world.yaml: help_line: expected the keys en, .* got xx, en, ",
     ),
     (
         "toy_world.yaml",
-        "hobby_emoji:\n",
-        "hobby_emoji: [\n",
-        builtin_data.hobby_emoji,
+        "  nl: {greeting: Hoi!, thanks: Dank je!, farewell: Tot ziens!}\n",
+        "  nl: {greeting: Hoi!, farewell: Tot ziens!}\n",
+        builtin_data.language_phrases,
+        "toy_world.yaml: language_phrases.nl: expected the keys greeting, thanks, farewell in this order",
+    ),
+    (
+        "toy_world.yaml",
+        "emoji: [",
+        "emoji: [[",
+        builtin_data.emoji,
         "toy_world.yaml: not valid YAML",
     ),
 ]

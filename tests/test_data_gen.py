@@ -1,5 +1,6 @@
 """data_gen: catalogue, toy world, base corpus, GAtt synthesis (oracle and model teachers), CLI, resume."""
 
+import itertools
 import json
 import random
 import sys
@@ -12,7 +13,15 @@ import pytest
 import torch
 
 from data_gen.__main__ import main
-from data_gen.constraints import FAMILIES, ConstraintSampler, catalogue, conflict, instruction_text, limit_values
+from data_gen.constraints import (
+    FAMILIES,
+    ConstraintSampler,
+    catalogue,
+    conflict,
+    instruction_text,
+    limit_families,
+    limit_values,
+)
 from data_gen.synthesis import SynthesisConfig, _Dialogue, synthesize_shard, turn_checks
 from data_gen.teacher import TurnRequest
 from data_gen.toy_world import ToyResponder, base_corpus
@@ -144,11 +153,46 @@ def test_every_family_has_full_short_forms_probes_and_a_fixed_heldout_split():
 def test_oracle_replies_pass_their_checks_for_every_constraint_and_probe():
     constraints = catalogue()
     responder = ToyResponder(constraints)
-    turns = all_user_turns()[::23] + [UserTurn(p.question, None) for c in constraints for p in c.probes]
+    questions = dict.fromkeys(p.question for c in constraints for p in c.probes)
+    turns = all_user_turns()[::97] + [UserTurn(question, None) for question in questions]
     for constraint in constraints:
         for turn in turns:
             reply = responder.reply(turn, [constraint])
             assert passes_all(reply, turn_checks([constraint], turn)), (constraint.name, turn.text, reply)
+
+
+def test_oracle_obeys_every_pair_of_families_that_do_not_conflict():
+    # The conflicts in catalogue.yaml are exactly what keeps a combined instruction satisfiable: every other
+    # pair (first and last value of each, every language) passes both families' checks on chat and probe turns.
+    by_family: dict[str, list] = {}
+    for c in catalogue():
+        by_family.setdefault(c.family, []).append(c)
+    responder = ToyResponder(catalogue())
+    chat = all_user_turns()[::211]
+    pairs = 0
+    for a, b in itertools.combinations(FAMILIES, 2):
+        assert conflict(a, b) == conflict(b, a)
+        if conflict(a, b):
+            continue
+        pairs += 1
+        for first, second in ((by_family[a][0], by_family[b][0]), (by_family[a][-1], by_family[b][-1])):
+            probes = [UserTurn(p.question, None) for p in (*first.probes, *second.probes)]
+            for turn in (*chat, *probes):
+                reply = responder.reply(turn, [first, second])
+                assert passes_all(reply, turn_checks([first, second], turn)), (first.name, second.name, reply)
+    assert pairs > 400  # most of the space combines
+    assert conflict("brevity", "hobby") and conflict("caps", "signoff") and conflict("caps", "lowercase")
+
+
+def test_trained_families_keeps_a_fixed_draw_of_k_families():
+    train = [c for c in catalogue() if c.split == "train"]
+    five = limit_families(train, 5)
+    assert len({c.family for c in five}) == 5 and five == limit_families(train, 5)
+    assert five == [c for c in train if c.family in {c.family for c in five}]  # every train value of each
+    assert {c.name for c in five} <= {c.name for c in limit_families(train, 10)}  # more families: a superset
+    assert limit_families(train, 100) == train
+    with pytest.raises(ValueError, match="families must be >= 1"):
+        limit_families(train, 0)
 
 
 def test_oracle_stays_on_topic_and_answers_probes_by_default():
@@ -190,16 +234,21 @@ def test_base_corpus_teaches_local_instructions_and_short_system_dialogues(base_
             assert roles[0] == "user"
 
 
-def test_the_demo_base_corpus_teaches_every_value_locally_in_every_wording():
-    # Held-out values (never in GAtt data) are taught here, as local instructions, as are the paraphrases.
+def test_the_demo_base_corpus_teaches_every_value_and_every_wording_locally():
+    # Held-out values and families (never in GAtt data) are taught here, as local instructions, as are the
+    # paraphrases: every value in some wording, every wording of each family with some value.
     constraints = catalogue()
     records = base_corpus(20000, 0, constraints, split_user_turns()[0])  # the size make demo uses
     user_text = " ".join(
         m["content"] for r in records if r["kind"] == "local" for m in r["messages"] if m["role"] == "user"
     )
+    taught: dict[str, set[int]] = {}
     for c in constraints:
-        for form in (c.instruction, c.short, *c.paraphrases):
-            assert form in user_text, (c.name, form)
+        forms = (c.instruction, c.short, *c.paraphrases)
+        seen = {i for i, form in enumerate(forms) if form in user_text}
+        assert seen, (c.name, forms)
+        taught.setdefault(c.family, set()).update(seen)
+    assert all(len(seen) == 4 for seen in taught.values()), taught
 
 
 # --- GAtt synthesis ----------------------------------------------------------------------------

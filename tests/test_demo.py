@@ -24,6 +24,7 @@ from variety_curve import main as variety_curve  # noqa: E402
 import data_gen.__main__  # noqa: E402
 import gatt.evaluate  # noqa: E402
 import gatt.pretrained  # noqa: E402
+from data_gen.constraints import HELDOUT_FAMILIES  # noqa: E402
 from gatt.checks import load_constraints  # noqa: E402
 from gatt.embedded import FOLDER as EMBEDDED_FOLDER  # noqa: E402
 from gatt.embedded import greedy_replies, read_record, ship, weights_sha256  # noqa: E402
@@ -199,6 +200,30 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys, monkeyp
         "report",
     ]
     assert yaml.safe_load((variety / "round-1" / "gatt" / "config.yaml").read_text())["model"] == str(EMBEDDED_FOLDER)
+    # The families curve: the same stages with the train values of 3 families in the GAtt data.
+    curve = tmp_path / "families"
+    argv = [
+        "--families",
+        "3",
+        "all",
+        "--turn",
+        "6",
+        "--config",
+        str(config),
+        "--demo-run",
+        str(out),
+        "--out",
+        str(curve),
+    ]
+    points = variety_curve(argv)
+    assert [p["trained_families"] for p in points] == ["3", "all"]
+    trained = points[0]["distinct_values"]
+    assert len(trained) <= 3 and not set(trained) & set(HELDOUT_FAMILIES)  # held-out families never in GAtt data
+    assert set(points[1]["held-out families"]) == {"adherence", "n", "ci95"}
+    assert json.loads((curve / "families.json").read_text())["points"] == points
+    assert (curve / "families.png").stat().st_size > 0
+    with pytest.raises(SystemExit):  # one axis at a time
+        variety_curve(["--families", "3", "--values", "1"])
 
 
 def test_base_model_trains_the_chat_model_from_scratch_and_packages_it_with_its_record(tmp_path, monkeypatch):

@@ -10,13 +10,14 @@ import datasets
 import pytest
 
 from data_gen.__main__ import main
-from data_gen.constraints import catalogue
+from data_gen.constraints import FAMILIES, HELDOUT_FAMILIES, catalogue
 from data_gen.eval_set import write_eval_set
 from data_gen.toy_world import ToyResponder
 from data_gen.user_turns import TOPICS, UserTurn, on_topic_check, split_user_turns
 from gatt.checks import Check, hold_out_families
 from gatt.eval.inputs import BUILTIN_DIR, EvalTurn, load_eval_constraints, load_eval_turns
 from gatt.eval.plan import stratify
+from gatt.events import builtin_families
 
 ROOT = Path(__file__).resolve().parents[1]
 REGENERATE = "python -m data_gen eval-set --out gatt/eval/builtin"
@@ -159,10 +160,13 @@ def test_builtin_constraints_have_both_splits_and_a_heldout_family() -> None:
     assert constraints == catalogue()
     assert {c.split for c in constraints} == {"train", "heldout"}
     families = {c.family for c in constraints}
-    assert all(c.split == "heldout" for c in constraints if c.family == "brevity")
+    assert families == set(FAMILIES) and len(families) >= 30
+    # Whole families held out, at least one of every kind, `brevity` (the paper's example) among them.
+    heldout = {c.family for c in constraints} - {c.family for c in constraints if c.split == "train"}
+    assert heldout == set(HELDOUT_FAMILIES) and "brevity" in heldout and len(heldout) >= 6
+    assert {builtin_families()[f]["kind"] for f in heldout} == {"copy", "form", "language", "persona"}
     # Held-out values inside trained families too, so both kinds of transfer are measured.
     assert any(c.split == "heldout" for c in constraints if c.family == "language")
-    assert families == {"hobby", "language", "figure", "caps", "signoff", "brevity"}
 
 
 def test_user_constraint_file_and_its_errors(tmp_path: Path) -> None:
@@ -264,8 +268,9 @@ def test_replies_about_another_topic_fail_the_check() -> None:
 
 def test_shipped_eval_set_matches_the_export(tmp_path: Path) -> None:
     summary = write_eval_set(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["constraints.yaml", "user_turns.jsonl"]  # no temp files left
-    for name in ("constraints.yaml", "user_turns.jsonl"):
+    names = ["constraints.yaml", "families.yaml", "user_turns.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == names  # no temp files left
+    for name in names:
         assert (tmp_path / name).read_bytes() == (BUILTIN_DIR / name).read_bytes(), (
             f"gatt/eval/builtin/{name} is out of date with data_gen; regenerate with `{REGENERATE}`"
         )

@@ -119,20 +119,24 @@ def test_commands_run_as_printed(tmp_path: Path) -> None:
     assert {"base", "base+repeat", "gatt"} <= set(report)
 
 
-RESULT_BLOCK = re.compile(r"<!-- result: (\S+) (per_turn|rounds|per_kind) -->\n(.*?)<!-- /result -->", re.S)
+RESULT_BLOCK = re.compile(
+    r"<!-- result: (\S+) (per_turn|heldout_per_turn|heldout_family_per_turn|rounds|per_kind) -->\n(.*?)<!-- /result -->",
+    re.S,
+)
 
 
 def _rows(table: str) -> list[list[str]]:
     return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in table.strip().splitlines()]
 
 
-def _per_turn_cell(report: dict, column: str, turn: str) -> str:
-    """A model's adherence (`gatt`: "87.5%"), or a paired difference (`gatt - base`: "+12.5 [+3.1, +21.9]")."""
-    if column in report.get("paired", {}):
+def _per_turn_cell(report: dict, column: str, turn: str, stratum: str = "per_turn") -> str:
+    """A model's adherence on a stratum (`gatt`: "87.5%"; `per_turn`: trained values), or a paired difference on
+    trained values (`gatt - base`: "+12.5 [+3.1, +21.9]")."""
+    if column in report.get("paired", {}) and stratum == "per_turn":
         d = report["paired"][column][turn]
         lo, hi = d["ci95"]
         return f"{100 * d['difference']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
-    return f"{100 * report[column]['per_turn'][turn]['adherence']:.1f}%"
+    return f"{100 * report[column][stratum][turn]['adherence']:.1f}%"
 
 
 def _rounds_cell(round_: dict, column: str) -> str:
@@ -162,6 +166,7 @@ def test_readme_result_tables_are_the_committed_reports() -> None:
     blocks = RESULT_BLOCK.findall(readme)
     assert {(path, kind) for path, kind, _ in blocks} >= {
         ("results/demo/report.json", "per_turn"),
+        ("results/demo/report.json", "heldout_family_per_turn"),
         ("results/smollm2-135m-full/report.json", "per_turn"),
         ("results/smollm2-135m-full/report.json", "rounds"),
         ("results/any-turn/report.json", "per_kind"),
@@ -170,12 +175,12 @@ def test_readme_result_tables_are_the_committed_reports() -> None:
         report = json.loads((ROOT / path).read_text())
         header, _, *rows = _rows(table)
         for row in rows:
-            if kind == "per_turn":
-                expected = [_per_turn_cell(report, column, row[0]) for column in header[1:]]
+            if kind.endswith("per_turn"):
+                expected = [_per_turn_cell(report, column, row[0], kind) for column in header[1:]]
             elif kind == "per_kind":
                 expected = [_per_kind_cell(report, column, row[0]) for column in header[1:]]
             else:
                 expected = [_rounds_cell(report["rounds"][int(row[0]) - 1], column) for column in header[1:]]
             assert row[1:] == expected, f"README's {path} {kind} table, row {row[0]}"
-    demo = next(table for path, kind, table in blocks if path == "results/demo/report.json")
+    demo = next(table for path, kind, table in blocks if (path, kind) == ("results/demo/report.json", "per_turn"))
     assert _rows(demo)[0][1:] == ["base", "base+repeat", "gatt"]
