@@ -11,7 +11,8 @@ values of each family (`--values`: `--values-per-family K`), both nested fixed-s
 and the report of the GAtt model alone. K = all is a finished main job's own GAtt model (--demo-run), read from
 its report (so --config should be the one that made it). Then OUT/families.json and OUT/families.png (or
 variety.json and variety.png): the families and distinct values the GAtt data held -> GAtt adherence at --turn
-on trained values, held-out values and held-out families, each with its n and 95% Wilson interval.
+on trained values, held-out values and held-out families, each with its n and 95% Wilson interval (every
+turn's figures under `per_turn`).
 `key=value` overrides DemoConfig fields of --config for every point.
 """
 
@@ -71,6 +72,7 @@ def point(config: DemoConfig, axis: str, k: str, out: Path, turn: str, demo_run:
         name: k,
         "distinct_values": distinct_values(gatt_data_dir(folder, 1) / "gatt.jsonl"),
         **{stratum: gatt[key].get(turn) for stratum, key in STRATA.items()},  # {"adherence", "n", "ci95"}
+        "per_turn": {stratum: gatt[key] for stratum, key in STRATA.items()},  # every turn, for the docs
     }
 
 
