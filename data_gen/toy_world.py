@@ -76,7 +76,7 @@ class ToyResponder:
         for rule, fill in rules:
             if rule.reply.line and (rule, fill) != answer:
                 line = LINES[rule.reply.line][lang].format(**fill)
-                sentences.insert(0, line) if rule.reply.line_first else sentences.append(line)
+                sentences.insert(0 if rule.reply.line_first else len(sentences), line)
         for rule, _ in rules:
             for old, new in rule.reply.replace.items():
                 sentences = [sentence.replace(old, new) for sentence in sentences]
