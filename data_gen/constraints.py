@@ -226,6 +226,12 @@ def _family(spec: Mapping[str, Any], pools: Mapping[str, Any], lines: Mapping[st
     else:
         values = ((str(spec["value"]), {}),)
     phrases = builtin_data.language_phrases()
+    for value, attributes in values:
+        if "code" in attributes and attributes["code"] not in phrases:
+            raise DataFileError(
+                f"{where}: value {value!r}: code {attributes['code']!r} is none of the toy world's languages "
+                f"({', '.join(phrases)})"
+            )
     # A language value ({code}) carries its greeting, thanks and farewell as attributes too.
     values = tuple((v, {**phrases.get(a.get("code", ""), {}), **a}) for v, a in values)
     conflicts = spec.get("conflicts", [])

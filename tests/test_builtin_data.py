@@ -185,6 +185,13 @@ BROKEN: list[tuple[str, str, str, Callable[[], object], str]] = [
     ),
     (
         "catalogue.yaml",
+        "    French: {code: fr,",
+        "    French: {code: xx,",
+        constraints.load_families,
+        "catalogue.yaml: family 'language': value 'French': code 'xx' is none of the toy world's languages",
+    ),
+    (
+        "catalogue.yaml",
         "  codes: {generate: code, count: 40, seed: 11}\n",
         "  codes: {generate: code, count: 0, seed: 11}\n",
         constraints.load_families,
