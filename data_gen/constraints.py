@@ -15,6 +15,7 @@ corpus as a chat model would see them, so the evaluation measures whether GAtt's
 
 from __future__ import annotations
 
+import itertools
 import random
 import string
 import zlib
@@ -77,7 +78,7 @@ class Family:
 
     name: str
     kind: str
-    values: tuple[tuple[str, Mapping[str, Any]], ...]
+    values: Mapping[str, Mapping[str, Any]]  # value -> its attributes, in pool order
     slot: str
     conflicts: frozenset[str]
     reply: ReplyRule
@@ -140,7 +141,7 @@ def _checks(specs: Any, fill: Mapping[str, Any], where: str) -> list[Check]:
     return out
 
 
-def _pool_values(name: str, spec: Any) -> tuple[tuple[str, dict[str, Any]], ...]:
+def _pool_values(name: str, spec: Any) -> list[tuple[str, dict[str, Any]]]:
     """A pool's values, each with its attributes: a list, a mapping value -> attributes, or a seeded generator."""
     where = f"{_catalogue_file()}: pools.{name}"
     if isinstance(spec, list) and spec and all(isinstance(v, str | int) for v in spec):
@@ -149,10 +150,7 @@ def _pool_values(name: str, spec: Any) -> tuple[tuple[str, dict[str, Any]], ...]
         parts, fmt = spec["product"], spec.get("format")
         if not (isinstance(parts, list) and all(isinstance(p, list) and p for p in parts) and isinstance(fmt, str)):
             raise DataFileError(f"{where}: a product needs `product: [[...], ...]` and a `format`, got {spec!r}")
-        combos: list[tuple[Any, ...]] = [()]
-        for part in parts:
-            combos = [(*combo, item) for combo in combos for item in part]
-        values = [(fmt.format(*combo), {}) for combo in combos]
+        values = [(fmt.format(*combo), {}) for combo in itertools.product(*parts)]
     elif isinstance(spec, dict) and "generate" in spec:
         values = [(v, {}) for v in _generate(spec, where)]
     elif isinstance(spec, dict) and spec and all(isinstance(a, dict) for a in spec.values()):
@@ -162,7 +160,7 @@ def _pool_values(name: str, spec: Any) -> tuple[tuple[str, dict[str, Any]], ...]
     names = [v for v, _ in values]
     if len(set(names)) != len(names):
         raise DataFileError(f"{where}: values repeat: {sorted({v for v in names if names.count(v) > 1})}")
-    return tuple(values)
+    return values
 
 
 def _generate(spec: Mapping[str, Any], where: str) -> list[str]:
@@ -224,7 +222,7 @@ def _family(spec: Mapping[str, Any], pools: Mapping[str, Any], lines: Mapping[st
             raise DataFileError(f"{where}: no pool {spec['values']!r}; pools: {', '.join(pools)}")
         values = _pool_values(spec["values"], pools[spec["values"]])
     else:
-        values = ((str(spec["value"]), {}),)
+        values = [(str(spec["value"]), {})]
     phrases = builtin_data.language_phrases()
     for value, attributes in values:
         if "code" in attributes and attributes["code"] not in phrases:
@@ -233,14 +231,14 @@ def _family(spec: Mapping[str, Any], pools: Mapping[str, Any], lines: Mapping[st
                 f"({', '.join(phrases)})"
             )
     # A language value ({code}) carries its greeting, thanks and farewell as attributes too.
-    values = tuple((v, {**phrases.get(a.get("code", ""), {}), **a}) for v, a in values)
+    values = [(v, {**phrases.get(a.get("code", ""), {}), **a}) for v, a in values]
     conflicts = spec.get("conflicts", [])
     if not isinstance(conflicts, list) or not all(isinstance(c, str) for c in conflicts):
         raise DataFileError(f"{where}: conflicts must be a list of slots or families, got {conflicts!r}")
     return Family(
         name=name,
         kind=spec["kind"],
-        values=values,
+        values=dict(values),
         slot=str(spec["slot"]),
         conflicts=frozenset(conflicts),
         reply=_reply_rule(spec["reply"], f"{where}: reply", lines),
@@ -263,7 +261,7 @@ FAMILY_RULES: dict[str, Family] = load_families()
 FAMILIES: tuple[str, ...] = tuple(FAMILY_RULES)
 # English name -> (ISO 639-1 code, the language's own name): the toy world's languages besides English.
 LANGUAGES: dict[str, tuple[str, str]] = {
-    value: (attributes["code"], attributes["native"]) for value, attributes in FAMILY_RULES["language"].values
+    value: (attributes["code"], attributes["native"]) for value, attributes in FAMILY_RULES["language"].values.items()
 }
 
 
@@ -298,9 +296,8 @@ def catalogue(
         raise ValueError(f"unknown held-out families {sorted(unknown)}; expected some of {', '.join(FAMILIES)}")
     constraints = []
     for name, family in FAMILY_RULES.items():
-        values = [value for value, _ in family.values]
-        heldout = split_values(values, heldout_fraction, seed + zlib.crc32(name.encode()))
-        for value, attributes in family.values:
+        heldout = split_values(list(family.values), heldout_fraction, seed + zlib.crc32(name.encode()))
+        for value, attributes in family.values.items():
             split = "heldout" if name in heldout_families or value in heldout else "train"
             constraints.append(replace(family.constraint(value, attributes), split=split))
     return constraints

@@ -31,9 +31,10 @@ def write_eval_set(out_dir: Path, *, seed: int = 0) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     constraints = catalogue(seed=seed)
     dump_constraints(constraints, out_dir / "constraints.yaml")
-    families = out_dir / ".families.yaml.tmp"
-    families.write_text(yaml.safe_dump({"families": family_table()}, sort_keys=False, width=100), encoding="utf-8")
-    os.replace(families, out_dir / "families.yaml")
+    families = family_table()
+    tmp = out_dir / ".families.yaml.tmp"
+    tmp.write_text(yaml.safe_dump({"families": families}, sort_keys=False, width=100), encoding="utf-8")
+    os.replace(tmp, out_dir / "families.yaml")
 
     _, heldout = split_user_turns(seed=seed)
     path, tmp = out_dir / "user_turns.jsonl", out_dir / ".user_turns.jsonl.tmp"
@@ -45,7 +46,7 @@ def write_eval_set(out_dir: Path, *, seed: int = 0) -> dict:
     os.replace(tmp, path)
     return {
         "constraints": len(constraints),
-        "families": len(family_table()),
+        "families": len(families),
         "heldout_constraints": sum(c.split == "heldout" for c in constraints),
         "user_turns": len(heldout),
         "topics": len({turn.topic for turn in heldout}),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 import re
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from data_gen import builtin_data
@@ -118,10 +118,8 @@ class ToyResponder:
 
 def _attributes(constraint: Constraint) -> dict[str, Any] | None:
     """{value, and the value's attributes} of a catalogue constraint; None for a value the catalogue lacks."""
-    values: Mapping[str, Mapping[str, Any]] = dict(FAMILY_RULES[constraint.family].values)
-    if constraint.value not in values:
-        return None
-    return {"value": constraint.value, **values[constraint.value]}
+    attributes = FAMILY_RULES[constraint.family].values.get(constraint.value)
+    return None if attributes is None else {"value": constraint.value, **attributes}
 
 
 def _cased(text: str, case: str) -> str:

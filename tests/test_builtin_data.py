@@ -37,26 +37,26 @@ def test_user_turn_data_types() -> None:
 def test_catalogue_data_types() -> None:
     rules = constraints.FAMILY_RULES
     assert len(rules) >= 30 and {rule.kind for rule in rules.values()} == set(constraints.KINDS)
-    assert [v for v, _ in rules["hobby"].values][:2] == ["tennis", "golf"]  # file order, which the sampler follows
-    assert dict(rules["hobby"].values)["tennis"] == {"icon": "🎾"}
+    assert list(rules["hobby"].values)[:2] == ["tennis", "golf"]  # file order, which the sampler follows
+    assert rules["hobby"].values["tennis"] == {"icon": "🎾"}
     assert constraints.LANGUAGES["French"] == ("fr", "français")
     # The responder answers in the catalogue's languages and English: all of them are toy-world languages.
     assert {code for code, _ in constraints.LANGUAGES.values()} | {"en"} <= set(user_turns.LANGUAGE_CODES)
     # A language value carries its phrases; a figure its names.
-    assert dict(rules["greet_in"].values)["French"] == {
+    assert rules["greet_in"].values["French"] == {
         "greeting": "Bonjour !",
         "thanks": "Merci !",
         "farewell": "Au revoir !",
         "code": "fr",
         "native": "français",
     }
-    assert dict(rules["figure"].values)["Napoleon"] == {"names": ["Napoleon", "Napoléon"]}
+    assert rules["figure"].values["Napoleon"] == {"names": ["Napoleon", "Napoléon"]}
     # Procedural pools: every combination of a product, a seeded draw of codes and numbers.
-    sign_offs = [v for v, _ in rules["signoff"].values]
+    sign_offs = list(rules["signoff"].values)
     assert len(sign_offs) == len(set(sign_offs)) == 120 and sign_offs[0] == "Warm wishes!"
-    codes = [v for v, _ in rules["code"].values]
+    codes = list(rules["code"].values)
     assert len(set(codes)) == 40 and all(re.fullmatch(r"[A-Z]{2}\d{2}", code) for code in codes)
-    assert codes == [v for v, _ in constraints.load_families()["code"].values]  # the same seed, the same draw
+    assert codes == list(constraints.load_families()["code"].values)  # the same seed, the same draw
 
 
 def test_toy_world_data_types() -> None:
@@ -69,7 +69,7 @@ def test_toy_world_data_types() -> None:
     for name, table in toy_world.LINES.items():
         assert tuple(table) == user_turns.LANGUAGE_CODES, name
     # every line a family names exists (checked when the catalogue loads), and every hobby has its own icon
-    icons = [attributes["icon"] for _, attributes in constraints.FAMILY_RULES["hobby"].values]
+    icons = [attributes["icon"] for attributes in constraints.FAMILY_RULES["hobby"].values.values()]
     assert len(set(icons)) == len(icons)
     assert _is_texts(toy_world.EMOJI)
 

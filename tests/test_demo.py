@@ -165,22 +165,15 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys, monkeyp
     main([*demo, overrides])
     printed = capsys.readouterr().out
     assert printed.count("up to date, skipped") == 4 and "[6/6 report] running" in printed
+
     # The variety curve: GAtt-side stages on the same chat model, one value per family, the GAtt model alone.
-    points = variety_curve(
-        [
-            "--values",
-            "1",
-            "all",
-            "--turn",
-            "6",
-            "--config",
-            str(config),
-            "--demo-run",
-            str(out),
-            "--out",
-            str(tmp_path / "curve"),
-        ]
-    )
+    def curve(axis: str, k: str, folder: Path) -> list[dict]:
+        """One curve over K = k and all (the demo run), read at turn 6."""
+        return variety_curve(
+            [axis, k, "all", "--turn", "6", "--config", str(config), "--demo-run", str(out), "--out", str(folder)]
+        )
+
+    points = curve("--values", "1", tmp_path / "curve")
     variety = tmp_path / "curve" / "1"
     assert [p["values_per_family"] for p in points] == ["1", "all"] and set(points[0]["distinct_values"].values()) == {
         1
@@ -203,27 +196,14 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys, monkeyp
     ]
     assert yaml.safe_load((variety / "round-1" / "gatt" / "config.yaml").read_text())["model"] == str(EMBEDDED_FOLDER)
     # The families curve: the same stages with the train values of 3 families in the GAtt data.
-    curve = tmp_path / "families"
-    argv = [
-        "--families",
-        "3",
-        "all",
-        "--turn",
-        "6",
-        "--config",
-        str(config),
-        "--demo-run",
-        str(out),
-        "--out",
-        str(curve),
-    ]
-    points = variety_curve(argv)
+    families = tmp_path / "families"
+    points = curve("--families", "3", families)
     assert [p["trained_families"] for p in points] == ["3", "all"]
     trained = points[0]["distinct_values"]
     assert len(trained) <= 3 and not set(trained) & set(HELDOUT_FAMILIES)  # held-out families never in GAtt data
     assert set(points[1]["held-out families"]) == {"adherence", "n", "ci95"}
-    assert json.loads((curve / "families.json").read_text())["points"] == points
-    assert (curve / "families.png").stat().st_size > 0
+    assert json.loads((families / "families.json").read_text())["points"] == points
+    assert (families / "families.png").stat().st_size > 0
     with pytest.raises(SystemExit):  # one axis at a time
         variety_curve(["--families", "3", "--values", "1"])
 
