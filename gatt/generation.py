@@ -49,6 +49,7 @@ from transformers.generation import (
 
 from gatt.cache import cache_kwargs
 from gatt.split_softmax import SplitSoftmax
+from gatt.static_decode import StaticBuffers, decode_step
 
 
 class GrowingLayer(DynamicLayer):
@@ -85,18 +86,20 @@ class GrowingLayer(DynamicLayer):
         self._filled = self.keys
         return self.keys, self.values
 
-    def keep_rows(self, rows: Sequence[int]) -> None:
-        """Keep these batch rows (ascending), moved to the front of the buffers in place: nothing allocated."""
+    def keep_rows(self, rows: Tensor) -> None:
+        """Keep these batch rows (a device index, ascending): one `index_select` per buffer, room for more kept."""
         if self._buffers is None or self.keys is not self._filled:
-            self.batch_select_indices(torch.tensor(list(rows), dtype=torch.long, device=self.keys.device))
+            self.batch_select_indices(rows)
             return
         length = self.get_seq_length()
-        for new, old in enumerate(rows):  # new <= old: a row is read before anything overwrites it
-            if new != old:
-                for buffer in self._buffers:
-                    buffer[new, :, :length].copy_(buffer[old, :, :length])
-        self._buffers = tuple(buffer[: len(rows)] for buffer in self._buffers)
+        self._buffers = tuple(buffer.index_select(0, rows) for buffer in self._buffers)
         self.keys, self.values = self._buffers[0][..., :length, :], self._buffers[1][..., :length, :]
+        self._filled = self.keys
+
+    def adopt(self, keys: Tensor, values: Tensor, end: int) -> None:
+        """Hold these buffers (B, H_kv, capacity, D), their first `end` columns filled (a static decode's)."""
+        self._buffers = (keys, values)
+        self.keys, self.values = keys[..., :end, :], values[..., :end, :]
         self._filled = self.keys
 
     def assign(self, keys: Tensor, values: Tensor, spare: int) -> None:
@@ -292,9 +295,19 @@ class ChatBatch:
         measure_attention: bool = False,
         split_softmax: float | None = None,
         shrink: bool = True,
+        static: bool = False,
+        compile_step: dict[str, Any] | None = None,
     ) -> None:
         self.model, self.sampler, self.max_new_tokens = model, sampler, max_new_tokens
         self.shrink = shrink  # drop stopped rows from decoding, compact the cache each turn (False: the older path)
+        # static: decode over preallocated buffers with capturable steps (gatt/static_decode.py); compile_step: the
+        # torch.compile keywords of that step, e.g. {"mode": "reduce-overhead"} for CUDA graphs
+        if (static or compile_step is not None) and (
+            model.config.model_type != "gatt" or model.config.attention_window is not None
+        ):
+            raise ValueError("static decoding needs the library's model (GattForCausalLM) without an attention window")
+        self.static = static or compile_step is not None
+        self.step = decode_step if compile_step is None else torch.compile(decode_step, fullgraph=True, **compile_step)
         self.measure_attention = measure_attention
         if split_softmax is not None and not uses_library_attention(model):
             raise ValueError(
@@ -352,12 +365,9 @@ class ChatBatch:
             self.k = k
         replies, attention = self._decode(logits)
         out: dict[Hashable, list[Candidate]] = {}
-        for key, tokens, shares in zip(self.keys, replies, attention):
+        for key, tokens, heads in zip(self.keys, replies, attention):
             content = tokens[:-1] if tokens and tokens[-1] in self.stops else tokens
             text = self.tokenizer.decode(content, skip_special_tokens=True).strip()
-            heads = (
-                torch.stack(shares).mean(0).tolist() if shares else None
-            )  # (steps, layers, heads) -> (layers, heads)
             out.setdefault(key, []).append(Candidate(text, tokens, heads))
         return out
 
@@ -423,82 +433,156 @@ class ChatBatch:
             )
         }
 
-    def _decode(self, logits: Tensor) -> tuple[list[list[int]], list[list[Tensor]]]:
-        """One token per row and step until every row has stopped.
+    def _decode(self, logits: Tensor) -> tuple[list[list[int]], list[list[list[float]] | None]]:
+        return self._decode_static(logits) if self.static else self._decode_growing(logits)
 
-        With `shrink`, rows that have stopped leave the decoding batch (their cache rows set aside) once
-        they are an eighth of it, so later steps compute only the rows still writing; when the reply
-        ends, `_compact` puts every row back with its real columns packed to the left (also when holes
-        are a quarter of the cache, so that later turns do not attend over them). Without it,
-        stopped rows feed holes until the longest reply ends. Every row is drawn at every step either
-        way (a stopped row from its last logits), so a seeded sampler draws the same tokens."""
+    def _decode_static(self, logits: Tensor) -> tuple[list[list[int]], list[list[list[float]] | None]]:
+        """`_decode` over static buffers: every row stays until the reply ends (a stopped row feeds masked padding
+        and keeps its last logits), each step one `decode_step` (compiled with `compile_step`); the same device
+        reads as `_decode_growing`: one per step."""
         device = self.model.device
+        batch = len(self.rows)
         replies: list[list[int]] = [[] for _ in self.rows]
-        attention: list[list[Tensor]] = [
-            [] for _ in self.rows
-        ]  # per row: one (layers, heads) share per reply token read
-        finished = [False] * len(self.rows)
-        decoding = list(range(len(self.rows)))  # the rows in the cache now, in cache order
-        parked: list[
-            tuple[list[int], list[tuple[Tensor, Tensor]]]
-        ] = []  # rows set aside: their indices, each layer's (K, V)
-        mask = self.mask  # (len(decoding), columns)
-        split_softmax = self._split_softmax()  # the rows and their marked columns stay as they are until the reply ends
-        reply = torch.zeros(len(self.rows), 0, dtype=torch.long, device=device)  # (B, step): every row's draws
+        finished = [False] * batch
+        stops = torch.tensor(sorted(self.stops), device=device)  # (S,)
+        stopped_rows = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,)
+        fed = torch.tensor([len(row.fed) for row in self.rows], device=device)  # (B,)
+        rows = torch.arange(batch, device=device)
+        layers = [(layer.keys, layer.values) for layer in self.cache.layers]
+        buffers = StaticBuffers.around(layers, self.mask, self.max_new_tokens)
+        split = self._split_softmax().get("split_softmax")
+        probe = _Probe(self.rows, self.mask.shape[1], device) if self.measure_attention else None
+        reply = torch.zeros(batch, self.max_new_tokens, dtype=torch.long, device=device)  # (B, steps)
+        written = self.mask.shape[1]
         for step in range(self.max_new_tokens):
-            drawn = self.sampler(logits, reply)  # (B,)
-            reply = torch.cat([reply, drawn[:, None]], dim=1)
-            tokens = drawn.tolist()
+            drawn = self.sampler(logits, reply[:, :step])  # (B,)
+            reply[:, step] = drawn
+            tokens = drawn.tolist()  # the step's one read to the host
             for i, token in enumerate(tokens):
                 if not finished[i]:
                     replies[i].append(token)
                     finished[i] = token in self.stops
             if all(finished) or step == self.max_new_tokens - 1:
                 break
+            stopped_rows |= torch.isin(drawn, stops)
+            feeding = ~stopped_rows  # (B,)
+            for i, row in enumerate(self.rows):
+                if not finished[i]:
+                    row.fed.append(tokens[i])
+                    row.columns.append(written)
+            fed += feeding
+            new_logits, attentions = self.step(
+                self.model,
+                buffers,
+                drawn,
+                feeding,
+                fed - 1,
+                pad=self.pad,
+                output_attentions=self.measure_attention,
+                split_softmax=split,
+            )
+            buffers.column += 1
+            written += 1
+            logits = torch.where(feeding[:, None], new_logits, logits)  # stopped rows keep their last logits
+            if probe is not None:
+                probe.add(attentions, rows, feeding)
+        for layer, (keys, values) in zip(self.cache.layers, buffers.layers):
+            layer.adopt(keys, values, written)
+        self.mask = buffers.mask[:, :written].long()
+        if self.shrink and 4 * sum(written - len(row.columns) for row in self.rows) >= self.mask.numel():
+            self._compact([(list(range(batch)), self._cache_rows(None))])  # a quarter of the cache holes
+        return replies, probe.means() if probe is not None else [None] * batch
+
+    def _decode_growing(self, logits: Tensor) -> tuple[list[list[int]], list[list[list[float]] | None]]:
+        """One token per row and step until every row has stopped: each row's tokens and its probe shares.
+
+        With `shrink`, rows that have stopped leave the decoding batch (their cache rows set aside) once
+        they are an eighth of it, so later steps compute only the rows still writing; when the reply
+        ends, `_compact` puts every row back with its real columns packed to the left (also when holes
+        are a quarter of the cache, so that later turns do not attend over them). Without it,
+        stopped rows feed holes until the longest reply ends. Every row is drawn at every step either
+        way (a stopped row from its last logits), so a seeded sampler draws the same tokens.
+
+        A step reads the device once (its drawn tokens, for the host's bookkeeping and the stop test) and
+        creates no tensor from host data: which rows still feed, their positions, the next mask column and
+        the attention probe's sums stay on the device. Tensors from host lists are made only when rows
+        leave (once per eighth of the batch) and once per turn."""
+        device = self.model.device
+        batch = len(self.rows)
+        replies: list[list[int]] = [[] for _ in self.rows]
+        finished = [False] * batch  # the host's copy, from each step's one read
+        stops = torch.tensor(sorted(self.stops), device=device)  # (S,)
+        stopped_rows = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,) the device's copy
+        fed = torch.tensor([len(row.fed) for row in self.rows], device=device)  # (B,) tokens in each row's cache
+        decoding = list(range(batch))  # the rows in the cache now, in cache order
+        index = torch.arange(batch, device=device)  # the same on the device
+        parked: list[tuple[list[int], list[tuple[Tensor, Tensor]]]] = []  # rows set aside: indices, each layer's (K, V)
+        mask = self.mask  # (len(decoding), columns)
+        split_softmax = self._split_softmax()  # the rows and their marked columns stay as they are until the reply ends
+        probe = _Probe(self.rows, mask.shape[1], device) if self.measure_attention else None
+        reply = torch.zeros(batch, self.max_new_tokens, dtype=torch.long, device=device)  # (B, steps): every draw
+        for step in range(self.max_new_tokens):
+            drawn = self.sampler(logits, reply[:, :step])  # (B,)
+            reply[:, step] = drawn
+            tokens = drawn.tolist()  # the step's one read to the host
+            for i, token in enumerate(tokens):
+                if not finished[i]:
+                    replies[i].append(token)
+                    finished[i] = token in self.stops
+            if all(finished) or step == self.max_new_tokens - 1:
+                break
+            stopped_rows |= torch.isin(drawn, stops)
             stopped = [j for j, i in enumerate(decoding) if finished[i]]
             if self.shrink and stopped and 8 * len(stopped) >= len(decoding):
                 parked.append(([decoding[j] for j in stopped], self._cache_rows(stopped)))
-                kept = [j for j, i in enumerate(decoding) if not finished[i]]
+                kept = torch.tensor([j for j, i in enumerate(decoding) if not finished[i]], device=device)
                 for layer in self.cache.layers:
                     layer.keep_rows(kept)
-                mask = mask[kept]
-                decoding = [decoding[j] for j in kept]
+                mask, index = mask[kept], index[kept]
+                decoding = [i for i in decoding if not finished[i]]
                 split_softmax = self._split_softmax(decoding)
-            feeding = [not finished[i] for i in decoding]
+                if probe is not None:
+                    probe.keep(kept)
             column = mask.shape[1]
-            for i, feeds in zip(decoding, feeding):
-                if feeds:
+            for i in decoding:
+                if not finished[i]:
                     self.rows[i].fed.append(tokens[i])
                     self.rows[i].columns.append(column)
-            mask = torch.cat([mask, torch.tensor(feeding, dtype=torch.long, device=device)[:, None]], dim=1)
+            holes = any(len(self.rows[i].columns) <= column for i in decoding)  # a masked-out column: the host knows
+            feeding = ~stopped_rows[index]  # (D,)
+            fed.index_add_(0, index, feeding.long())
+            mask = torch.cat([mask, feeding[:, None].long()], dim=1)
             output = self.model(
-                input_ids=torch.tensor(
-                    [tokens[i] if f else self.pad for i, f in zip(decoding, feeding)], device=device
-                )[:, None],
-                attention_mask=mask,
-                position_ids=torch.tensor([len(self.rows[i].fed) - 1 for i in decoding], device=device)[:, None],
+                input_ids=torch.where(feeding, drawn[index], self.pad)[:, None],  # (D, 1)
+                attention_mask=self._attention_mask(mask, holes),
+                position_ids=(fed[index] - 1)[:, None],  # (D, 1)
                 **cache_kwargs(self.cache),
                 use_cache=True,
                 output_attentions=self.measure_attention,
                 **split_softmax,
             )
-            if len(decoding) == len(self.rows):
+            if len(decoding) == batch:
                 logits = output.logits[:, -1]  # (B, V)
             else:
-                logits[decoding] = output.logits[:, -1]  # stopped rows keep their last logits
-            if self.measure_attention:
-                shares = marked_shares(
-                    output.attentions, [self.rows[i].marked for i in decoding]
-                )  # (rows, layers, heads)
-                for i, feeds, share in zip(decoding, feeding, shares):
-                    if feeds:
-                        attention[i].append(share)
-        holes = mask.numel() - int(mask.sum())
-        if parked or (self.shrink and 4 * holes >= mask.numel()):  # rows to put back, or a quarter of the cache holes
-            self._compact([(decoding, self._cache_rows(None)), *parked])
+                logits = logits.index_copy(0, index, output.logits[:, -1])  # stopped rows keep their last logits
+            if probe is not None:
+                probe.add(output.attentions, index, feeding)
+        if parked or (
+            self.shrink and 4 * sum(mask.shape[1] - len(self.rows[i].columns) for i in decoding) >= mask.numel()
+        ):
+            self._compact([(decoding, self._cache_rows(None)), *parked])  # rows to put back, or a quarter holes
         else:
             self.mask = mask
-        return replies, attention
+        return replies, probe.means() if probe is not None else [None] * batch
+
+    def _attention_mask(self, mask: Tensor, holes: bool) -> Tensor | None:
+        """A decoding step's `attention_mask` (D, columns). The library's model would read it to choose its causal
+        fast path (no holes) or build a (D, 1, 1, columns) bool mask from it: the host knows which, so the model
+        gets None or that mask, and reads nothing. Other models get `mask` as it is."""
+        config = self.model.config
+        if config.model_type != "gatt" or config.attention_window is not None:
+            return mask
+        return mask.bool()[:, None, None, :] if holes else None
 
     def _cache_rows(self, rows: list[int] | None) -> list[tuple[Tensor, Tensor]]:
         """Each layer's (K, V) of these cache rows (None: all of them), (rows, H_kv, columns, D) each."""
@@ -540,14 +624,44 @@ class ChatBatch:
             row.columns = list(range(len(row.columns)))
 
 
-def marked_shares(attentions: Sequence[Tensor], columns: Sequence[Sequence[int]]) -> Tensor:
-    """(B, layers, heads): each row's attention mass on its marked columns, from the last query, per head."""
-    batch, keys = attentions[0].shape[0], attentions[0].shape[-1]
-    marked = torch.zeros(batch, keys, device=attentions[0].device)
-    for i, cols in enumerate(columns):
-        marked[i, list(cols)] = 1.0
+class _Probe:
+    """The attention probe of one reply, on the device: each row's summed share on its marked columns, per layer
+    and head, and the number of reply tokens read; read to the host once, when the reply ends."""
+
+    def __init__(self, rows: Sequence[_Row], width: int, device: torch.device) -> None:
+        at = [(i, column) for i, row in enumerate(rows) for column in row.marked]
+        marked = torch.zeros(len(rows), width)  # (B, columns at the reply's start): 1 on a marked column
+        if at:
+            marked[tuple(torch.tensor(at).T)] = 1.0
+        self.marked = marked.to(device)  # (D, width): the rows decoding now
+        self.sums: Tensor | None = None  # (B, layers, heads)
+        self.counts = torch.zeros(len(rows), device=device)  # (B,)
+
+    def keep(self, kept: Tensor) -> None:
+        self.marked = self.marked[kept]
+
+    def add(self, attentions: Sequence[Tensor], index: Tensor, feeding: Tensor) -> None:
+        shares = marked_shares(attentions, self.marked) * feeding[:, None, None]  # (D, layers, heads)
+        if self.sums is None:
+            self.sums = torch.zeros(len(self.counts), *shares.shape[1:], device=shares.device)
+        self.sums.index_add_(0, index, shares)
+        self.counts.index_add_(0, index, feeding.float())
+
+    def means(self) -> list[list[list[float]] | None]:
+        """Each row's mean share over the reply tokens it read (layers, heads); None for a row that read none."""
+        if self.sums is None:
+            return [None] * len(self.counts)
+        counts = self.counts.tolist()
+        means = (self.sums / self.counts.clamp(min=1)[:, None, None]).tolist()
+        return [mean if count else None for mean, count in zip(means, counts)]
+
+
+def marked_shares(attentions: Sequence[Tensor], marked: Tensor) -> Tensor:
+    """(B, layers, heads): each row's attention mass on its marked columns (`marked`: (B, K0), 1 on a marked column
+    among the first K0 keys), from the last query, per head."""
+    width = marked.shape[1]
     # each layer's weights: (B, H, Tq, K) -> the last query's mass on the marked keys: (B, H)
-    return torch.stack([(w[:, :, -1].float() * marked[:, None]).sum(-1) for w in attentions], dim=1).cpu()
+    return torch.stack([(w[:, :, -1, :width].float() * marked[:, None]).sum(-1) for w in attentions], dim=1)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

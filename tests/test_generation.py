@@ -4,6 +4,7 @@ import weakref
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.cache_utils import DynamicLayer
 
 from gatt.generation import ChatBatch, GrowingLayer, NucleusWarper, Sampler
@@ -137,8 +138,8 @@ def test_growing_cache_layer_holds_what_concatenation_holds():
         (1, 2),
     ]
     for step, arg in steps:
-        if step == "keep":  # in place, in the buffers
-            grown.keep_rows(arg)
+        if step == "keep":  # one index_select per buffer, room kept
+            grown.keep_rows(torch.tensor(arg))
             reference.batch_select_indices(torch.tensor(arg))
         elif step == "select":
             for layer in (grown, reference):
@@ -260,3 +261,117 @@ def test_nucleus_warper_keeps_the_tokens_hugging_faces_top_p_keeps(top_p):
     kept = ours.isfinite()
     assert torch.equal(kept, theirs.isfinite()) and torch.equal(ours[kept], scores[kept])
     assert torch.equal(NucleusWarper(1.0)(None, scores), scores)
+
+
+class HostTraffic(TorchDispatchMode):
+    """Counts reads of tensor data to the host (`item`, `bool`, `tolist`) and tensors made from host data
+    (`torch.tensor(list)`, indexing by a list): on a GPU each is a blocking round trip or a copy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = self.creations = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.reads += 1
+        elif func is torch.ops.aten.lift_fresh.default:
+            self.creations += 1
+        return func(*args, **(kwargs or {}))
+
+
+def host_traffic(model, tokenizer, rows: int, steps: int, monkeypatch, **options) -> tuple[int, int]:
+    chat = ChatBatch(model, tokenizer, Sampler(do_sample=False), max_new_tokens=steps, **options)
+    chat.stops = {-1}  # no row stops: every step decodes every row
+    prompts = {key: prompt(tokenizer, [{"role": "user", "content": TEXTS[key]}]) for key in range(rows)}
+    traffic, tolist = HostTraffic(), torch.Tensor.tolist
+
+    def counted_tolist(tensor):
+        traffic.reads += 1
+        return tolist(tensor)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+    with traffic:
+        chat.generate(prompts, marked={key: [1, 2] for key in prompts})
+    monkeypatch.undo()
+    return traffic.reads, traffic.creations
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("probe", [False, True])
+def test_a_decoding_step_reads_the_device_once_whatever_the_batch(model, tokenizer, monkeypatch, probe, static):
+    """One step's traffic (the difference between a 10-token and a 4-token reply, over 6 steps): at most one read
+    (its drawn tokens) and no tensor from host data, with 4 rows as with 32, attention probe on or off, growing
+    or static cache."""
+    per_step = []
+    for rows in (4, 32):
+        (long_reads, long_made), (short_reads, short_made) = (
+            host_traffic(model, tokenizer, rows, steps, monkeypatch, measure_attention=probe, static=static)
+            for steps in (10, 4)
+        )
+        per_step.append(((long_reads - short_reads) / 6, (long_made - short_made) / 6))
+    assert per_step[0] == per_step[1], per_step
+    reads, creations = per_step[0]
+    assert reads + creations <= 2 and reads <= 1, per_step
+
+
+def chat_turns(model, tokenizer, turns: int = 3, rows: int = 6, **options) -> tuple[list[dict], ChatBatch]:
+    """Three turns of `rows` dialogues, greedy, rows stopping at different steps, the attention probe on."""
+    chat = ChatBatch(model, tokenizer, Sampler(do_sample=False), max_new_tokens=12, measure_attention=True, **options)
+    chat.stops = {t for t in range(len(tokenizer)) if t % 5 == 0}  # this random model's rows stop at different steps
+    histories = {key: [{"role": "user", "content": TEXTS[key]}] for key in range(rows)}
+    out = []
+    for turn in range(turns):
+        replies = chat.generate(
+            {key: prompt(tokenizer, h) for key, h in histories.items()}, marked={key: [1, 2, 3] for key in histories}
+        )
+        out.append({key: (c[0].tokens, c[0].attention) for key, c in replies.items()})
+        for key, history in histories.items():
+            history += [
+                {"role": "assistant", "content": replies[key][0].text},
+                {"role": "user", "content": TEXTS[key + turn + 30]},
+            ]
+    return out, chat
+
+
+def assert_same_turns(ours: list[dict], theirs: list[dict]) -> None:
+    assert [{k: v[0] for k, v in t.items()} for t in ours] == [{k: v[0] for k, v in t.items()} for t in theirs]
+    for mine, other in zip(ours, theirs):
+        for key, (_, attention) in mine.items():
+            assert (attention is None) == (other[key][1] is None)
+            if attention is not None:
+                torch.testing.assert_close(torch.tensor(attention), torch.tensor(other[key][1]))
+
+
+def test_static_decoding_writes_what_the_growing_cache_writes(model, tokenizer):
+    """Preallocated buffers written in place, every row decoded to the reply's end: the same tokens and attention
+    shares as the growing cache that drops stopped rows."""
+    growing, _ = chat_turns(model, tokenizer)
+    static, chat = chat_turns(model, tokenizer, static=True)
+    assert_same_turns(static, growing)
+    assert any(len({len(tokens) for tokens, _ in turn.values()}) > 1 for turn in growing)  # rows stop apart
+
+
+def test_the_decoding_step_compiles_whole_and_writes_the_same_tokens(model, tokenizer):
+    """`torch.compile(decode_step, fullgraph=True)` (here with the eager backend: the graph dynamo captures, run
+    as is) raises on any graph break; its replies equal the uncompiled step's."""
+    torch._dynamo.reset()
+    eager, _ = chat_turns(model, tokenizer, turns=2, static=True)
+    compiled, _ = chat_turns(model, tokenizer, turns=2, compile_step={"backend": "eager"})
+    assert_same_turns(compiled, eager)
+
+
+def test_static_decoding_needs_the_library_model(tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
+    with pytest.raises(ValueError, match="static decoding needs the library's model"):
+        ChatBatch(llama, tokenizer, Sampler(do_sample=False), max_new_tokens=4, static=True)
