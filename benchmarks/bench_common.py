@@ -40,6 +40,81 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def rollout_vs_batched_generate(
+    model: Any, llama: Any, tokenizer: Any, plan: list[Any], config: Any, *, goal: float, settings: dict[str, Any]
+) -> dict[str, Any]:
+    """Our rollouts (`gatt.eval.rollout.rollout`, all of `plan` in one batch, the attention probe off and on) vs the
+    batched `generate()` a user would run (`generate_rollout`: every dialogue in one call per turn, left-padded) on
+    `llama`, Hugging Face's own model with the same weights: re-encoding each history, carrying the batch's cache
+    across turns, and on CUDA a static cache (which generate() compiles there). Greedy, every decoding parameter the
+    same; each side warmed up on two dialogues, then one timed run each. The ratio is ours (probe on: the report's
+    setting) over the fastest baseline; `identical_replies` per baseline, against ours."""
+    from dataclasses import replace
+
+    import torch
+
+    from gatt.eval.rollout import generate_rollout, rollout
+
+    config = replace(config, batch_size=len(plan))  # every dialogue in one batch, on every side
+    caches = ["none", "carry"] + (["static"] if llama.device.type == "cuda" else [])
+    sides: dict[str, Callable[[list[Any]], list[dict]]] = {
+        "ours_probe_off": lambda dialogues: rollout(model, tokenizer, dialogues, config, progress=False),
+        "ours": lambda dialogues: rollout(
+            model, tokenizer, dialogues, replace(config, measure_attention=True), progress=False
+        ),
+        **{
+            f"generate_{cache}": (
+                lambda dialogues, cache=cache: generate_rollout(
+                    llama, tokenizer, dialogues, config, cache=cache, progress=False
+                )
+            )
+            for cache in caches
+        },
+    }
+    transcripts, seconds = {}, {}
+    for name, side in sides.items():
+        side(plan[:2])  # warm-up: kernels, the allocator, the checks' language models, a compiled graph
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        transcripts[name] = side(plan)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        seconds[name] = time.perf_counter() - start
+    turns = sum(len(t["turns"]) for t in transcripts["ours"])
+    rate = {name: sum(len(t["turns"]) for t in transcripts[name]) / seconds[name] for name in sides}
+    best = max((name for name in sides if name.startswith("generate_")), key=rate.__getitem__)
+
+    def identical(a: list[dict], b: list[dict]) -> float:
+        pairs = [(x["reply"], y["reply"]) for u, v in zip(a, b) for x, y in zip(u["turns"], v["turns"])]
+        return round(sum(x == y for x, y in pairs) / max(len(pairs), 1), 4)
+
+    return comparison(
+        rate["ours"],
+        rate[best],
+        unit="turns/s",
+        goal=goal,
+        settings={
+            **settings,
+            "dialogues": len(plan),
+            "dialogues_per_batch": len(plan),
+            "greedy": True,
+            "repetition_penalty": config.repetition_penalty,
+            "max_new_tokens": config.max_new_tokens,
+            "theirs": f"generate() batched per turn over every dialogue, left-padded, cache {best[len('generate_') :]!r} "
+            "(the fastest of " + ", ".join(caches) + ")",
+            "hugging_face_model": f"{type(llama).__name__} ({llama.config._attn_implementation})",
+        },
+        best_baseline=best,
+        turns=turns,
+        turns_per_s={name: round(r, 3) for name, r in rate.items()},
+        ratio_probe_off=round(rate["ours_probe_off"] / rate[best], 4),
+        ratios={name: round(rate["ours"] / rate[name], 4) for name in sides if name.startswith("generate_")},
+        identical_replies={name: identical(transcripts["ours"], transcripts[name]) for name in sides if name != "ours"},
+        seconds={name: round(s, 2) for name, s in seconds.items()},
+    )
+
+
 def comparison(
     ours: float,
     theirs: float,
@@ -75,4 +150,4 @@ def main(run: Callable[[bool, str], dict[str, dict[str, Any]]], doc: str) -> Non
     print(json.dumps(run(args.quick, args.device), indent=2))
 
 
-__all__ = ["Round", "comparison", "interleaved", "main", "median"]
+__all__ = ["Round", "comparison", "interleaved", "main", "median", "rollout_vs_batched_generate"]

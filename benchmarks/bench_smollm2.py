@@ -27,6 +27,14 @@ held-out user turns, N dialogues x T turns, probes every 6th turn.
   that `generate()` writes the same replies) over `generate()` per turn on the re-encoded history
   (`gatt.eval.rollout.reference_rollout`) on the first R of the same dialogues (theirs takes about a
   minute a dialogue); turns/s, goal >= 3, the replies of those R dialogues identical on both sides.
+- `smollm2_rollout_vs_hf_generate_batched`: ours against what a user would run instead: `generate()` batched per
+  turn over all N dialogues (left-padded) on Hugging Face's own `LlamaForCausalLM` (SDPA, holding
+  the same weights), re-encoding each history or carrying the batch's cache across turns (on CUDA also a static cache,
+  compiled by generate()); greedy, no penalty, every decoding parameter explicit; ours with the attention probe
+  on over the fastest, goal >= 2.5 (`ratio_probe_off` without the probe), identical replies per side, and
+  `ceiling_share_at_most`: ours' tokens/s (at most M a turn) over the fp32 GEMM ceiling.
+- `smollm2_teacher_vs_hf_generate_batched`: the teacher row below, theirs one `generate(num_return_sequences=k)`
+  per turn over each batch of B dialogues (left-padded), goal >= 2.5.
 - `smollm2_teacher_vs_hf_generate`: our batched teacher (`ModelTeacher`, k = 4 candidates per turn,
   dialogues in batches of B, one batch's 20 turns after another) vs a `generate(num_return_sequences=4)`
   call per dialogue and turn on the first R' dialogues; every candidate exactly M tokens on both sides (as
@@ -52,9 +60,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_common import comparison, main
-from bench_eval import check_identical, identical_share
-from bench_teacher import SAMPLING, draw, generate_turn, no_end_of_turn
+from bench_common import comparison, main, rollout_vs_batched_generate
+from bench_eval import check_identical, hugging_face_llama, identical_share
+from bench_teacher import SAMPLING, batched_generate_turn, draw, generate_turn, no_end_of_turn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation import TopPLogitsWarper
 
@@ -322,6 +330,23 @@ def generate_row(
     )
 
 
+def batched_generate_row(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: list[EvalDialogue], size: dict[str, int]
+) -> dict[str, Any]:
+    """Ours over `generate()` batched per turn over all N dialogues (bench_common.rollout_vs_batched_generate), on
+    Hugging Face's Llama; with our rollouts' share of the fp32 GEMM ceiling."""
+    config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=len(plan))
+    llama = hugging_face_llama(model)
+    row = rollout_vs_batched_generate(
+        model, llama, tokenizer, plan, config, goal=2.5, settings={"turns": size["turns"], "probe_every": 6}
+    )
+    _, ceiling = gemm_ceiling(model, torch.float32)
+    tokens_per_turn = size["max_new_tokens"]  # an upper bound: the share below is at most this
+    row["ceiling_share_at_most"] = round(row["turns_per_s"]["ours"] * tokens_per_turn / ceiling, 3)
+    row["fp32_ceiling_tokens_per_s"] = round(ceiling, 1)
+    return row
+
+
 def top_p_ms(model: PreTrainedModel, size: dict[str, int]) -> dict[str, float]:
     """Milliseconds of one top-p step on a teacher batch's logits (B = batch x k rows of the vocabulary): ours
     (`NucleusWarper`, top-k) and Hugging Face's `TopPLogitsWarper` (a full sort), medians of 20 calls."""
@@ -338,9 +363,14 @@ def top_p_ms(model: PreTrainedModel, size: dict[str, int]) -> dict[str, float]:
 
 
 def teacher_row(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, size: dict[str, int], device: str = "cpu"
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    size: dict[str, int],
+    device: str = "cpu",
+    batched: bool = False,
 ) -> dict[str, Any]:
-    """Our batched teacher over N dialogues vs generate(num_return_sequences=k) per turn on the first R'."""
+    """Our batched teacher over N dialogues vs generate(num_return_sequences=k) per turn: per dialogue on the first
+    R', or (`batched`) over each batch of B dialogues at once, left-padded, on all N."""
     config = SynthesisConfig(
         num_dialogues=size["dialogues"],
         min_turns=size["turns"],
@@ -355,25 +385,31 @@ def teacher_row(
             tmp, max_new_tokens=size["max_new_tokens"], device=device, batch_size=size["teacher_batch"], **SAMPLING
         )
 
-    def synthesise(turn: Callable[[ModelTeacher, list[_Dialogue], int], None], dialogues: list[_Dialogue]) -> float:
+    def synthesise(
+        side: ModelTeacher, turn: Callable[[ModelTeacher, list[_Dialogue], int], None], dialogues: list[_Dialogue]
+    ) -> float:
         """Every turn of each batch of dialogues, one batch after another: the caches of all 64 dialogues x 4
         candidates at 20 turns at once ran a 24 GB machine out of memory."""
-        teacher.seed(config.seed)
+        side.seed(config.seed)
         torch.manual_seed(config.seed)
         start = time.perf_counter()
         for first in range(0, len(dialogues), size["teacher_batch"]):
             for _ in range(config.max_turns):
-                turn(teacher, dialogues[first : first + size["teacher_batch"]], config.samples_per_turn)
+                turn(side, dialogues[first : first + size["teacher_batch"]], config.samples_per_turn)
         return time.perf_counter() - start
 
     def ours_turn(teacher: ModelTeacher, dialogues: list[_Dialogue], k: int) -> None:
         for dialogue, candidates in zip(dialogues, teacher.sample([d.request() for d in dialogues], k)):
             dialogue.replies.append(candidates[0])  # the first candidate, unchecked (as bench_teacher.py)
 
+    theirs = teacher
+    if batched:  # theirs on Hugging Face's own Llama holding the same weights
+        theirs = copy.copy(teacher)
+        theirs.model = hugging_face_llama(teacher.model)
     with no_end_of_turn():
-        ours_seconds = synthesise(ours_turn, draw(config))
-        subset = draw(config)[: size["teacher_reference_dialogues"]]
-        theirs_seconds = synthesise(generate_turn, subset)
+        ours_seconds = synthesise(teacher, ours_turn, draw(config))
+        subset = draw(config) if batched else draw(config)[: size["teacher_reference_dialogues"]]
+        theirs_seconds = synthesise(theirs, batched_generate_turn if batched else generate_turn, subset)
     rate = {
         "ours": config.num_dialogues * config.max_turns / ours_seconds,
         "theirs": len(subset) * config.max_turns / theirs_seconds,
@@ -382,7 +418,7 @@ def teacher_row(
         rate["ours"],
         rate["theirs"],
         unit="turns/s",
-        goal=4.0,
+        goal=2.5 if batched else 4.0,
         top_p_ms=top_p_ms(model, size),
         settings={
             "dialogues": {"ours": config.num_dialogues, "theirs": len(subset)},
@@ -393,7 +429,7 @@ def teacher_row(
             **SAMPLING,
             "dialogues_per_batch": size["teacher_batch"],
             "theirs": "model.generate(num_return_sequences=k, do_sample=True, top_k=0, min_new_tokens=max_new_tokens) "
-            "per dialogue and turn",
+            + ("per turn over a batch of B dialogues, left-padded" if batched else "per dialogue and turn"),
         },
         seconds={"ours": round(ours_seconds, 1), "theirs": round(theirs_seconds, 1)},
     )
@@ -404,6 +440,8 @@ ROWS = (
     "smollm2_report_scorer_share",
     "smollm2_rollout_vs_hf_generate",
     "smollm2_teacher_vs_hf_generate",
+    "smollm2_rollout_vs_hf_generate_batched",
+    "smollm2_teacher_vs_hf_generate_batched",
 )
 CPU_ROWS = ROWS[:2]  # bf16 and int8 against the exact path on the CPU, and the CPU scorer's share
 
@@ -431,6 +469,10 @@ def run(quick: bool, device: str, load: Loader = load_model, only: Sequence[str]
         results["smollm2_rollout_vs_hf_generate"] = generate_row(model, tokenizer, plan, size)
     if "smollm2_teacher_vs_hf_generate" in only:
         results["smollm2_teacher_vs_hf_generate"] = teacher_row(model, tokenizer, size, device)
+    if "smollm2_rollout_vs_hf_generate_batched" in only:
+        results["smollm2_rollout_vs_hf_generate_batched"] = batched_generate_row(model, tokenizer, plan, size)
+    if "smollm2_teacher_vs_hf_generate_batched" in only:
+        results["smollm2_teacher_vs_hf_generate_batched"] = teacher_row(model, tokenizer, size, device, batched=True)
     name = "SmolLM2-135M-Instruct as GattForCausalLM, fp32" if load is load_model else type(model).__name__
     for result in results.values():
         result["settings"]["model"] = name

@@ -17,7 +17,9 @@ For identical work whatever the model writes, every candidate is exactly M new t
 the end-of-turn token does not stop a reply; theirs: `min_new_tokens=max_new_tokens`). A round is one
 side's whole synthesis (chat template, generation, decoding), the teacher reseeded; the sides alternate
 round by round after an untimed warm-up (2 dialogues x 1 turn each). `teacher_vs_hf_generate`: turns/s of
-ours over theirs (median round), goal >= 4. Full: N=32, T=8, k=4, M=32, 3 rounds each, about 4.5 minutes
+ours over theirs (median round), goal >= 4, theirs one dialogue per call; `teacher_vs_hf_generate_batched`: ours
+over what a user would batch, one `generate(num_return_sequences=k)` per turn over all N dialogues (left-padded),
+goal >= 2.5. Full: N=32, T=8, k=4, M=32, 3 rounds each, about 4.5 minutes
 on 2 otherwise idle CPU cores; `--quick`: N=8, T=4, 2 rounds each, about 25 s.
 
 With `--device cuda`, also `teacher_batched_vs_single`: the same teacher batched across the N dialogues vs
@@ -32,6 +34,7 @@ The teacher is a randomly initialised GattForCausalLM about the size of the proj
 from __future__ import annotations
 
 import contextlib
+import copy
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +44,7 @@ from unittest import mock
 
 import torch
 from bench_common import comparison, interleaved, main, median
+from bench_eval import hugging_face_llama
 
 import gatt.generation
 from data_gen.constraints import ConstraintSampler, catalogue
@@ -143,6 +147,37 @@ def generate_candidates(teacher: ModelTeacher, messages: list[dict[str, str]], k
     return output[:, len(ids) :].tolist()
 
 
+def batched_generate_turn(teacher: ModelTeacher, dialogues: list[_Dialogue], k: int) -> None:
+    """Theirs, as a user would batch it: one turn of every dialogue in one `generate(num_return_sequences=k)` call
+    on the re-encoded, left-padded histories, each candidate exactly `teacher.max_new_tokens` tokens."""
+    model, tokenizer = teacher.model, teacher.tokenizer
+    prompts = [
+        tokenizer.apply_chat_template(
+            d.request().messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for d in dialogues
+    ]
+    width = max(len(ids) for ids in prompts)
+    input_ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, ids in enumerate(prompts):
+        input_ids[i, width - len(ids) :], attention_mask[i, width - len(ids) :] = torch.tensor(ids), 1
+    output = model.generate(
+        input_ids=input_ids.to(model.device),
+        attention_mask=attention_mask.to(model.device),
+        do_sample=True,
+        num_return_sequences=k,
+        top_k=0,
+        **SAMPLING,
+        max_new_tokens=teacher.max_new_tokens,
+        min_new_tokens=teacher.max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    texts = tokenizer.batch_decode(output[::k, width:], skip_special_tokens=True)  # each dialogue's first candidate
+    for dialogue, text in zip(dialogues, texts):
+        dialogue.replies.append(text.strip())
+
+
 def generate_turn(teacher: ModelTeacher, dialogues: list[_Dialogue], k: int) -> None:
     """Theirs: one turn of every dialogue, one `generate()` call per dialogue."""
     for dialogue in dialogues:
@@ -221,9 +256,11 @@ def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
             "device": device,
             "threads": torch.get_num_threads(),
         }
+        llama_teacher = copy.copy(teacher)  # the batched baseline on Hugging Face's own Llama, the same weights
+        llama_teacher.model = hugging_face_llama(teacher.model)
         rate, seconds, share = compare(
-            {"ours": teacher, "theirs": teacher},
-            {"ours": batched_turn, "theirs": generate_turn},
+            {"ours": teacher, "theirs": teacher, "batched": llama_teacher},
+            {"ours": batched_turn, "theirs": generate_turn, "batched": batched_generate_turn},
             config,
             size["repeats"],
         )
@@ -242,6 +279,19 @@ def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
                 cpu_share=share if device == "cpu" else None,
             )
         }
+        results["teacher_vs_hf_generate_batched"] = comparison(
+            rate["ours"],
+            rate["batched"],
+            unit="turns/s",
+            goal=2.5,
+            settings={
+                **settings,
+                "theirs": "LlamaForCausalLM (sdpa, the same weights).generate(num_return_sequences=k, do_sample=True, "
+                "top_k=0, min_new_tokens=max_new_tokens) per turn over every dialogue, left-padded",
+            },
+            seconds={name: [round(s, 3) for s in seconds[name]] for name in ("ours", "batched")},
+            cpu_share={name: share[name] for name in ("ours", "batched")} if device == "cpu" else None,
+        )
         if device == "cpu" and not results["teacher_vs_hf_generate"]["met"]:
             results["teacher_vs_hf_generate"]["finding"] = FINDING
         if device == "cuda":

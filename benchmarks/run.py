@@ -13,8 +13,13 @@ better; for memory, their peak over ours) and `goal` the ratio to reach:
   attention_vs_sdpa          our fast attention path vs torch SDPA, fwd+bwd at T=2048     goal >= 0.95
   attention_memory_vs_eager  Hugging Face eager attention's peak memory over ours         goal >= 4
   linformer_memory_vs_full   full attention's peak memory over Linformer's (k=256)        goal >= 4
-  rollout_vs_hf_generate     batched KV-reuse rollouts vs generate() per turn             goal >= 3
-  teacher_vs_hf_generate     our batched teacher vs a generate(num_return_sequences=k) loop goal >= 4
+  rollout_vs_hf_generate     batched KV-reuse rollouts vs generate() per turn, one dialogue
+                             at a time                                                    goal >= 3
+  rollout_vs_hf_generate_batched  the same vs generate() batched over every dialogue (left-padded,
+                             re-encoded or its cache carried; HF's own Llama)             goal >= 2.5
+  teacher_vs_hf_generate     our batched teacher vs a generate(num_return_sequences=k) loop,
+                             one dialogue at a time                                       goal >= 4
+  teacher_vs_hf_generate_batched  the same vs one generate() per turn over every dialogue  goal >= 2.5
   (cuda) teacher_batched_vs_single  the teacher batched across dialogues vs one at a time  goal >= 4
   smollm2_rollout_tokens_per_s    SmolLM2 report rollouts, the fastest mode (bf16) vs the path before,
                                   new tokens/s, with the exact path's, GEMM-ceiling shares
@@ -22,6 +27,8 @@ better; for memory, their peak over ours) and `goal` the ratio to reach:
   smollm2_report_scorer_share     the relevance scorer's share of a report's wall time      goal <= 15%
   smollm2_rollout_vs_hf_generate  SmolLM2 rollouts vs generate() per turn                   goal >= 3
   smollm2_teacher_vs_hf_generate  SmolLM2 teacher, k = 4, vs a generate() loop              goal >= 4
+  smollm2_rollout_vs_hf_generate_batched  SmolLM2 rollouts vs generate() batched (as above)  goal >= 2.5
+  smollm2_teacher_vs_hf_generate_batched  SmolLM2 teacher vs generate() batched             goal >= 2.5
 
 `--quick` takes under 10 minutes on 2 CPU cores; the full run about 30 minutes plus the SmolLM2 rows (64
 dialogues x 20 turns on the real model: bench_smollm2.py, estimated at an hour). The JSON holds every result under
@@ -59,11 +66,15 @@ BENCHMARKS: dict[str, str] = {
     "attention_memory_vs_eager": "bench_attention",
     "linformer_memory_vs_full": "bench_linformer",
     "rollout_vs_hf_generate": "bench_eval",
+    "rollout_vs_hf_generate_batched": "bench_eval",
     "teacher_vs_hf_generate": "bench_teacher",
+    "teacher_vs_hf_generate_batched": "bench_teacher",
     "smollm2_rollout_tokens_per_s": "bench_smollm2",
     "smollm2_report_scorer_share": "bench_smollm2",
     "smollm2_rollout_vs_hf_generate": "bench_smollm2",
     "smollm2_teacher_vs_hf_generate": "bench_smollm2",
+    "smollm2_rollout_vs_hf_generate_batched": "bench_smollm2",
+    "smollm2_teacher_vs_hf_generate_batched": "bench_smollm2",
 }
 GPU_ONLY = {"teacher_batched_vs_single": "bench_teacher"}
 # SmolLM2's bf16/int8 rollouts and its scorer's share measure CPU numerics; its rows against generate() run anywhere.
@@ -74,13 +85,17 @@ LABELS = {
     "attention_vs_sdpa": "fast attention vs torch SDPA (T=2048)",
     "attention_memory_vs_eager": "peak memory: HF eager attention / ours (T=2048)",
     "linformer_memory_vs_full": "peak memory: full attention / Linformer k=256 (T=4096, not causal)",
-    "rollout_vs_hf_generate": "eval rollouts vs generate() per turn",
-    "teacher_vs_hf_generate": "batched teacher vs generate() loop",
+    "rollout_vs_hf_generate": "eval rollouts vs generate() per turn, one dialogue at a time",
+    "rollout_vs_hf_generate_batched": "eval rollouts vs generate() batched over the dialogues",
+    "teacher_vs_hf_generate": "batched teacher vs generate() loop, one dialogue at a time",
+    "teacher_vs_hf_generate_batched": "batched teacher vs generate() batched over the dialogues",
     "teacher_batched_vs_single": "teacher batched vs one dialogue at a time",
     "smollm2_rollout_tokens_per_s": "SmolLM2 report rollouts: bf16 vs the path before",
     "smollm2_report_scorer_share": "SmolLM2 report: the relevance scorer's share",
-    "smollm2_rollout_vs_hf_generate": "SmolLM2 rollouts vs generate() per turn",
-    "smollm2_teacher_vs_hf_generate": "SmolLM2 teacher (k=4) vs generate() loop",
+    "smollm2_rollout_vs_hf_generate": "SmolLM2 rollouts vs generate() per turn, one dialogue at a time",
+    "smollm2_teacher_vs_hf_generate": "SmolLM2 teacher (k=4) vs generate() loop, one dialogue at a time",
+    "smollm2_rollout_vs_hf_generate_batched": "SmolLM2 rollouts vs generate() batched over the dialogues",
+    "smollm2_teacher_vs_hf_generate_batched": "SmolLM2 teacher (k=4) vs generate() batched over the dialogues",
 }
 COMMITTED = Path("results/benchmarks.json")
 

@@ -349,7 +349,7 @@ class ChatBatch:
         segments = []
         for i, key in enumerate(self.keys):
             row, ids = self.rows[i], list(prompts[key])
-            same = _common_prefix(row.fed, ids)
+            same = common_prefix(row.fed, ids)
             self.mask[i, row.columns[same:]] = 0  # the template rendered something else here: mask it out
             del row.fed[same:], row.columns[same:]
             if not row.fed and marked and key in marked:
@@ -664,6 +664,7 @@ def marked_shares(attentions: Sequence[Tensor], marked: Tensor) -> Tensor:
     return torch.stack([(w[:, :, -1, :width].float() * marked[:, None]).sum(-1) for w in attentions], dim=1)
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two token lists."""
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)

@@ -58,7 +58,16 @@ def test_eval_sides_give_identical_replies_and_a_difference_is_named(model, toke
 def test_eval_run_returns_one_comparison_with_identical_replies(monkeypatch):
     size = {"dialogues": 4, "turns": 2, "max_new_tokens": 4, "batch_size": 2, "repeats": 2}
     monkeypatch.setattr(bench_eval, "QUICK", size)
-    result = bench_eval.run(quick=True, device="cpu")["rollout_vs_hf_generate"]
+    results = bench_eval.run(quick=True, device="cpu")
+    batched = results["rollout_vs_hf_generate_batched"]  # every dialogue in one generate() per turn
+    assert batched["identical_replies"] == {"ours_probe_off": 1.0, "generate_none": 1.0, "generate_carry": 1.0}
+    assert batched["settings"]["dialogues_per_batch"] == 4 and batched["turns"] == 8 and batched["goal"] == 2.5
+    assert batched["ratio"] == pytest.approx(
+        batched["turns_per_s"]["ours"]
+        / max(batched["turns_per_s"][name] for name in ("generate_none", "generate_carry")),
+        rel=1e-2,
+    )
+    result = results["rollout_vs_hf_generate"]
     assert result["identical_replies"] == 1.0 and result["unit"] == "turns/s" and result["goal"] == 3.0
     assert result["turns_per_round"] == [4, 4]  # a round: one batch of 2 dialogues x 2 turns, each side
     assert len(result["seconds"]["ours"]) == len(result["seconds"]["theirs"]) == 2
@@ -117,7 +126,7 @@ def test_teacher_sides_synthesise_every_turn(teacher_dir):
     config = SynthesisConfig(num_dialogues=2, min_turns=3, max_turns=3, samples_per_turn=2)
     teacher = ModelTeacher(teacher_dir, max_new_tokens=4, device="cpu", **bench_teacher.SAMPLING)
     with bench_teacher.no_end_of_turn():
-        for turn in (bench_teacher.batched_turn, bench_teacher.generate_turn):
+        for turn in (bench_teacher.batched_turn, bench_teacher.generate_turn, bench_teacher.batched_generate_turn):
             seconds, _, dialogues = bench_teacher.synthesis(teacher, turn, config)
             assert seconds > 0 and [len(d.replies) for d in dialogues] == [3, 3]
             assert all(isinstance(r, str) for d in dialogues for r in d.replies)
@@ -126,7 +135,11 @@ def test_teacher_sides_synthesise_every_turn(teacher_dir):
 def test_teacher_run_returns_the_cpu_comparison(monkeypatch):
     monkeypatch.setattr(bench_teacher, "QUICK", {"dialogues": 2, "turns": 2, "k": 2, "max_new_tokens": 4, "repeats": 1})
     results = bench_teacher.run(quick=True, device="cpu")
-    assert list(results) == ["teacher_vs_hf_generate"]  # teacher_batched_vs_single: on a GPU only
+    # teacher_batched_vs_single: on a GPU only
+    assert list(results) == ["teacher_vs_hf_generate", "teacher_vs_hf_generate_batched"]
+    batched = results["teacher_vs_hf_generate_batched"]
+    assert batched["goal"] == 2.5 and batched["settings"]["theirs"].startswith("LlamaForCausalLM (sdpa")
+    assert batched["ratio"] == pytest.approx(batched["ours"] / batched["theirs"], rel=1e-3)
     result = results["teacher_vs_hf_generate"]
     assert result["unit"] == "turns/s" and result["goal"] == 4.0 and len(result["seconds"]["theirs"]) == 1
     assert {k: result["settings"][k] for k in ("dialogues", "turns", "k", "max_new_tokens", "repeats")} == {

@@ -69,3 +69,20 @@ def test_the_cpu_numerics_rows_refuse_another_device():
         with pytest.raises(ValueError, match=f"bench_smollm2: {row} measure the CPU paths"):
             bench_smollm2.run(quick=True, device="cuda", only=[row])
     assert set(bench_smollm2.CPU_ROWS) == runner.CPU_ONLY
+
+
+def test_batched_rows_compare_ours_with_the_fastest_batched_generate(results):
+    rollouts = results["smollm2_rollout_vs_hf_generate_batched"]
+    assert rollouts["best_baseline"] in rollouts["ratios"] and set(rollouts["ratios"]) == {
+        "generate_none",
+        "generate_carry",
+    }
+    assert rollouts["ratio"] == pytest.approx(min(rollouts["ratios"].values()), rel=1e-3)  # over the fastest
+    assert rollouts["ratio"] == pytest.approx(rollouts["ours"] / rollouts["theirs"], rel=1e-3)
+    # same weights, greedy, every decoding parameter given: Hugging Face's Llama writes the engine's replies
+    assert rollouts["identical_replies"] == {"ours_probe_off": 1.0, "generate_none": 1.0, "generate_carry": 1.0}
+    assert rollouts["settings"]["hugging_face_model"] == "LlamaForCausalLM (sdpa)" and rollouts["goal"] == 2.5
+    teacher = results["smollm2_teacher_vs_hf_generate_batched"]
+    assert teacher["settings"]["dialogues"] == {"ours": 8, "theirs": 8} and teacher["goal"] == 2.5
+    assert "left-padded" in teacher["settings"]["theirs"]
+    assert teacher["ratio"] == pytest.approx(teacher["ours"] / teacher["theirs"], rel=1e-3)

@@ -23,11 +23,15 @@ CONTRACT = [
     "attention_memory_vs_eager",
     "linformer_memory_vs_full",
     "rollout_vs_hf_generate",
+    "rollout_vs_hf_generate_batched",
     "teacher_vs_hf_generate",
+    "teacher_vs_hf_generate_batched",
     "smollm2_rollout_tokens_per_s",
     "smollm2_report_scorer_share",
     "smollm2_rollout_vs_hf_generate",
     "smollm2_teacher_vs_hf_generate",
+    "smollm2_rollout_vs_hf_generate_batched",
+    "smollm2_teacher_vs_hf_generate_batched",
 ]
 
 

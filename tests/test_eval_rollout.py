@@ -13,7 +13,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from gatt.checks import Check, Constraint, Probe
 from gatt.eval.inputs import EvalTurn
 from gatt.eval.plan import EvalDialogue, PlannedTurn, plan_dialogues, stratify
-from gatt.eval.rollout import RolloutConfig, reference_rollout, render, rollout
+from gatt.eval.rollout import RolloutConfig, generate_rollout, reference_rollout, render, rollout
 from gatt.evaluate import main as evaluate_main
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
@@ -150,6 +150,30 @@ def test_hugging_face_llama_rolls_out_the_same(model, tokenizer, plan):
     assert replies(rollout(llama, tokenizer, plan, config, progress=False)) == replies(
         rollout(model, tokenizer, plan, config, progress=False)
     )
+
+
+@pytest.mark.parametrize("cache", ["none", "carry", "static"])
+def test_batched_generate_writes_the_replies_of_the_engine(model, tokenizer, plan, cache):
+    """The baseline a user would run (one generate() per turn over every dialogue, left-padded, on Hugging Face's
+    own Llama with the same weights): the engine's replies, whether the history is re-encoded, its cache carried
+    from turn to turn (rows of different lengths: masked gaps), or re-encoded into a static cache."""
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(**tiny_config(tokenizer))).eval()
+    llama.load_state_dict(model.state_dict())
+    llama.generation_config.repetition_penalty = 1.3  # a folder's setting that generate() must not apply unasked
+    config = RolloutConfig(max_new_tokens=12, batch_size=8)
+    ours = rollout(model, tokenizer, plan, config, progress=False)
+    theirs = generate_rollout(llama, tokenizer, plan, config, cache=cache, progress=False)
+    assert replies(theirs) == replies(ours)
+    assert theirs == ours  # every check result and stop reason too
+    assert len({len(t["reply"]) for d in ours for t in d["turns"]}) > 3  # replies of different lengths
+
+
+def test_batched_generate_refuses_what_it_does_not_measure(model, tokenizer, plan):
+    with pytest.raises(ValueError, match="greedy baseline"):
+        generate_rollout(model, tokenizer, plan, RolloutConfig(measure_attention=True), progress=False)
+    with pytest.raises(ValueError, match="cache must be"):
+        generate_rollout(model, tokenizer, plan, cache="dynamic", progress=False)
 
 
 def test_context_limit_stops_the_dialogue_like_reencoding(tokenizer):

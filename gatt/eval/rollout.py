@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from accelerate import PartialState
@@ -23,7 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gatt.collator import Placement, append_instruction, place_instruction
 from gatt.distributed import gather_items, my_items
 from gatt.eval.plan import EvalDialogue, PlannedTurn
-from gatt.generation import ChatBatch, Sampler, stop_token_ids
+from gatt.generation import ChatBatch, Sampler, common_prefix, stop_token_ids
 
 
 @dataclass(frozen=True)
@@ -266,3 +266,127 @@ def reference_rollout(
             row.stop_reason = row.stop_reason or "turns"
             transcripts.append(transcript(row))
     return transcripts
+
+
+GenerateCache = Literal["none", "carry", "static"]
+
+
+@torch.no_grad()
+def generate_rollout(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    dialogues: Sequence[EvalDialogue],
+    config: RolloutConfig = RolloutConfig(),
+    *,
+    cache: GenerateCache = "none",
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """The transcripts as a user of Hugging Face would write them: one `generate()` call per turn over all
+    `dialogues` (left-padded), greedy, every decoding parameter passed (nothing read from the model folder's
+    generation_config.json). The baseline `rollout` is measured against (benchmarks/bench_smollm2.py).
+
+    `cache`: "none" re-encodes every history each turn; "carry" keeps the batch's KV cache from turn to turn
+    (each row's cached tokens that its re-rendered history no longer starts with are masked out, and the new ones
+    follow a masked gap: generate() takes any 0/1 attention mask and counts positions over the 1s); "static"
+    re-encodes into `cache_implementation="static"` (the cache `torch.compile` needs on a GPU). The repetition
+    penalty of `generate()` counts the prompt's tokens too (ours: the reply's only), so with a penalty the replies
+    differ; without one they are the same replies."""
+    if config.do_sample or config.measure_attention or config.split_softmax is not None:
+        raise ValueError("generate_rollout is the greedy baseline: no sampling, no attention probe, no split-softmax")
+    if cache not in ("none", "carry", "static"):
+        raise ValueError(f"cache must be 'none', 'carry' or 'static', got {cache!r}")
+    model.eval()
+    stops = sorted(stop_token_ids(model, tokenizer))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+    decoding: dict[str, Any] = {
+        "do_sample": False,
+        "max_new_tokens": config.max_new_tokens,
+        "min_new_tokens": 0,
+        "eos_token_id": stops,
+        "pad_token_id": pad,
+        "repetition_penalty": config.repetition_penalty,
+        "no_repeat_ngram_size": config.no_repeat_ngram_size,
+        "temperature": None,
+        "top_p": None,
+        "top_k": None,
+        "return_dict_in_generate": True,
+    }
+    if cache == "static":
+        decoding["cache_implementation"] = "static"
+    device = model.device
+    rows = [_Rollout(d) for d in dialogues]
+    fed: list[list[int]] = [[] for _ in rows]  # carry: each row's real tokens in the batch, in order
+    columns: list[list[int]] = [[] for _ in rows]  # carry: the batch column of each
+    sequences = torch.zeros(len(rows), 0, dtype=torch.long, device=device)  # carry: the batch so far (B, L)
+    mask = torch.zeros(len(rows), 0, dtype=torch.long, device=device)
+    past = None
+    with tqdm(total=sum(len(d.turns) for d in dialogues), desc="generate", unit="turn", disable=not progress) as bar:
+        for t in range(max((len(d.turns) for d in dialogues), default=0)):
+            prompts, users = {}, {}
+            for i, row in enumerate(rows):
+                if row.stop_reason is not None:
+                    continue
+                if t >= len(row.dialogue.turns):
+                    row.stop_reason = "turns"
+                    continue
+                users[i] = user_message(row.dialogue, row.dialogue.turns[t], config)
+                ids, _ = render(tokenizer, row.dialogue, [*row.messages, {"role": "user", "content": users[i]}], config)
+                if len(ids) + config.max_new_tokens > context_length(model):
+                    row.stop_reason = "context"
+                    bar.update(len(row.dialogue.turns) - t)
+                    continue
+                prompts[i] = ids
+            if not prompts:
+                break
+            if cache == "carry":  # every row stays in the batch; a finished one gets no new tokens
+                segments = []
+                for i in range(len(rows)):
+                    ids = prompts.get(i, fed[i])
+                    same = common_prefix(fed[i], ids)
+                    mask[i, columns[i][same:]] = 0
+                    del fed[i][same:], columns[i][same:]
+                    segments.append(ids[same:])
+                order = list(range(len(rows)))
+            else:
+                order = sorted(prompts)
+                segments = [prompts[i] for i in order]
+                sequences = mask = torch.zeros(len(order), 0, dtype=torch.long, device=device)  # re-encoded
+            width = max(len(s) for s in segments)
+            block = torch.full((len(order), width), pad, dtype=torch.long)
+            block_mask = torch.zeros(len(order), width, dtype=torch.long)
+            base = sequences.shape[1]
+            for j, (i, segment) in enumerate(zip(order, segments)):
+                if segment:
+                    block[j, width - len(segment) :] = torch.tensor(segment)
+                    block_mask[j, width - len(segment) :] = 1
+                if cache == "carry":
+                    fed[i] += segment
+                    columns[i] += range(base + width - len(segment), base + width)
+            input_ids = torch.cat([sequences, block.to(device)], dim=1)
+            attention_mask = torch.cat([mask, block_mask.to(device)], dim=1)
+            output = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                **({"past_key_values": past} if past is not None else {}),
+                **decoding,
+            )
+            new = output.sequences[:, input_ids.shape[1] :].tolist()
+            generated_mask = torch.zeros(len(order), len(new[0]), dtype=torch.long)
+            for j, i in enumerate(order):
+                tokens = new[j]
+                end = next((n for n, token in enumerate(tokens) if token in stops), len(tokens))
+                if i in prompts:
+                    reply = tokenizer.decode(tokens[:end], skip_special_tokens=True).strip()
+                    rows[i].add(t + 1, rows[i].dialogue.turns[t], users[i], reply, None)
+                if cache == "carry" and i in prompts:
+                    generated_mask[j, :end] = 1  # the reply's tokens; its end and what follows are masked out
+                    fed[i] += tokens[:end]
+                    columns[i] += range(input_ids.shape[1], input_ids.shape[1] + end)
+            if cache == "carry":
+                sequences = output.sequences
+                mask = torch.cat([attention_mask, generated_mask.to(device)], dim=1)
+                past = output.past_key_values
+            bar.update(len(prompts))
+    for row in rows:
+        row.stop_reason = row.stop_reason or "turns"
+    return [transcript(row) for row in rows]
