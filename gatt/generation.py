@@ -282,6 +282,27 @@ def sampler_settings(
     return values, sources
 
 
+DECODERS: tuple[str, ...] = ("auto", "growing", "static", "graphs")
+
+
+def decoder_options(model: PreTrainedModel, decoder: str) -> dict[str, Any]:
+    """`ChatBatch` keywords of a decoder: growing (the cache grows, stopped rows leave: a CPU's fastest), static
+    (preallocated buffers, gatt/static_decode.py), graphs (static, each step a CUDA graph: `torch.compile` with
+    mode="reduce-overhead"); auto: graphs on a GPU for the library's model, growing elsewhere."""
+    if decoder not in DECODERS:
+        raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
+    static_ok = model.config.model_type == "gatt" and getattr(model.config, "attention_window", None) is None
+    if decoder == "auto":
+        decoder = "graphs" if model.device.type == "cuda" and static_ok else "growing"
+    if decoder == "graphs" and model.device.type != "cuda":
+        raise ValueError(f"decoder graphs replays CUDA graphs: the model is on {model.device} (use static or growing)")
+    return {
+        "growing": {},
+        "static": {"static": True},
+        "graphs": {"compile_step": {"mode": "reduce-overhead"}},
+    }[decoder]
+
+
 class ChatBatch:
     """The next turn of several dialogues at a time, each keeping its KV cache from turn to turn."""
 
@@ -600,9 +621,8 @@ class ChatBatch:
         spare = self.max_new_tokens + 128  # the next turn's prompt and reply fit without growing
         sources = []
         for indices, layers in groups:
-            columns = torch.zeros(len(indices), width, dtype=torch.long)  # holes read column 0: masked, never seen
-            for j, i in enumerate(indices):
-                columns[j, : len(self.rows[i].columns)] = torch.tensor(self.rows[i].columns, dtype=torch.long)
+            # each row's real columns, then column 0 for the holes (masked, never seen): one tensor for the group
+            columns = torch.tensor([c + [0] * (width - len(c)) for c in (self.rows[i].columns for i in indices)])
             sources.append((torch.tensor(indices, device=device), columns.to(device), layers))
         for layer in self.cache.layers:
             # this layer's old (K, V) of each group, taken out of `sources` (and the caller's `parked`): freed by the

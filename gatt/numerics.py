@@ -1,8 +1,10 @@
 """The numeric mode a model generates in: the exact fp32 path, bf16, or int8 on CPU.
 
 - `exact`: the model as it is (fp32 weights and activations).
-- `bf16`: weights and activations in bfloat16 (norms accumulate in fp32); in the library's attention
-  (`MaskedMultiHeadAttention.attention_dtype`) the scores, softmax, KV cache and weighted sum stay fp32.
+- `bf16`: weights and activations in bfloat16 (norms accumulate in fp32); on a CPU, in the library's attention
+  (`MaskedMultiHeadAttention.attention_dtype`) the scores, softmax, KV cache and weighted sum stay fp32 (below);
+  on a GPU the KV cache and attention are bf16 too (its fused SDPA kernels take bf16, and a cache half the size
+  is half the memory traffic of a decoding step).
   On a CPU with bf16 instructions (AVX512-BF16 or AMX; `bf16_is_native()`) a GEMM has run 3-4x faster
   than in fp32 (an AMD EPYC), and 2x *slower* on a virtual Xeon whose flags claim AVX512-BF16; on one without them
   bf16 is emulated and several times slower. So `auto` measures, and never trusts the flags alone. Attention over a
@@ -76,8 +78,8 @@ def resolve_auto(setting: str, device: torch.device | str, fast: str, slow: str,
 
 
 def for_inference(model: PreTrainedModel, numerics: Numerics | str = "exact") -> PreTrainedModel:
-    """`model` ready to generate in `numerics` (exact: unchanged; bf16: cast, the library's attention kept fp32; int8:
-    Linear layers quantised; auto: bf16 where it pays, else exact), in place."""
+    """`model` ready to generate in `numerics` (exact: unchanged; bf16: cast, the library's attention kept fp32 on a
+    CPU; int8: Linear layers quantised; auto: bf16 where it pays, else exact), in place."""
     numerics = resolve_auto(numerics, model.device, "bf16", "exact", "numerics")
     if numerics == "exact":
         return model
@@ -85,7 +87,7 @@ def for_inference(model: PreTrainedModel, numerics: Numerics | str = "exact") ->
         model = model.to(torch.bfloat16).eval()
         for module in model.modules():
             if isinstance(module, MaskedMultiHeadAttention):
-                module.attention_dtype = torch.float32
+                module.attention_dtype = torch.float32 if model.device.type == "cpu" else None
         return model
     if numerics != "int8":
         raise ValueError(f"numerics {numerics!r} is not one of {', '.join(NUMERICS)}")

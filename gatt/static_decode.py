@@ -76,7 +76,12 @@ class StaticBuffers:
             buffers.append(pair)
         full = torch.zeros(mask.shape[0], width, dtype=torch.bool, device=mask.device)
         full[:, :filled] = mask.bool()
-        return cls(buffers, full, torch.full((1,), filled, dtype=torch.long, device=mask.device))
+        column = torch.full((1,), filled, dtype=torch.long, device=mask.device)
+        # Static addresses: a CUDA graph (torch.compile's "reduce-overhead") writes them in place at every replay,
+        # where it would skip graphing a step that mutates ordinary inputs.
+        for tensor in (full, column, *(t for pair in buffers for t in pair)):
+            torch._dynamo.mark_static_address(tensor)
+        return cls(buffers, full, column)
 
 
 def decode_step(

@@ -114,9 +114,9 @@ def test_plan_balances_strata_and_places_probes(plan):
     assert plan != plan_dialogues(CONSTRAINTS, POOL, dialogues=6, turns=7, seed=1, no_instruction=2)
 
 
-@pytest.mark.parametrize("batch_size", [8, 3])
-def test_kv_reuse_gives_the_replies_of_reencoding_the_history(model, tokenizer, plan, batch_size):
-    config = RolloutConfig(max_new_tokens=12, batch_size=batch_size)
+@pytest.mark.parametrize("batch_size,decoder", [(8, "growing"), (3, "growing"), (8, "static")])
+def test_kv_reuse_gives_the_replies_of_reencoding_the_history(model, tokenizer, plan, batch_size, decoder):
+    config = RolloutConfig(max_new_tokens=12, batch_size=batch_size, decoder=decoder)
     fast = rollout(model, tokenizer, plan, config, progress=False)
     slow = reference_rollout(model, tokenizer, plan, config, progress=False)
     assert replies(fast) == replies(slow)

@@ -7,7 +7,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.cache_utils import DynamicLayer
 
-from gatt.generation import ChatBatch, GrowingLayer, NucleusWarper, Sampler
+from gatt.generation import ChatBatch, GrowingLayer, NucleusWarper, Sampler, decoder_options
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
 
@@ -375,3 +375,12 @@ def test_static_decoding_needs_the_library_model(tokenizer):
     )
     with pytest.raises(ValueError, match="static decoding needs the library's model"):
         ChatBatch(llama, tokenizer, Sampler(do_sample=False), max_new_tokens=4, static=True)
+
+
+def test_decoder_options_pick_the_path_for_the_device(model):
+    assert decoder_options(model, "auto") == {} and decoder_options(model, "growing") == {}  # a CPU: growing
+    assert decoder_options(model, "static") == {"static": True}
+    with pytest.raises(ValueError, match="decoder graphs replays CUDA graphs"):
+        decoder_options(model, "graphs")
+    with pytest.raises(ValueError, match="decoder must be one of"):
+        decoder_options(model, "fast")

@@ -27,9 +27,9 @@ def test_dry_run_on_the_cpu_runs_every_stage_and_writes_the_results(tmp_path):
     work, results = tmp_path / "work", tmp_path / "results"
     record = gpu_check.main(["--device", "cpu", "--size", "smoke", "--work", str(work), "--results", str(results)])
     stages = record["stages"]
-    assert list(stages) == ["install", "smollm2", "benchmarks", "deepspeed"]
+    assert list(stages) == ["install", "profile", "smollm2", "benchmarks", "deepspeed"]
     assert stages["install"]["status"] == "skipped"  # every package at its lock version already
-    assert stages["smollm2"]["status"] == stages["benchmarks"]["status"] == "ok"
+    assert stages["profile"]["status"] == stages["smollm2"]["status"] == stages["benchmarks"]["status"] == "ok"
     assert stages["deepspeed"] == {
         "status": "skipped",
         "seconds": 0.0,
@@ -45,19 +45,32 @@ def test_dry_run_on_the_cpu_runs_every_stage_and_writes_the_results(tmp_path):
     assert timings["device"]["device"] == "cpu" and timings["device"]["torch"]
     assert (folder / "adherence.png").stat().st_size > 0 and (folder / "report.md").stat().st_size > 0
     assert "attention_memory_vs_eager" in json.loads((results / "benchmarks_gpu.json").read_text())
+    profile = json.loads((results / "gpu_profile.json").read_text())  # every CPU decoder, its figures and replies
+    assert list(profile["decoders"]) == ["growing", "static"] and profile["settings"]["dialogues"] == 16
+    for row in profile["decoders"].values():
+        assert row["ms_per_step"] > 0 and row["operators_per_step"] > 0 and row["identical_replies"] == 1.0
+        assert row["sdpa_backend"] != "none seen" and row["host_syncs_per_step"] >= 0
     assert json.loads((results / "gpu_check.json").read_text()) == record
     assert not list(results.rglob(".*.tmp"))
 
 
 def test_a_stage_past_its_budget_is_killed_and_the_next_stage_still_runs(tmp_path, monkeypatch):
-    monkeypatch.setitem(gpu_check.BUDGETS, "smoke", {"install": 1, "smollm2": 1, "benchmarks": 60, "deepspeed": 1})
+    monkeypatch.setitem(
+        gpu_check.BUDGETS, "smoke", {"install": 1, "profile": 1, "smollm2": 1, "benchmarks": 60, "deepspeed": 1}
+    )
     commands = {stage: [sys.executable, "-c", "import time; time.sleep(60)"] for stage in gpu_check.STAGES}
     commands["benchmarks"] = [sys.executable, "-c", "print('ran')"]
     monkeypatch.setattr(gpu_check, "stage_commands", lambda args, install: commands)
-    with pytest.raises(SystemExit, match="gpu-check stage\\(s\\) install, smollm2, deepspeed failed"):
+    with pytest.raises(SystemExit, match="gpu-check stage\\(s\\) install, profile, smollm2, deepspeed failed"):
         gpu_check.main(
             ["--device", "cpu", "--size", "smoke", "--work", str(tmp_path / "w"), "--results", str(tmp_path / "r")]
         )
     record = json.loads((tmp_path / "r" / "gpu_check.json").read_text())
-    assert [record["stages"][s]["status"] for s in gpu_check.STAGES] == ["timed out", "timed out", "ok", "timed out"]
+    assert [record["stages"][s]["status"] for s in gpu_check.STAGES] == [
+        "timed out",
+        "timed out",
+        "timed out",
+        "ok",
+        "timed out",
+    ]
     assert record["stages"]["smollm2"]["detail"].startswith("still running after 1 s, killed")

@@ -58,6 +58,22 @@ def test_bf16_casts_weights_and_keeps_the_librarys_attention_fp32_and_stays_clos
     assert out.shape == (2, 17)
 
 
+def test_bf16_off_the_cpu_keeps_the_kv_cache_in_bf16() -> None:
+    """On a GPU the fused SDPA kernels take bf16 and a bf16 cache halves a step's memory traffic: the library's
+    attention is not pinned to fp32 there (here a model on the meta device stands for one that is not on a CPU)."""
+    from gatt.attention import MaskedMultiHeadAttention
+    from gatt.modeling import GattForCausalLM
+
+    cpu = for_inference(GattForCausalLM.from_llama(tiny_llama()), "bf16")
+    elsewhere = GattForCausalLM.from_llama(tiny_llama()).to("meta")
+    elsewhere = for_inference(elsewhere, "bf16")
+    dtypes = {
+        name: {m.attention_dtype for m in model.modules() if isinstance(m, MaskedMultiHeadAttention)}
+        for name, model in (("cpu", cpu), ("elsewhere", elsewhere))
+    }
+    assert dtypes == {"cpu": {torch.float32}, "elsewhere": {None}}
+
+
 def test_unknown_modes_and_gpus_are_refused() -> None:
     with pytest.raises(ValueError, match="numerics 'fp8' is not one of exact, bf16, int8"):
         for_inference(tiny_llama(), "fp8")

@@ -23,7 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gatt.collator import Placement, append_instruction, place_instruction
 from gatt.distributed import gather_items, my_items
 from gatt.eval.plan import EvalDialogue, PlannedTurn
-from gatt.generation import ChatBatch, Sampler, common_prefix, stop_token_ids
+from gatt.generation import ChatBatch, Sampler, common_prefix, decoder_options, stop_token_ids
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,8 @@ class RolloutConfig:
         None  # strength: boost every head's attention on the instruction (gatt/split_softmax.py)
     )
     shrink: bool = True  # stopped rows leave the decoding batch, holes compacted each turn (False: the older path)
+    # growing | static | graphs (gatt.generation.decoder_options); auto: graphs on a GPU for the library's model
+    decoder: str = "auto"
 
 
 @dataclass
@@ -180,6 +182,7 @@ def rollout(
                 measure_attention=config.measure_attention,
                 split_softmax=config.split_softmax,
                 shrink=config.shrink,
+                **decoder_options(model, config.decoder),
             )
             for t in range(max(len(r.dialogue.turns) for r in rows)):
                 prompts, marked, users = {}, {}, {}
