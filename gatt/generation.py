@@ -636,9 +636,9 @@ class ChatBatch:
                 for out, tensor in zip(packed, group):
                     out[indices] = tensor.gather(2, index)
             layer.assign(*packed, spare)
-        self.mask = torch.zeros(len(self.rows), width, dtype=torch.long, device=device)
-        for i, row in enumerate(self.rows):
-            self.mask[i, : len(row.columns)] = 1
+        lengths = torch.tensor([len(row.columns) for row in self.rows], device=device)  # (B,)
+        self.mask = (torch.arange(width, device=device) < lengths[:, None]).long()  # (B, width): real columns first
+        for row in self.rows:
             new_column = {old: new for new, old in enumerate(row.columns)}
             row.marked = [new_column[c] for c in row.marked if c in new_column]
             row.columns = list(range(len(row.columns)))
