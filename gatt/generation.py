@@ -13,6 +13,11 @@ aside, so the steps until the longest reply ends compute only the rows still wri
 every row goes back into one cache with its real columns packed to the left (`shrink`, the default;
 the same tokens as decoding every row to the end, tested).
 
+A decoding step reads the device once (its drawn tokens); which rows have stopped, their positions, the next
+mask column and the attention probe's sums stay on the device (tests/test_generation.py counts it). With
+`static=True` (or `compile_step`) a reply decodes over preallocated buffers, one capturable step a token, for
+`torch.compile` and CUDA graphs (gatt/static_decode.py; `decoder_options` picks the path for a device).
+
 With `k > 1` the prompt is encoded once and the cache repeated for k sampled candidates; `keep` then
 keeps one candidate per dialogue (rejection sampling) and drops the others' cache rows.
 With `split_softmax=STRENGTH`, every forward call boosts each row's attention on its marked tokens (the
