@@ -481,13 +481,7 @@ class ChatBatch:
         reply = torch.zeros(batch, self.max_new_tokens, dtype=torch.long, device=device)  # (B, steps)
         written = self.mask.shape[1]
         for step in range(self.max_new_tokens):
-            drawn = self.sampler(logits, reply[:, :step])  # (B,)
-            reply[:, step] = drawn
-            tokens = drawn.tolist()  # the step's one read to the host
-            for i, token in enumerate(tokens):
-                if not finished[i]:
-                    replies[i].append(token)
-                    finished[i] = token in self.stops
+            drawn, tokens = self._draw(logits, reply, step, replies, finished)
             if all(finished) or step == self.max_new_tokens - 1:
                 break
             stopped_rows |= torch.isin(drawn, stops)
@@ -548,13 +542,7 @@ class ChatBatch:
         probe = _Probe(self.rows, mask.shape[1], device) if self.measure_attention else None
         reply = torch.zeros(batch, self.max_new_tokens, dtype=torch.long, device=device)  # (B, steps): every draw
         for step in range(self.max_new_tokens):
-            drawn = self.sampler(logits, reply[:, :step])  # (B,)
-            reply[:, step] = drawn
-            tokens = drawn.tolist()  # the step's one read to the host
-            for i, token in enumerate(tokens):
-                if not finished[i]:
-                    replies[i].append(token)
-                    finished[i] = token in self.stops
+            drawn, tokens = self._draw(logits, reply, step, replies, finished)
             if all(finished) or step == self.max_new_tokens - 1:
                 break
             stopped_rows |= torch.isin(drawn, stops)
@@ -600,6 +588,20 @@ class ChatBatch:
         else:
             self.mask = mask
         return replies, probe.means() if probe is not None else [None] * batch
+
+    def _draw(
+        self, logits: Tensor, reply: Tensor, step: int, replies: list[list[int]], finished: list[bool]
+    ) -> tuple[Tensor, list[int]]:
+        """Step `step`'s token for every row (B,), written into `reply` (B, steps), and read to the host once: each
+        row still writing appends it to its reply and stops on a stop token (`replies`, `finished` updated)."""
+        drawn = self.sampler(logits, reply[:, :step])  # (B,)
+        reply[:, step] = drawn
+        tokens = drawn.tolist()  # the step's one read to the host
+        for i, token in enumerate(tokens):
+            if not finished[i]:
+                replies[i].append(token)
+                finished[i] = token in self.stops
+        return drawn, tokens
 
     def _attention_mask(self, mask: Tensor, holes: bool) -> Tensor | None:
         """A decoding step's `attention_mask` (D, columns). The library's model would read it to choose its causal

@@ -137,6 +137,33 @@ def transcript(row: _Rollout) -> dict[str, Any]:
     }
 
 
+def next_prompts(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: Sequence[_Rollout],
+    t: int,
+    config: RolloutConfig,
+    bar: tqdm,
+) -> tuple[dict[int, list[int]], dict[int, list[int]], dict[int, str]]:
+    """Turn `t` of every row still under way: its rendered prompt, its instruction's token indices and its user
+    message, by row index. A row out of turns, or whose prompt and reply would pass the context, stops here."""
+    prompts, marked, users = {}, {}, {}
+    for i, row in enumerate(rows):
+        if row.stop_reason is not None:
+            continue
+        if t >= len(row.dialogue.turns):
+            row.stop_reason = "turns"
+            continue
+        users[i] = user_message(row.dialogue, row.dialogue.turns[t], config)
+        ids, span = render(tokenizer, row.dialogue, [*row.messages, {"role": "user", "content": users[i]}], config)
+        if len(ids) + config.max_new_tokens > context_length(model):
+            row.stop_reason = "context"
+            bar.update(len(row.dialogue.turns) - t)
+            continue
+        prompts[i], marked[i] = ids, span
+    return prompts, marked, users
+
+
 @torch.no_grad()
 def rollout(
     model: PreTrainedModel,
@@ -185,22 +212,7 @@ def rollout(
                 **decoder_options(model, config.decoder),
             )
             for t in range(max(len(r.dialogue.turns) for r in rows)):
-                prompts, marked, users = {}, {}, {}
-                for i, row in enumerate(rows):
-                    if row.stop_reason is not None:
-                        continue
-                    if t >= len(row.dialogue.turns):
-                        row.stop_reason = "turns"
-                        continue
-                    users[i] = user_message(row.dialogue, row.dialogue.turns[t], config)
-                    ids, span = render(
-                        tokenizer, row.dialogue, [*row.messages, {"role": "user", "content": users[i]}], config
-                    )
-                    if len(ids) + config.max_new_tokens > context_length(model):
-                        row.stop_reason = "context"
-                        bar.update(len(row.dialogue.turns) - t)
-                        continue
-                    prompts[i], marked[i] = ids, span
+                prompts, marked, users = next_prompts(model, tokenizer, rows, t, config, bar)
                 if not prompts:
                     break
                 for i, [candidate] in chat.generate(prompts, marked=marked).items():
@@ -325,20 +337,7 @@ def generate_rollout(
     past = None
     with tqdm(total=sum(len(d.turns) for d in dialogues), desc="generate", unit="turn", disable=not progress) as bar:
         for t in range(max((len(d.turns) for d in dialogues), default=0)):
-            prompts, users = {}, {}
-            for i, row in enumerate(rows):
-                if row.stop_reason is not None:
-                    continue
-                if t >= len(row.dialogue.turns):
-                    row.stop_reason = "turns"
-                    continue
-                users[i] = user_message(row.dialogue, row.dialogue.turns[t], config)
-                ids, _ = render(tokenizer, row.dialogue, [*row.messages, {"role": "user", "content": users[i]}], config)
-                if len(ids) + config.max_new_tokens > context_length(model):
-                    row.stop_reason = "context"
-                    bar.update(len(row.dialogue.turns) - t)
-                    continue
-                prompts[i] = ids
+            prompts, _, users = next_prompts(model, tokenizer, rows, t, config, bar)
             if not prompts:
                 break
             if cache == "carry":  # every row stays in the batch; a finished one gets no new tokens
