@@ -13,7 +13,7 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # A side of a comparison: one timed round. It returns the seconds it measured itself (to leave set-up out
@@ -41,14 +41,22 @@ def median(values: list[float]) -> float:
 
 
 def rollout_vs_batched_generate(
-    model: Any, llama: Any, tokenizer: Any, plan: list[Any], config: Any, *, goal: float, settings: dict[str, Any]
+    model: Any,
+    llama: Any,
+    tokenizer: Any,
+    plan: list[Any],
+    config: Any,
+    *,
+    goal: float,
+    settings: dict[str, Any],
+    caches: Sequence[str] = ("none", "carry"),
 ) -> dict[str, Any]:
     """Our rollouts (`gatt.eval.rollout.rollout`, all of `plan` in one batch, the attention probe off and on) vs the
     batched `generate()` a user would run (`generate_rollout`: every dialogue in one call per turn, left-padded) on
     `llama`, Hugging Face's own model with the same weights: re-encoding each history, carrying the batch's cache
-    across turns, and on CUDA a static cache (which generate() compiles there). Greedy, every decoding parameter the
-    same; each side warmed up on two dialogues, then one timed run each. The ratio is ours (probe on: the report's
-    setting) over the fastest baseline; `identical_replies` per baseline, against ours."""
+    across turns (`caches`), and on CUDA a static cache too (which generate() compiles there). Greedy, every decoding
+    parameter the same; each side warmed up on two dialogues, then one timed run each. The ratio is ours (probe on:
+    the report's setting) over the fastest baseline; `identical_replies` per baseline, against ours."""
     from dataclasses import replace
 
     import torch
@@ -56,7 +64,7 @@ def rollout_vs_batched_generate(
     from gatt.eval.rollout import generate_rollout, rollout
 
     config = replace(config, batch_size=len(plan))  # every dialogue in one batch, on every side
-    caches = ["none", "carry"] + (["static"] if llama.device.type == "cuda" else [])
+    caches = [*caches, *(["static"] if llama.device.type == "cuda" else [])]
     sides: dict[str, Callable[[list[Any]], list[dict]]] = {
         "ours_probe_off": lambda dialogues: rollout(model, tokenizer, dialogues, config, progress=False),
         "ours": lambda dialogues: rollout(

@@ -32,7 +32,9 @@ held-out user turns, N dialogues x T turns, probes every 6th turn.
   the same weights), re-encoding each history or carrying the batch's cache across turns (on CUDA also a static cache,
   compiled by generate()); greedy, no penalty, every decoding parameter explicit; ours with the attention probe
   on over the fastest, goal >= 2.5 (`ratio_probe_off` without the probe), identical replies per side, and
-  `ceiling_share_at_most`: ours' tokens/s (at most M a turn) over the fp32 GEMM ceiling.
+  `ceiling_share_at_most`: ours' tokens/s (at most M a turn) over the fp32 GEMM ceiling. At full size the
+  baseline carries its cache only: re-encoding was 2.5x slower than carrying at 32 dialogues x 8 turns (`--quick`
+  runs both), and its cost grows with the square of the turns (about 50 minutes at 64 x 20 on 2 CPU cores).
 - `smollm2_teacher_vs_hf_generate_batched`: the teacher row below, theirs one `generate(num_return_sequences=k)`
   per turn over each batch of B dialogues (left-padded), goal >= 2.5.
 - `smollm2_teacher_vs_hf_generate`: our batched teacher (`ModelTeacher`, k = 4 candidates per turn,
@@ -87,6 +89,7 @@ FULL = {
     "teacher_batch": 16,
     "teacher_reference_dialogues": 1,
     "k": 4,
+    "generate_caches": ("carry",),
 }
 QUICK = {
     "dialogues": 8,
@@ -96,6 +99,7 @@ QUICK = {
     "teacher_batch": 8,
     "teacher_reference_dialogues": 1,
     "k": 4,
+    "generate_caches": ("none", "carry"),
 }
 REPORT = {"repetition_penalty": 1.2, "measure_attention": True}  # the demo's report decoding, the probe on
 Loader = Callable[[], tuple[PreTrainedModel, PreTrainedTokenizerBase]]
@@ -184,7 +188,7 @@ def gate_verdicts(
 
 
 def rollout_rows(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: list[EvalDialogue], size: dict[str, int]
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: list[EvalDialogue], size: dict[str, Any]
 ) -> dict[str, dict[str, Any]]:
     """The report rollouts in three modes (all dialogues in one batch each), the gate over them, the scorer's share."""
     config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=len(plan), **REPORT)
@@ -299,7 +303,7 @@ def rollout_rows(
 
 
 def generate_row(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: list[EvalDialogue], size: dict[str, int]
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: list[EvalDialogue], size: dict[str, Any]
 ) -> dict[str, Any]:
     """Ours over all dialogues (one batch) vs generate() per turn on the first R, greedy, identical replies."""
     config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=len(plan))
@@ -331,14 +335,21 @@ def generate_row(
 
 
 def batched_generate_row(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: list[EvalDialogue], size: dict[str, int]
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: list[EvalDialogue], size: dict[str, Any]
 ) -> dict[str, Any]:
     """Ours over `generate()` batched per turn over all N dialogues (bench_common.rollout_vs_batched_generate), on
     Hugging Face's Llama; with our rollouts' share of the fp32 GEMM ceiling."""
     config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=len(plan))
     llama = hugging_face_llama(model)
     row = rollout_vs_batched_generate(
-        model, llama, tokenizer, plan, config, goal=2.5, settings={"turns": size["turns"], "probe_every": 6}
+        model,
+        llama,
+        tokenizer,
+        plan,
+        config,
+        goal=2.5,
+        settings={"turns": size["turns"], "probe_every": 6},
+        caches=size["generate_caches"],
     )
     _, ceiling = gemm_ceiling(model, torch.float32)
     tokens_per_turn = size["max_new_tokens"]  # an upper bound: the share below is at most this
@@ -347,7 +358,7 @@ def batched_generate_row(
     return row
 
 
-def top_p_ms(model: PreTrainedModel, size: dict[str, int]) -> dict[str, float]:
+def top_p_ms(model: PreTrainedModel, size: dict[str, Any]) -> dict[str, float]:
     """Milliseconds of one top-p step on a teacher batch's logits (B = batch x k rows of the vocabulary): ours
     (`NucleusWarper`, top-k) and Hugging Face's `TopPLogitsWarper` (a full sort), medians of 20 calls."""
     generator = torch.Generator().manual_seed(0)
@@ -365,7 +376,7 @@ def top_p_ms(model: PreTrainedModel, size: dict[str, int]) -> dict[str, float]:
 def teacher_row(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    size: dict[str, int],
+    size: dict[str, Any],
     device: str = "cpu",
     batched: bool = False,
 ) -> dict[str, Any]:

@@ -303,7 +303,7 @@ def _show(progress: tqdm | None, tally: Counter, *, turn: int | None, active: in
 
 
 def to_record(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -> dict[str, Any]:
-    """The record format of architecture.md: clean messages, the instruction kept apart."""
+    """The record format of docs/data.md ("Formats"): clean messages, the instruction kept apart."""
     messages = []
     for turn, reply in zip(dialogue.turns, dialogue.replies):
         messages += [{"role": "user", "content": turn.text}, {"role": "assistant", "content": reply}]

@@ -492,7 +492,7 @@ def hold_out_families(
 
 
 def load_constraints(path: str | Path) -> list[Constraint]:
-    """Read a constraint file (YAML: a top-level `constraints` list of entries, see architecture.md), or the
+    """Read a constraint file (YAML: a top-level `constraints` list of entries, see docs/data.md, "Formats"), or the
     built-in instruction sets it names where no such file exists: `ifeval`, `ifbench` or `ifeval,ifbench`
     (gatt/constraint_sets.py)."""
     path = Path(path)

@@ -1,6 +1,6 @@
 """The GAtt collator: the instruction only in the first turn, loss only on the supervised replies.
 
-A record (architecture.md) holds clean `messages` and the instruction apart. The collator renders it
+A record (docs/data.md, "Formats") holds clean `messages` and the instruction apart. The collator renders it
 with the tokenizer's chat template, putting the instruction (full or short, per `use_short`) exactly
 once: in the system message (Llama 2's choice, the default) or in front of the first user message.
 Labels are -100 everywhere except the supervised assistant replies and their end-of-turn token:

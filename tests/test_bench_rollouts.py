@@ -8,6 +8,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 
+import bench_common  # noqa: E402
 import bench_eval  # noqa: E402
 import bench_teacher  # noqa: E402
 from test_generation import model, tokenizer  # noqa: E402,F401  (the tiny model and tokenizer fixtures)
@@ -53,6 +54,19 @@ def test_eval_sides_give_identical_replies_and_a_difference_is_named(model, toke
     changed[1]["turns"][2]["reply"] += " (changed)"
     with pytest.raises(AssertionError, match=rf"91\.7% identical\); first: dialogue {plan[1].id}, turn 3: "):
         bench_eval.check_identical(ours, changed)
+
+
+def test_batched_generate_row_runs_the_baselines_it_is_given(model, tokenizer):
+    """bench_smollm2's full size runs the carried cache alone: the row then names it the best and only baseline."""
+    plan = plan_dialogues(load_eval_constraints(), load_eval_turns(), dialogues=3, turns=3, seed=0)
+    config = RolloutConfig(max_new_tokens=5, batch_size=3)
+    row = bench_common.rollout_vs_batched_generate(
+        model, bench_eval.hugging_face_llama(model), tokenizer, plan, config, goal=2.5, settings={}, caches=("carry",)
+    )
+    assert set(row["turns_per_s"]) == {"ours", "ours_probe_off", "generate_carry"}
+    assert row["best_baseline"] == "generate_carry" and set(row["ratios"]) == {"generate_carry"}
+    assert row["identical_replies"] == {"ours_probe_off": 1.0, "generate_carry": 1.0}
+    assert "(the fastest of carry)" in row["settings"]["theirs"]
 
 
 def test_eval_run_returns_one_comparison_with_identical_replies(monkeypatch):

@@ -1,5 +1,6 @@
 """Tests for reply checks, constraints and probes, and the constraint-file loader."""
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -24,17 +25,10 @@ SPANISH = "Creo que el tenis es un deporte maravilloso para todas las personas."
 GERMAN = "Ich glaube, dass Tennis ein wunderbarer Sport für alle Menschen ist."
 ENGLISH = "I think that tennis is a wonderful sport for everyone to enjoy."
 
-# The example of /work/shared/architecture.md, verbatim.
-ARCHITECTURE_EXAMPLE = """\
-constraints:
-  - name: french
-    instruction: "Always answer in French."
-    short: "Language: French"
-    checks: [{type: language, code: fr}]
-    probes:
-      - question: "Which language do you speak?"
-        checks: [{type: contains_any, words: ["French", "français"]}]
-"""
+# The constraint-file example of docs/data.md ("Formats"), as the page prints it: the documented format loads.
+DOCS_EXAMPLE = re.search(
+    r"\*\*A constraint file\*\*.*?```yaml\n(.*?)```", (Path(__file__).parents[1] / "docs" / "data.md").read_text(), re.S
+).group(1)
 
 
 def check(type_: str, **args: object) -> Check:
@@ -207,8 +201,8 @@ def test_check_built_in_code_is_validated() -> None:
 # --- constraint files ------------------------------------------------------------------------------
 
 
-def test_architecture_example_loads(tmp_path: Path) -> None:
-    [french] = load_constraints(write(tmp_path, ARCHITECTURE_EXAMPLE))
+def test_the_documented_example_loads(tmp_path: Path) -> None:
+    [french] = load_constraints(write(tmp_path, DOCS_EXAMPLE))
     assert french == Constraint(
         name="french",
         instruction="Always answer in French.",
@@ -221,7 +215,7 @@ def test_architecture_example_loads(tmp_path: Path) -> None:
 
 
 def test_dump_load_round_trip(tmp_path: Path) -> None:
-    constraints = load_constraints(write(tmp_path, ARCHITECTURE_EXAMPLE)) + [
+    constraints = load_constraints(write(tmp_path, DOCS_EXAMPLE)) + [
         Constraint(
             name="figure:Napoléon",
             instruction="Always act as Napoléon from now.",
@@ -333,7 +327,7 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_dump_refuses_duplicate_names(tmp_path: Path) -> None:
-    [french] = load_constraints(write(tmp_path, ARCHITECTURE_EXAMPLE))
+    [french] = load_constraints(write(tmp_path, DOCS_EXAMPLE))
     with pytest.raises(ValueError, match="duplicate"):
         dump_constraints([french, french], tmp_path / "dup.yaml")
     assert not (tmp_path / "dup.yaml").exists()
@@ -343,7 +337,7 @@ def test_dump_refuses_duplicate_names(tmp_path: Path) -> None:
 def test_failed_dump_leaves_no_half_written_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, existing: bool
 ) -> None:
-    source = write(tmp_path, ARCHITECTURE_EXAMPLE)
+    source = write(tmp_path, DOCS_EXAMPLE)
     constraints = load_constraints(source) * 3
     constraints = [Constraint(**{**vars(c), "name": f"c{i}"}) for i, c in enumerate(constraints)]
     target = tmp_path / "target.yaml"

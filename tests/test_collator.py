@@ -1,6 +1,6 @@
 """GAttCollator: instruction placement, label masks per mode, truncation, batching, packing, trainers.
 
-Everything is built here: records in the architecture.md format, a tokenizer trained on their texts
+Everything is built here: records in the format of docs/data.md ("Formats"), a tokenizer trained on their texts
 (`gatt.tokenizer.train_tokenizer`, whose template has {% generation %} marks) and, on copies of it,
 three more templates without generation marks: ChatML, Llama-3-style and one without a system role.
 """
@@ -21,7 +21,7 @@ from gatt.collator import IGNORE_INDEX, GAttCollator
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
 
-# -- records (architecture.md format) ---------------------------------------------------------------
+# -- records (docs/data.md format) -------------------------------------------------------------------
 
 FRENCH = {
     "id": "d-000001",
