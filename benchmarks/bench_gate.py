@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gatt.checks import Check
+from gatt.files import write_json
 from gatt.gate import AnswerGate, GateConfig, GateItem, GateTurn, RelevanceScorer
 from gatt.pretrained import load_smollm2
 
@@ -214,10 +215,7 @@ def main() -> None:
             "    per gate outcome (answers / n):",
             {k: (v["answers"], v["n"]) for k, v in own["per_gate_outcome"].items()},
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(args.out)
+    write_json(args.out, result)
 
     for name, table in tabled.items():
         print(f"{name}: agreement {100 * table['agreement']:.1f}% of {table['n']}; confusion {table['confusion']}")

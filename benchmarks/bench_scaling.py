@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import shutil
 import sys
@@ -39,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GATT = Path("round-1") / "gatt"
 sys.path.insert(0, str(ROOT))
 
+from gatt.files import write_text  # noqa: E402
 from gatt.machine import machine_calibration  # noqa: E402
 from gatt.processes import run as run_tree  # noqa: E402
 
@@ -277,11 +277,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "machine": machine_calibration(),
         "stages": stages,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
     for name, text in (("scaling.json", json.dumps(result, indent=2) + "\n"), ("scaling.md", markdown(result))):
-        tmp = args.out / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, args.out / name)
+        write_text(args.out / name, text)
     print(markdown(result))
     return result
 

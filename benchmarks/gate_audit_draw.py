@@ -29,6 +29,7 @@ from typing import Any
 
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.plan import EvalDialogue, plan_dialogues
+from gatt.files import write_text
 
 SOURCES = {
     "base": "SmolLM2-135M-Instruct, greedy (repetition penalty 1.2), instruction in the system message only",
@@ -155,9 +156,7 @@ def main() -> None:
     drawn = draw(candidate_rows(transcripts, dialogues, args.id_prefix), args.per_cell, args.seed)
     if args.records_file is not None:
         drawn += record_rows(args.records_file, args.records, args.seed, prefix=f"{args.id_prefix}data.")
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in drawn), encoding="utf-8")
-    tmp.replace(args.out)
+    write_text(args.out, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in drawn))
     print(f"wrote {len(drawn)} replies to {args.out}")
 
 

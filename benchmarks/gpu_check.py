@@ -255,8 +255,7 @@ def device_record(device: str) -> dict[str, Any]:
 
 def collect(args: argparse.Namespace, outcomes: list[Outcome], kept: dict[str, list[str | None]]) -> dict[str, Any]:
     """Copy the small result files into RESULTS (each written whole, then renamed) and write gpu_check.json."""
-    from run import write_json  # benchmarks/run.py, beside this file (it imports the project: after the install)
-
+    from gatt.files import write_json  # the project is importable once the install stage has run
     from gatt.machine import machine_calibration
 
     args.results.mkdir(parents=True, exist_ok=True)
@@ -289,9 +288,10 @@ def collect(args: argparse.Namespace, outcomes: list[Outcome], kept: dict[str, l
 
 
 def atomic_copy(source: Path, target: Path) -> None:
-    tmp = target.with_name(f".{target.name}.tmp")
-    shutil.copyfile(source, tmp)
-    tmp.replace(target)
+    from gatt.files import atomic_path  # the project is importable once the install stage has run
+
+    with atomic_path(target) as tmp:
+        shutil.copyfile(source, tmp)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

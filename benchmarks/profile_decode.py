@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns  # noqa: E402
 from gatt.eval.plan import plan_dialogues  # noqa: E402
 from gatt.eval.rollout import RolloutConfig, render, user_message  # noqa: E402
+from gatt.files import write_text  # noqa: E402
 from gatt.generation import ChatBatch, Sampler, decoder_options  # noqa: E402
 from gatt.numerics import for_inference  # noqa: E402
 
@@ -270,10 +271,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.device == "cuda" and not cuda():
         sys.exit("error: --device cuda: no CUDA device here (--device cpu --model tiny runs the code)")
     result = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(args.out)
+    write_text(args.out, json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
     return result
 

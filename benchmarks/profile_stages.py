@@ -21,9 +21,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's gatt
 
-from run import write_json  # noqa: E402  (benchmarks/run.py: whole under a temporary name, then renamed)
 
 from gatt.cli import exit_on_bad_input  # noqa: E402
+from gatt.files import write_json  # noqa: E402
 
 # The stage a process runs, by its command line (recipes/demo.py's stage commands), first match.
 STAGES: list[tuple[str, str]] = [

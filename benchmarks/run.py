@@ -43,7 +43,6 @@ import argparse
 import importlib
 import inspect
 import json
-import os
 import platform
 import sys
 import time
@@ -56,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules 
 import torch  # noqa: E402
 
 from gatt.cli import exit_on_bad_input  # noqa: E402
+from gatt.files import write_json  # noqa: E402
 from gatt.machine import available_cpus, machine_calibration  # noqa: E402
 
 # key -> the module whose run(quick, device) returns it, in the order they run
@@ -213,14 +213,6 @@ def markdown(payload: dict[str, Any], gpu: dict[str, Any] | None = None) -> str:
             cells.append(f"{gpu[key]['ratio']:.2f}x" if key in gpu else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def write_json(path: Path, payload: dict[str, Any]) -> None:
-    """Written whole under a temporary name, then renamed: never a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def merge_into(earlier: dict[str, Any], payload: dict[str, Any], keys: list[str]) -> dict[str, Any]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections import Counter
 from functools import partial
@@ -53,6 +52,7 @@ from gatt.cli import exit_on_bad_input
 from gatt.distributed import end_job, process_state
 from gatt.embedded import model_path
 from gatt.events import add_kinds_argument
+from gatt.files import atomic_path, write_json
 from gatt.generation import add_sampler_arguments, sampler_settings
 from gatt.model_folder import check_model_folder
 from gatt.numerics import NUMERICS
@@ -295,9 +295,8 @@ def run_base(args: argparse.Namespace) -> dict:
     constraints = catalogue() if args.heldout_families is None else catalogue(heldout_families=args.heldout_families)
     train_turns, _ = split_user_turns()
     args.out.mkdir(parents=True, exist_ok=True)
-    path, tmp = args.out / "base.jsonl", args.out / ".base.jsonl.tmp"
     kinds, turns = Counter(), 0
-    with tmp.open("w", encoding="utf-8") as f:
+    with atomic_path(args.out / "base.jsonl") as tmp, tmp.open("w", encoding="utf-8") as f:
         records = base_corpus(
             args.num_dialogues,
             args.seed,
@@ -310,12 +309,11 @@ def run_base(args: argparse.Namespace) -> dict:
             kinds[record["kind"]] += 1
             turns += sum(m["role"] == "assistant" for m in record["messages"])
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
     return {
         "records": args.num_dialogues,
         "kinds": dict(sorted(kinds.items())),
         "assistant_turns": turns,
-        "path": str(path),
+        "path": str(args.out / "base.jsonl"),
     }
 
 
@@ -419,10 +417,7 @@ def run_pass_rate(args: argparse.Namespace) -> dict:
         **decoding,  # the values used, and where each came from
         decoding_sources=sources,
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, args.out)
+    write_json(args.out, result)
     print(format_pass_rates(result), file=sys.stderr)
     return result["per_family"]
 

@@ -15,7 +15,6 @@ Regenerate with `python -m data_gen eval-set --out gatt/eval/builtin`.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import yaml
@@ -23,6 +22,7 @@ import yaml
 from data_gen.constraints import catalogue, family_table
 from data_gen.user_turns import on_topic_check, split_user_turns
 from gatt.checks import dump_constraints
+from gatt.files import atomic_path, write_text
 
 
 def write_eval_set(out_dir: Path, *, seed: int = 0) -> dict:
@@ -32,18 +32,14 @@ def write_eval_set(out_dir: Path, *, seed: int = 0) -> dict:
     constraints = catalogue(seed=seed)
     dump_constraints(constraints, out_dir / "constraints.yaml")
     families = family_table()
-    tmp = out_dir / ".families.yaml.tmp"
-    tmp.write_text(yaml.safe_dump({"families": families}, sort_keys=False, width=100), encoding="utf-8")
-    os.replace(tmp, out_dir / "families.yaml")
+    write_text(out_dir / "families.yaml", yaml.safe_dump({"families": families}, sort_keys=False, width=100))
 
     _, heldout = split_user_turns(seed=seed)
-    path, tmp = out_dir / "user_turns.jsonl", out_dir / ".user_turns.jsonl.tmp"
-    with tmp.open("w", encoding="utf-8", newline="\n") as f:
+    with atomic_path(out_dir / "user_turns.jsonl") as tmp, tmp.open("w", encoding="utf-8", newline="\n") as f:
         for turn in heldout:
             assert turn.topic is not None  # built-in turns always carry their topic
             record = {"content": turn.text, "topic": turn.topic, "checks": [on_topic_check(turn.topic).to_dict()]}
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
     return {
         "constraints": len(constraints),
         "families": len(families),

@@ -21,7 +21,6 @@ With several machines, --out must be on a filesystem they share.
 from __future__ import annotations
 
 import json
-import os
 import random
 import statistics
 from collections import Counter
@@ -48,6 +47,7 @@ from gatt.events import (
     in_force,
     withdrawn,
 )
+from gatt.files import write_text
 from gatt.gate import REASONS, AnswerGate, GateConfig, GateItem, GateTurn
 
 
@@ -333,12 +333,6 @@ def to_record(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -
     return record
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: several may write settings.json at once
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def gate_config(strict_repeats: bool = False, strict_gate: bool = False) -> GateConfig:
     """The teacher's answer gate: the default, without the topic-change exemption, or the real-model gate."""
     return GateConfig.strict() if strict_gate else GateConfig(topic_change_exempts=not strict_repeats)
@@ -404,8 +398,8 @@ def synthesize(
             lines = [json.dumps(_shard_entry(d, teacher.name, config), ensure_ascii=False) for d in dialogues]
             # Stats first: the shard's .jsonl appearing is what marks it finished.
             made = {"process": state.process_index, "processes": state.num_processes, "counts": stats}
-            _write_atomic(path.with_suffix(".stats.json"), json.dumps(made))
-            _write_atomic(path, "".join(line + "\n" for line in lines))
+            write_text(path.with_suffix(".stats.json"), json.dumps(made))
+            write_text(path, "".join(line + "\n" for line in lines))
     progress.close()
     state.wait_for_everyone()  # every shard is written
     if state.is_main_process:
@@ -423,7 +417,7 @@ def _demonstrations(
     if demonstrate is None:
         raise ValueError("demonstration is on but no demonstrations were given (data_gen gatt --demonstration)")
     found = demonstrate()
-    _write_atomic(path, json.dumps(found, ensure_ascii=False, indent=2))
+    write_text(path, json.dumps(found, ensure_ascii=False, indent=2))
     return found
 
 
@@ -468,7 +462,7 @@ def _check_settings(path: Path, settings: dict[str, Any]) -> None:
                 f"{path.parent} holds shards made with other settings ({path}); use another --out or delete that folder"
             )
     else:
-        _write_atomic(path, json.dumps(settings, indent=2))
+        write_text(path, json.dumps(settings, indent=2))
 
 
 def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str, processes: int) -> None:
@@ -493,7 +487,7 @@ def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str, processes
         per_rank[made["process"]] += len(lines)
         entries += [json.loads(line) for line in lines]
     records = [e["record"] for e in entries if e["kept"]]
-    _write_atomic(out_dir / f"{name}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    write_text(out_dir / f"{name}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     lengths = [e["turns"] for e in entries if e["kept"]]
     attempted, kept = Counter(), Counter()
     for e in entries:
@@ -529,4 +523,4 @@ def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str, processes
             "histogram": dict(sorted(Counter(lengths).items())),
         },
     }
-    _write_atomic(out_dir / f"{name}.summary.json", json.dumps(summary, indent=2))
+    write_text(out_dir / f"{name}.summary.json", json.dumps(summary, indent=2))

@@ -8,13 +8,14 @@ import os
 import random
 import re
 import sys
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+
+from gatt.files import atomic_path
 
 if TYPE_CHECKING:
     import lingua
@@ -539,13 +540,5 @@ def dump_constraints(constraints: Iterable[Constraint], path: str | Path) -> Non
     if duplicates:
         raise ValueError(f"cannot write {path}: duplicate constraint names {duplicates} would not load back")
 
-    # Same folder, so the rename stays on one file system and is atomic.
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "x", encoding="utf-8") as f:
-            yaml.safe_dump({"constraints": entries}, f, sort_keys=False, allow_unicode=True, width=100)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_path(path) as tmp, open(tmp, "x", encoding="utf-8") as f:
+        yaml.safe_dump({"constraints": entries}, f, sort_keys=False, allow_unicode=True, width=100)

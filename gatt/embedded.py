@@ -15,9 +15,6 @@ import argparse
 import hashlib
 import json
 import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +23,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gatt.cli import exit_on_bad_input
+from gatt.files import atomic_path
 
 EMBEDDED = "embedded"
 FOLDER = Path(__file__).resolve().parent / "embedded_model"
@@ -79,7 +77,7 @@ def package(model_dir: Path, out: Path, record: dict[str, Any]) -> Path:
     size = (model_dir / WEIGHTS).stat().st_size
     if size > MAX_WEIGHT_BYTES:
         raise ValueError(f"{model_dir / WEIGHTS}: {size / 2**20:.1f} MiB, over the {MAX_WEIGHT_BYTES / 2**20:.0f} MiB")
-    with _replacing(out) as partial:
+    with atomic_path(out) as partial:
         _copy_files(model_dir, partial)  # a model folder: weights, config, generation config, tokenizer, template
         parameters = sum(tensor.numel() for tensor in load_file(partial / WEIGHTS).values())
         record = {**record, "parameters": parameters, "weights_sha256": weights_sha256(partial), "weights_bytes": size}
@@ -98,27 +96,12 @@ def ship(folder: Path, into: Path = FOLDER) -> None:
         raise FileNotFoundError(f"{folder}: not a packaged embedded model (no {RECORD} or {WEIGHTS}); make base-model")
     if weights_sha256(folder) != read_record(folder)["weights_sha256"]:
         raise ValueError(f"{folder}: {WEIGHTS} does not match its {RECORD}")
-    with _replacing(into) as partial:
+    with atomic_path(into) as partial:
         _copy_files(folder, partial)
 
 
-@contextmanager
-def _replacing(target: Path) -> Iterator[Path]:
-    """A new folder beside `target`, filled by the block, then put in its place: `target` is whole or absent, and a
-    block that fails leaves `target` as it was and no partial folder behind."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        yield partial
-    except BaseException:
-        shutil.rmtree(partial)
-        raise
-    if target.exists():
-        shutil.rmtree(target)
-    partial.rename(target)
-
-
 def _copy_files(source: Path, target: Path) -> None:
+    target.mkdir()
     for path in source.iterdir():
         if path.is_file():
             shutil.copy2(path, target / path.name)

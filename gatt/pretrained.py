@@ -2,13 +2,12 @@
 
 import argparse
 import importlib.util
-import os
-import shutil
 from pathlib import Path
 
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
 from gatt.cli import exit_on_bad_input
+from gatt.files import atomic_path
 from gatt.model_folder import loading_model
 from gatt.modeling import GattForCausalLM
 
@@ -42,12 +41,10 @@ def export_smollm2(out: str | Path) -> Path:
     if (out / "config.json").exists():
         return out
     model, tokenizer = load_smollm2()
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    write_generation_config(tmp)
-    os.replace(tmp, out)
+    with atomic_path(out) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        write_generation_config(tmp)
     return out
 
 

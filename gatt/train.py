@@ -597,7 +597,8 @@ class Trainer:
                 f.write(json.dumps(metrics) + "\n")
 
     def save_checkpoint(self, step: int) -> None:
-        """Accelerate's save_state into a temporary folder, renamed into place; old checkpoints pruned."""
+        """Accelerate's save_state into a temporary folder, renamed into place; old checkpoints pruned. The folder's
+        name is fixed, not `gatt.files.atomic_path`'s unique one: every rank writes into it."""
         acc = self.accelerator
         final = self.out / "checkpoints" / f"step-{step:07d}"
         tmp = final.with_name(final.name + ".tmp")

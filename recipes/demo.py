@@ -66,6 +66,7 @@ from gatt.embedded import FOLDER as EMBEDDED_FOLDER
 from gatt.embedded import package, weights_sha256
 from gatt.eval.report import add_rounds, summary_tables
 from gatt.events import KINDS
+from gatt.files import write_text
 from gatt.machine import available_cpus, machine_calibration
 from gatt.numerics import NUMERICS, resolve_auto
 from gatt.processes import ProcessTree
@@ -560,9 +561,7 @@ def run_stage(
 
     def mark() -> float:
         seconds = round(before + time.perf_counter() - begin, 1)
-        partial = started.with_name(started.name + ".tmp")
-        partial.write_text(f"{key} {seconds}")
-        partial.replace(started)  # atomic: a kill mid-write leaves the last mark, never an empty stamp
+        write_text(started, f"{key} {seconds}")  # whole: a kill mid-write leaves the last mark, never an empty stamp
         return seconds
 
     mark()

@@ -29,6 +29,7 @@ from gatt.eval.report import build_report, write_report
 from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
 from gatt.evaluate import main as evaluate_main
 from gatt.evaluate import split_column
+from gatt.files import write_text
 
 TURNS = (2, 10, 20)
 COMMITTED = ("report.json", "report.md", "adherence.png", "attention.png")  # transcripts stay under WORK
@@ -221,9 +222,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name in COMMITTED:
             shutil.copyfile(folder / name, target / name)
     summary = sweep_summary(report, strengths)
-    tmp = args.out / "sweep.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    tmp.replace(args.out / "sweep.json")
+    write_text(args.out / "sweep.json", json.dumps(summary, indent=2) + "\n")
     (args.out / "sweep.md").write_text(sweep_markdown(summary))
     sweep_figure(summary, args.title or args.out.name).savefig(args.out / "sweep.png", dpi=120)
     print(sweep_markdown(summary))

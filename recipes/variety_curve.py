@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo import ROOT, DemoConfig, gatt_data_dir, run  # noqa: E402
 
 from gatt.cli import exit_on_bad_input  # noqa: E402
+from gatt.files import write_text  # noqa: E402
 from gatt.train import dataclass_from_dict, read_yaml_config  # noqa: E402
 
 STRATA = {
@@ -142,11 +142,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         config = dataclass_from_dict(DemoConfig, values, args.config)
         points = [point(config, axis, k, out, args.turn, args.demo_run) for k in ks]
         out.mkdir(parents=True, exist_ok=True)
-        tmp = out / f".{name}.json.tmp"
-        tmp.write_text(
-            json.dumps({"turn": args.turn, "demo_run": str(args.demo_run), "points": points}, indent=2) + "\n"
+        write_text(
+            out / f"{name}.json",
+            json.dumps({"turn": args.turn, "demo_run": str(args.demo_run), "points": points}, indent=2) + "\n",
         )
-        os.replace(tmp, out / f"{name}.json")
         plot(points, axis, args.turn, out / f"{name}.png")
     for p in points:
         print(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -21,6 +20,7 @@ from typing import Any
 
 from gatt.eval.plan import EvalDialogue
 from gatt.eval.rollout import RolloutConfig
+from gatt.files import write_text
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
 
@@ -84,6 +84,4 @@ class RolloutCache:
         self.folder.mkdir(parents=True, exist_ok=True)
         lines = [json.dumps({"fingerprint": key, "column": column})]
         lines += [json.dumps(t, ensure_ascii=False) for t in transcripts]
-        tmp = self._path(column).with_name(self._path(column).name + ".tmp")
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        os.replace(tmp, self._path(column))
+        write_text(self._path(column), "\n".join(lines) + "\n")

@@ -2,7 +2,6 @@
 
 import io
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from gatt.eval.scoring import (
     paired_differences,
     score_model,
 )
+from gatt.files import write_bytes
 from gatt.gate import REASONS
 
 TABLE_TURNS: tuple[int, ...] = (2, 4, 6, 10, 20)
@@ -487,12 +487,6 @@ def _attention_figure(report: dict[str, Any], maps: dict[str, dict[str, list[lis
     return fig
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def _png(fig: Figure) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
@@ -500,8 +494,8 @@ def _png(fig: Figure) -> bytes:
 
 
 def _write_tables(report: dict[str, Any], out_dir: Path) -> None:
-    _write_atomic(out_dir / "report.json", (json.dumps(report, indent=2, sort_keys=False) + "\n").encode())
-    _write_atomic(out_dir / "report.md", _markdown(report).encode())
+    write_bytes(out_dir / "report.json", (json.dumps(report, indent=2, sort_keys=False) + "\n").encode())
+    write_bytes(out_dir / "report.md", _markdown(report).encode())
 
 
 def write_report(report: dict[str, Any], transcripts: list[Transcript], out_dir: Path) -> None:
@@ -510,10 +504,10 @@ def write_report(report: dict[str, Any], transcripts: list[Transcript], out_dir:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_tables(report, out_dir)
-    _write_atomic(out_dir / "adherence.png", _png(_adherence_figure(report)))
+    write_bytes(out_dir / "adherence.png", _png(_adherence_figure(report)))
     if _has_kinds(report):
-        _write_atomic(out_dir / "kinds.png", _png(_kinds_figure(report)))
+        write_bytes(out_dir / "kinds.png", _png(_kinds_figure(report)))
     maps = {m: attention_per_head([t for t in transcripts if t["model"] == m]) for m in _models(report)}
-    _write_atomic(out_dir / "attention.png", _png(_attention_figure(report, maps)))
+    write_bytes(out_dir / "attention.png", _png(_attention_figure(report, maps)))
     lines = "".join(json.dumps(t, ensure_ascii=False, sort_keys=False) + "\n" for t in transcripts)
-    _write_atomic(out_dir / "transcripts.jsonl", lines.encode("utf-8"))
+    write_bytes(out_dir / "transcripts.jsonl", lines.encode("utf-8"))

@@ -1,0 +1,52 @@
+"""Files written whole: to a hidden temporary name beside the target, renamed onto it once complete.
+
+A reader, or a run resumed after a kill, then finds a file (or folder) whole or not at all, and a write that
+fails leaves the target as it was and nothing half-written beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temporary name beside `path`, unique to this write (several processes may write one file at once): the
+    block writes a file or a folder there, which then replaces `path`. A failing block removes it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")  # same folder: one file system
+    try:
+        yield tmp
+        if tmp.is_dir() and path.is_dir():
+            shutil.rmtree(path)  # a folder cannot be renamed onto a folder that holds files
+        os.replace(tmp, path)
+    finally:
+        if tmp.is_dir():
+            shutil.rmtree(tmp)
+        else:
+            tmp.unlink(missing_ok=True)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """`text` into `path` (UTF-8), written whole."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    """`data` into `path`, written whole."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_json(path: str | Path, payload: Any) -> None:
+    """`payload` as indented JSON (non-ASCII kept) into `path`, written whole."""
+    write_text(path, json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
