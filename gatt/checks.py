@@ -7,6 +7,7 @@ import importlib
 import os
 import random
 import re
+import string
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from gatt import constraint_sets
 from gatt.files import atomic_path
 
 if TYPE_CHECKING:
@@ -182,6 +184,33 @@ def _field_problem(key: str, value: Any) -> str | None:
     return None
 
 
+# A constraint's own wordings of instruction events (`changes`: gatt/events.py), by the event they word.
+WORDINGS = ("late", "replace", "revoke", "add")
+SLOTS = {"late": {"instruction"}, "replace": {"instruction", "old"}, "revoke": {"old"}, "add": {"instruction"}}
+
+
+def check_wordings(spec: object, where: str) -> dict[str, tuple[str, ...]]:
+    """`{late|replace|revoke|add: [wording, ...]}` validated: non-empty strings using only their slots."""
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"{where}: expected a mapping of {', '.join(WORDINGS)} to lists of wordings, got {spec!r}")
+    out = {}
+    for key, texts in spec.items():
+        if key not in WORDINGS:
+            raise ValueError(f"{where}: unknown key {key!r}; allowed keys: {', '.join(WORDINGS)}")
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t.strip() for t in texts):
+            raise ValueError(f"{where}.{key}: must be a non-empty list of non-empty strings, got {texts!r}")
+        for text in texts:
+            try:
+                slots = {name for _, name, _, _ in string.Formatter().parse(text) if name is not None}
+            except ValueError as exc:
+                raise ValueError(f"{where}.{key}: {text!r} is not a valid wording ({exc})") from None
+            if unknown := slots - SLOTS[key]:
+                allowed = ", ".join("{" + s + "}" for s in sorted(SLOTS[key]))
+                raise ValueError(f"{where}.{key}: {text!r} uses {sorted(unknown)}; a {key} wording may use {allowed}")
+        out[key] = tuple(texts)
+    return out
+
+
 def _validated_args(check_type: str, args: Mapping[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(check_type, str) or check_type not in CHECK_TYPES:
         expected = ", ".join(sorted(CHECK_TYPES))
@@ -195,8 +224,6 @@ def _validated_args(check_type: str, args: Mapping[str, Any], where: str) -> dic
         if key not in args:
             raise ValueError(f"{where}: check type {check_type!r} needs field {key!r}")
     if check_type in BENCHMARK_CHECKS:
-        from gatt import constraint_sets  # imports the benchmark's registry: only for these checks
-
         args = {**args, "kwargs": args.get("kwargs", {})}
         if problem := constraint_sets.check_problem(check_type, args["id"], args["kwargs"]):
             raise ValueError(f"{where}: {problem}")
@@ -271,8 +298,6 @@ class Check:
         return bool(result)
 
     def _benchmark(self, text: str) -> bool:
-        from gatt import constraint_sets
-
         try:
             return constraint_sets.passes(self.type, self.args["id"], self.args["kwargs"], text)
         except Exception as exc:  # noqa: BLE001  (the benchmark's checker: report whatever it raised, and where)
@@ -407,8 +432,6 @@ class Constraint:
                 f"{where}: needs a non-empty 'checks' list, 'probes', or both "
                 "(a persona with `checks: []` is scored on its probes)"
             )
-        from gatt.events import check_wordings  # gatt.events builds on this module
-
         changes = check_wordings(spec.get("changes", {}), f"{where} changes")
         return cls(
             name=name,
@@ -492,6 +515,34 @@ def hold_out_families(
     return [replace(c, split="heldout") if c.family in held else c for c in constraints]
 
 
+def _benchmark_constraints(name: str) -> list[Constraint]:
+    """A benchmark set's constraints (gatt/constraint_sets.py): one per type and distinct parameter draw, its
+    instruction and short form the builder's text, its family `SET:TYPE`, a fixed-seed quarter of a type's values
+    held out."""
+    by_type: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
+    for type_id, value, text, kwargs in constraint_sets.draws(name):
+        by_type.setdefault(type_id, []).append((value, text, kwargs))
+    out = []
+    for type_id, values in by_type.items():
+        family = f"{name}:{type_id}"
+        heldout = split_values(
+            [value for value, _, _ in values], constraint_sets.HELDOUT_FRACTION, constraint_sets.SEED
+        )
+        for value, text, kwargs in values:
+            out.append(
+                Constraint(
+                    name=f"{family} ({value})" if value else family,
+                    instruction=text,
+                    short=text,  # the benchmark writes one text; it is the short form too
+                    checks=(Check(name, {"id": type_id, "kwargs": kwargs}),),
+                    family=family,
+                    value=value,
+                    split="heldout" if value in heldout else "train",
+                )
+            )
+    return out
+
+
 def load_constraints(path: str | Path) -> list[Constraint]:
     """Read a constraint file (YAML: a top-level `constraints` list of entries, see docs/data.md, "Formats"), or the
     built-in instruction sets it names where no such file exists: `ifeval`, `ifbench` or `ifeval,ifbench`
@@ -499,9 +550,7 @@ def load_constraints(path: str | Path) -> list[Constraint]:
     path = Path(path)
     names = str(path).split(",")
     if not path.exists() and all(name in BENCHMARK_CHECKS for name in names):
-        from gatt import constraint_sets
-
-        return [c for name in dict.fromkeys(names) for c in constraint_sets.constraints(name)]
+        return [c for name in dict.fromkeys(names) for c in _benchmark_constraints(name)]
     if not path.is_file():
         sets = ", ".join(BENCHMARK_CHECKS)
         raise FileNotFoundError(

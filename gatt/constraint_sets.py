@@ -24,11 +24,8 @@ import json
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 from unittest import mock
-
-from gatt.checks import Check, Constraint, split_values
 
 SETS = ("ifeval", "ifbench")
 VALUES_PER_TYPE = 8  # parameter draws per type; the distinct ones become its values
@@ -198,26 +195,15 @@ def _value(kwargs: Mapping[str, Any]) -> str:
     return "; ".join(f"{k}={render(v)}" for k, v in sorted(kwargs.items()))
 
 
-def constraints(name: str) -> list[Constraint]:
-    """The set's constraints: each available type with its distinct parameter draws, a quarter held out."""
-    out: list[Constraint] = []
+def draws(name: str) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """The set's distinct parameter draws: (type id, value, the builder's text, kwargs) for each available type,
+    `VALUES_PER_TYPE` draws a type, duplicates dropped (gatt.checks.load_constraints makes them constraints)."""
+    out = []
     for type_id in available(name):
-        family = f"{name}:{type_id}"
-        draws: dict[str, tuple[str, dict[str, Any]]] = {}  # value -> (the builder's text, kwargs)
+        kept: dict[str, tuple[str, dict[str, Any]]] = {}  # value -> (the builder's text, kwargs)
         for i in range(VALUES_PER_TYPE):
             text, kwargs = _draw(name, type_id, i)
             if _kept(name, type_id, kwargs):
-                draws.setdefault(_value(kwargs), (text, kwargs))
-        heldout = split_values(list(draws), HELDOUT_FRACTION, SEED)
-        for value, (text, kwargs) in draws.items():
-            check = Check(name, {"id": type_id, "kwargs": kwargs})
-            constraint = Constraint(
-                name=f"{family} ({value})" if value else family,
-                instruction=text,
-                short=text,  # the benchmark writes one text; it is the short form too
-                checks=(check,),
-                family=family,
-                value=value,
-            )
-            out.append(replace(constraint, split="heldout" if value in heldout else "train"))
+                kept.setdefault(_value(kwargs), (text, kwargs))
+        out += [(type_id, value, text, kwargs) for value, (text, kwargs) in kept.items()]
     return out

@@ -19,8 +19,7 @@ from __future__ import annotations
 import argparse
 import functools
 import random
-import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,11 +27,9 @@ from typing import Any
 import yaml
 
 from gatt import constraint_sets
-from gatt.checks import Check, Constraint
+from gatt.checks import WORDINGS, Check, Constraint, check_wordings
 
 KINDS = ("first", "late", "replace", "revoke", "add")
-WORDINGS = ("late", "replace", "revoke", "add")  # the wording lists of events.yaml and a constraint's `changes`
-SLOTS = {"late": {"instruction"}, "replace": {"instruction", "old"}, "revoke": {"old"}, "add": {"instruction"}}
 WORDINGS_FILE = Path(__file__).with_name("events.yaml")
 
 # The built-in catalogue's families: each one's kind and the families it cannot hold together with (one sentence
@@ -69,28 +66,6 @@ def add_kinds_argument(parser: argparse.ArgumentParser, dealt: str, detail: str)
         "a later user turn), replace (given in turn one, replaced by another value of its family), revoke (given, "
         f"then withdrawn), add (a second instruction of another family joins). {detail}",
     )
-
-
-def check_wordings(spec: object, where: str) -> dict[str, tuple[str, ...]]:
-    """`{late|replace|revoke|add: [wording, ...]}` validated: non-empty strings using only their slots."""
-    if not isinstance(spec, Mapping):
-        raise ValueError(f"{where}: expected a mapping of {', '.join(WORDINGS)} to lists of wordings, got {spec!r}")
-    out = {}
-    for key, texts in spec.items():
-        if key not in WORDINGS:
-            raise ValueError(f"{where}: unknown key {key!r}; allowed keys: {', '.join(WORDINGS)}")
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t.strip() for t in texts):
-            raise ValueError(f"{where}.{key}: must be a non-empty list of non-empty strings, got {texts!r}")
-        for text in texts:
-            try:
-                slots = {name for _, name, _, _ in string.Formatter().parse(text) if name is not None}
-            except ValueError as exc:
-                raise ValueError(f"{where}.{key}: {text!r} is not a valid wording ({exc})") from None
-            if unknown := slots - SLOTS[key]:
-                allowed = ", ".join("{" + s + "}" for s in sorted(SLOTS[key]))
-                raise ValueError(f"{where}.{key}: {text!r} uses {sorted(unknown)}; a {key} wording may use {allowed}")
-        out[key] = tuple(texts)
-    return out
 
 
 @functools.cache

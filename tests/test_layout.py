@@ -1,0 +1,70 @@
+"""The import graph: the data flows one way (data_gen -> gatt -> recipes), and no module of the library imports
+one that imports it back, at the top or inside a function."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(package: str) -> dict[str, set[str]]:
+    """Each module of `package` -> the modules of `package` it imports, anywhere in its file."""
+    modules = {_module(path): path for path in (ROOT / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+        graph[name] = {m for m in found if m in modules and m != name and m != package}
+    return graph
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph`, as the modules along it, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_cycle_finds_a_hidden_circle() -> None:
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_no_module_of_the_library_imports_one_that_imports_it_back() -> None:
+    graph = imports("gatt")
+    assert {"gatt.checks", "gatt.constraint_sets", "gatt.events"} <= set(graph)
+    assert cycle(graph) is None
+
+
+def test_the_library_never_imports_the_data_generator_or_the_recipes() -> None:
+    for path in (ROOT / "gatt").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            assert not [n for n in names if n.split(".")[0] in ("data_gen", "recipes", "benchmarks")], path
