@@ -37,9 +37,10 @@ from data_gen.constraints import HELDOUT_FAMILIES, catalogue, limit_families, li
 from data_gen.eval_set import write_eval_set
 from data_gen.pass_rate import PassRateConfig, demonstrations, format_pass_rates, measure_pass_rates
 from data_gen.synthesis import SynthesisConfig, synthesize
-from data_gen.teacher import TORCH_DTYPES, ModelTeacher, OracleTeacher, Teacher
+from data_gen.teacher import ModelTeacher, OracleTeacher, Teacher
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import UserTurn, load_user_turns, split_user_turns
+from gatt.chat_model import TORCH_DTYPES
 from gatt.checks import (
     CONSTRAINTS_HELP,
     Constraint,

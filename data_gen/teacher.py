@@ -11,24 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from data_gen.toy_world import ToyResponder
 from data_gen.user_turns import UserTurn
+from gatt.chat_model import load_chat_model
 from gatt.checks import Constraint
-from gatt.distributed import process_state
 from gatt.gate import RelevanceScorer
 from gatt.generation import ChatBatch, Sampler
-from gatt.model_folder import loading_model
-from gatt.numerics import for_inference
-
-TORCH_DTYPES: dict[str, torch.dtype | str] = {
-    "fp32": torch.float32,
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-    "auto": "auto",
-}
 
 
 @dataclass(frozen=True)
@@ -100,22 +88,9 @@ class ModelTeacher:
         `device_map` (e.g. "auto"): spread a teacher too large for one device over the visible ones, instead of `device`.
         `numerics`: exact, bf16, or int8 on CPU (gatt/numerics.py: faster sampling; the candidates differ)."""
         self.name = str(model_dir)
-        with loading_model(model_dir):
-            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        if not self.tokenizer.chat_template:
-            raise ValueError(f"teacher {model_dir} has no chat template: a teacher must be a chat model")
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        if device is not None and device_map is not None:
-            raise ValueError("give the teacher a --device or a --teacher-device-map, not both")
-        kwargs: dict[str, Any] = {} if dtype is None else {"dtype": TORCH_DTYPES[dtype]}
-        with loading_model(model_dir):
-            if device_map is not None:
-                self.model = AutoModelForCausalLM.from_pretrained(model_dir, device_map=device_map, **kwargs).eval()
-            else:
-                target = torch.device(device) if device is not None else process_state().device
-                self.model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs).to(target).eval()
-        self.model = for_inference(self.model, numerics)
+        self.model, self.tokenizer = load_chat_model(
+            model_dir, role="teacher", device=device, device_map=device_map, dtype=dtype, numerics=numerics
+        )
         self.device = self.model.device  # where inputs go (with a device map: the embeddings')
         self.scorer = RelevanceScorer(self.model, self.tokenizer)  # the teacher judges its own candidates' relevance
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size

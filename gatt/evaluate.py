@@ -25,9 +25,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 import gatt  # noqa: F401  (registers the "gatt" attention and the library's model with transformers)
+from gatt.chat_model import load_chat_model
 from gatt.checks import CONSTRAINTS_HELP, hold_out_families
 from gatt.cli import exit_on_bad_input
 from gatt.distributed import end_job, process_state
@@ -49,33 +50,8 @@ from gatt.generation import (
     sampler_settings,
 )
 from gatt.machine import package_versions
-from gatt.model_folder import check_model_folder, loading_model
-from gatt.modeling import GattForCausalLM
-from gatt.numerics import NUMERICS, Numerics, for_inference, resolve_auto
-
-
-def load_model(
-    path: str | Path, *, attention: bool, device: str | None = None, numerics: str = "exact"
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A chat model directory (or a .gguf file) and its tokenizer; with `attention`, on attention that returns weights;
-    in `numerics` (gatt/numerics.py: exact, bf16, or int8 on CPU)."""
-    path = Path(path)
-    kwargs: dict[str, Any] = {}
-    if path.suffix == ".gguf":
-        path, kwargs["gguf_file"] = path.parent, path.name
-    source = path / kwargs.get("gguf_file", "")  # the folder, or the .gguf file
-    check_model_folder(source, "model")
-    with loading_model(source):
-        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    if not tokenizer.chat_template:
-        raise ValueError(f"{path}: the tokenizer has no chat template; the evaluation needs a chat model")
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    with loading_model(source):
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        if attention and not isinstance(model, GattForCausalLM):
-            model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="gatt", **kwargs)
-    return for_inference(model.to(device or process_state().device).eval(), numerics), tokenizer
+from gatt.model_folder import check_model_folder
+from gatt.numerics import NUMERICS, Numerics, resolve_auto
 
 
 def say(message: str) -> None:
@@ -149,7 +125,7 @@ def evaluate(
         attention = config.measure_attention or name in split
         # loaded at first use: not at all when every column of this model was read from the cache
         model_and_tokenizer = functools.cache(
-            functools.partial(load_model, path, attention=attention, device=device, numerics=numerics)
+            functools.partial(load_chat_model, path, attention=attention, device=device, numerics=numerics)
         )
 
         # key, own_rollout and the lambdas below are called within this iteration (cache.column calls its
@@ -240,7 +216,7 @@ def judge(
     """Apply the answer gate to every transcript, loading the relevance scorer (in `numerics`) only where a turn needs it."""
     scorer = None
     if relevance_model is not None and (gate.relevance_both or needs_relevance_model(dialogues)):
-        model, tokenizer = load_model(relevance_model, attention=False, device=device, numerics=numerics)
+        model, tokenizer = load_chat_model(relevance_model, device=device, numerics=numerics)
         scorer = RelevanceScorer(model, tokenizer, progress=True)
     apply_gate(transcripts, dialogues, AnswerGate(gate, scorer), seed=seed, others=others)
 

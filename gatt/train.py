@@ -29,6 +29,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
+from peft import LoraConfig, get_peft_model
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from tqdm.auto import tqdm
@@ -318,17 +319,19 @@ def build_model(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> torc
     if config.gradient_checkpointing:
         model.activation_checkpointing_enable()
     if config.lora_r > 0:
-        from peft import LoraConfig, get_peft_model
-
-        lora = LoraConfig(
-            r=config.lora_r,
-            lora_alpha=config.lora_alpha,
-            lora_dropout=config.lora_dropout,
-            target_modules=list(config.lora_targets),
-            task_type="CAUSAL_LM",
-        )
-        model = get_peft_model(model, lora)
+        model = get_peft_model(model, lora_config(config))
     return model
+
+
+def lora_config(config: TrainConfig) -> LoraConfig:
+    """The LoRA adapters a config asks for (`lora_r` > 0): rank, alpha, dropout and target modules."""
+    return LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=list(config.lora_targets),
+        task_type="CAUSAL_LM",
+    )
 
 
 def learning_rate_schedule(config: TrainConfig, optimizer: torch.optim.Optimizer) -> LambdaLR:

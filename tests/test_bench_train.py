@@ -16,7 +16,7 @@ from gatt.tokenizer import train_tokenizer
 from gatt.train import TrainConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import bench_train  # noqa: E402
+import bench_train_trl  # noqa: E402
 
 # SmolLM2-135M-Instruct's chat template, as its GGUF file ships it.
 SMOLLM2_TEMPLATE = (
@@ -72,7 +72,7 @@ def test_trl_trains_the_tokens_our_collator_trains(tmp_path, template):
     tokenizer = train_tokenizer(texts * 4, vocab_size=300, model_max_length=512)
     if template == "smollm2":
         tokenizer.chat_template = SMOLLM2_TEMPLATE
-        marked = bench_train.training_template(tokenizer)
+        marked = bench_train_trl.training_template(tokenizer)
         assert marked is not None and "{% generation %}" in marked
         for record in RECORDS:  # the marked template renders the same text
             chat = GAttCollator(tokenizer).chat(record)
@@ -80,7 +80,7 @@ def test_trl_trains_the_tokens_our_collator_trains(tmp_path, template):
                 chat, tokenize=False, chat_template=marked
             ) == tokenizer.apply_chat_template(chat, tokenize=False)
     else:
-        assert bench_train.training_template(tokenizer) is None  # the embedded template is marked already
+        assert bench_train_trl.training_template(tokenizer) is None  # the embedded template is marked already
     tokenizer.save_pretrained(tmp_path / "tokenizer")
     collator = GAttCollator(tokenizer, mode="all", max_length=512, packing=True)
     assert collator.uses_generation_marks == (template == "embedded")  # ours: assistant masks, or prefix renders
@@ -100,11 +100,9 @@ def test_trl_trains_the_tokens_our_collator_trains(tmp_path, template):
             "max_position_embeddings": 512,
         },
     )
-    plan = bench_train.Plan("test", 2, 0, 1, 2, batch=2, steps_per_round=1, warmup=0, repeats=1, max_length=512)
-
     # trl_trainer checks every prepared row against our collator (check_same_examples); checked here again, plainly.
-    trainer = bench_train.trl_trainer(plan, "padding_free", tmp_path, config, collator, RECORDS, "cpu")
-    order = bench_train.batch_indices(len(RECORDS), 2, config.seed, 0)
+    trainer = bench_train_trl.trl_trainer(1, 2, 512, "padding_free", tmp_path, config, collator, RECORDS, "cpu")
+    order = bench_train_trl.batch_indices(len(RECORDS), 2, config.seed, 0)
     rows = [trainer.train_dataset[i] for i in range(len(order))]
     for row, index in zip(rows, order):
         record = RECORDS[index]

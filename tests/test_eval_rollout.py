@@ -431,7 +431,7 @@ def test_an_interrupted_report_resumes_from_its_finished_columns(model_dir, eval
     def no_model(*_, **__):
         raise AssertionError("a finished column was rolled out again")
 
-    monkeypatch.setattr("gatt.evaluate.load_model", no_model)
+    monkeypatch.setattr("gatt.evaluate.load_chat_model", no_model)
     rerun = [
         "--model",
         f"base={model}",
