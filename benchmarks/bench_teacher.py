@@ -130,27 +130,31 @@ def sequential_turn(teacher: ModelTeacher, dialogues: list[_Dialogue], k: int) -
 def generate_candidates(teacher: ModelTeacher, messages: list[dict[str, str]], k: int) -> list[list[int]]:
     """Theirs: k candidates (their new token ids) for one history, by `generate()` on the re-encoded history
     with the teacher's sampling settings, each exactly `teacher.max_new_tokens` tokens."""
-    model, tokenizer = teacher.model, teacher.tokenizer
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    input_ids = torch.tensor([ids], device=model.device)
-    output = model.generate(
-        input_ids=input_ids,
-        attention_mask=torch.ones_like(input_ids),
+    ids = teacher.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    input_ids = torch.tensor([ids])
+    return sample_k(teacher, input_ids, torch.ones_like(input_ids), k)[:, len(ids) :].tolist()
+
+
+def sample_k(teacher: ModelTeacher, input_ids: torch.Tensor, attention_mask: torch.Tensor, k: int) -> torch.Tensor:
+    """`generate()` with the teacher's sampling (no top-k), k candidates of exactly `teacher.max_new_tokens` tokens
+    for each row of `input_ids` (B, T): the prompts and their candidates, (B*k, T + M)."""
+    return teacher.model.generate(
+        input_ids=input_ids.to(teacher.model.device),
+        attention_mask=attention_mask.to(teacher.model.device),
         do_sample=True,
         num_return_sequences=k,
         top_k=0,
         **SAMPLING,
         max_new_tokens=teacher.max_new_tokens,
         min_new_tokens=teacher.max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id,
+        pad_token_id=teacher.tokenizer.pad_token_id,
     )
-    return output[:, len(ids) :].tolist()
 
 
 def batched_generate_turn(teacher: ModelTeacher, dialogues: list[_Dialogue], k: int) -> None:
     """Theirs, as a user would batch it: one turn of every dialogue in one `generate(num_return_sequences=k)` call
     on the re-encoded, left-padded histories, each candidate exactly `teacher.max_new_tokens` tokens."""
-    model, tokenizer = teacher.model, teacher.tokenizer
+    tokenizer = teacher.tokenizer
     prompts = [
         tokenizer.apply_chat_template(
             d.request().messages, add_generation_prompt=True, tokenize=True, return_dict=False
@@ -162,17 +166,7 @@ def batched_generate_turn(teacher: ModelTeacher, dialogues: list[_Dialogue], k: 
     attention_mask = torch.zeros(len(prompts), width, dtype=torch.long)
     for i, ids in enumerate(prompts):
         input_ids[i, width - len(ids) :], attention_mask[i, width - len(ids) :] = torch.tensor(ids), 1
-    output = model.generate(
-        input_ids=input_ids.to(model.device),
-        attention_mask=attention_mask.to(model.device),
-        do_sample=True,
-        num_return_sequences=k,
-        top_k=0,
-        **SAMPLING,
-        max_new_tokens=teacher.max_new_tokens,
-        min_new_tokens=teacher.max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    output = sample_k(teacher, input_ids, attention_mask, k)
     texts = tokenizer.batch_decode(output[::k, width:], skip_special_tokens=True)  # each dialogue's first candidate
     for dialogue, text in zip(dialogues, texts):
         dialogue.replies.append(text.strip())
