@@ -321,7 +321,7 @@ def run_base(args: argparse.Namespace) -> dict:
 def teacher_decoding(args: argparse.Namespace) -> tuple[dict[str, float | int], dict[str, str]]:
     """The teacher's sampler settings (each flag given, else the teacher folder's generation_config.json, else the
     built-in default: the oracle has no folder) and where each came from."""
-    return sampler_settings(args, None if args.teacher == "oracle" else model_path(args.teacher))
+    return sampler_settings(vars(args), None if args.teacher == "oracle" else model_path(args.teacher))
 
 
 def make_teacher(args: argparse.Namespace, constraints: list[Constraint]) -> Teacher:

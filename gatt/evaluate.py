@@ -82,7 +82,7 @@ def report_decoding(args: argparse.Namespace, models: dict[str, str]) -> tuple[d
     generation_config.json's, else the built-in default; and where each came from. Another model whose folder
     sets a value that differs is named on stderr (its column still decodes as the others)."""
     first, *others = models.items()
-    decoding, sources = sampler_settings(args, first[1])
+    decoding, sources = sampler_settings(vars(args), first[1])
     for name, path in others:
         own = folder_sampler_settings(path)
         differ = [

@@ -270,16 +270,16 @@ def folder_sampler_settings(folder: str | Path) -> dict[str, float | int]:
 
 
 def sampler_settings(
-    args: argparse.Namespace, folder: str | Path | None
+    given: Mapping[str, Any], folder: str | Path | None
 ) -> tuple[dict[str, float | int], dict[str, str]]:
-    """Each sampler flag's value (given on the command line, else set by `folder`'s generation_config.json, else
-    SAMPLER_DEFAULTS; no folder: an oracle, no file to read) and where each came from."""
+    """Each sampler setting's value (in `given`, the command line's settings, and not None; else set by `folder`'s
+    generation_config.json; else SAMPLER_DEFAULTS; no folder: an oracle, no file to read) and where each came from."""
     read = folder_sampler_settings(folder) if folder is not None else {}
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for key, built_in in SAMPLER_DEFAULTS.items():
-        if getattr(args, key, None) is not None:
-            values[key], sources[key] = getattr(args, key), FLAG_GIVEN
+        if given.get(key) is not None:
+            values[key], sources[key] = given[key], FLAG_GIVEN
         elif key in read:
             values[key], sources[key] = read[key], str(generation_config_file(folder))
         else:
