@@ -19,9 +19,10 @@ same report.json as one process.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ import gatt  # noqa: F401  (registers the "gatt" attention and the library's mod
 from gatt.chat_model import load_chat_model
 from gatt.checks import CONSTRAINTS_HELP, hold_out_families
 from gatt.cli import exit_on_bad_input
+from gatt.config import REQUIRED, arg, config_parser, parse_config
 from gatt.distributed import end_job, process_state
 from gatt.embedded import model_path
 from gatt.eval.cache import RolloutCache, fingerprint
@@ -40,12 +42,12 @@ from gatt.eval.plan import STRATA, EvalDialogue, plan_dialogues
 from gatt.eval.report import NOT_MODELS, build_report, summary_tables, write_report
 from gatt.eval.rollout import RolloutConfig, distributed_rollout
 from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
-from gatt.events import add_kinds_argument
+from gatt.events import KINDS, kinds_help
 from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
 from gatt.generation import (
     DECODERS,
     FLAG_GIVEN,
-    add_sampler_arguments,
+    SAMPLER_DEFAULTS,
     folder_sampler_settings,
     sampler_settings,
 )
@@ -77,12 +79,12 @@ def parse_models(specs: list[str]) -> dict[str, str]:
 SAMPLING_ONLY = ("temperature", "top_p")  # used by --sample only
 
 
-def report_decoding(args: argparse.Namespace, models: dict[str, str]) -> tuple[dict[str, float | int], dict[str, str]]:
+def report_decoding(args: EvalConfig, models: dict[str, str]) -> tuple[dict[str, float | int], dict[str, str]]:
     """The sampler settings every model is rolled out with: each flag given, else the first --model's
     generation_config.json's, else the built-in default; and where each came from. Another model whose folder
     sets a value that differs is named on stderr (its column still decodes as the others)."""
     first, *others = models.items()
-    decoding, sources = sampler_settings(vars(args), first[1])
+    decoding, sources = sampler_settings(dataclasses.asdict(args), first[1])
     for name, path in others:
         own = folder_sampler_settings(path)
         differ = [
@@ -221,172 +223,165 @@ def judge(
     apply_gate(transcripts, dialogues, AnswerGate(gate, scorer), seed=seed, others=others)
 
 
+def _sampler_help(key: str, what: str) -> str:
+    return f"{what} (default: the first --model's generation_config.json, else {SAMPLER_DEFAULTS[key]})"
+
+
+@dataclass
+class EvalConfig:
+    """The report's settings (`python -m gatt.evaluate`): each field is a flag (`--field-name`) and a key of a
+    `--config FILE.yaml`."""
+
+    model: list[str] = arg(
+        REQUIRED,
+        "a model under test: a chat-model directory (or .gguf file; `embedded`: the shipped chat model); repeat for "
+        "several",
+        action="append",
+        metavar="NAME=DIR",
+    )
+    out: Path = arg(REQUIRED, "output folder")
+    turns: int = arg(24, "turns per dialogue")
+    dialogues: int = arg(64, "dialogues with an instruction")
+    no_instruction_dialogues: int | None = arg(
+        None, "dialogues without instruction, for the no-regression score (default: dialogues / 4)"
+    )
+    seed: int = arg(0, "dialogue plan and sampling seed; same seed -> same report")
+    constraints: Path | None = arg(None, CONSTRAINTS_HELP)
+    user_turns: Path | None = arg(
+        None,
+        "user messages: .txt (one a line), .jsonl ({'content', 'checks'} or 'messages'), .parquet or a datasets "
+        "folder (default: the built-in held-out pool)",
+    )
+    heldout_families: list[str] = arg(
+        [],
+        "families held out as a whole (every value split heldout): reported with the held-out family, not with the "
+        "trained values (e.g. those the GAtt data left out: data_gen --heldout-families); a shell pattern holds out "
+        "every family it matches (ifbench:*)",
+        nargs="*",
+        metavar="FAMILY",
+    )
+    kinds: list[str] = arg(
+        ["first"],
+        kinds_help(
+            "dealt in turn",
+            "A change comes at a turn from 2 to 11 of 30, so 19 turns follow it. report.json gives "
+            "MODEL.per_kind.KIND.after[d] by d, the turns since the instruction or the change, and for replace and "
+            "revoke old_followed[d]; the per-turn tables are those of `first`",
+        ),
+        nargs="+",
+        choices=KINDS,
+        metavar="KIND",
+    )
+    strata: list[str] = arg(
+        list(STRATA),
+        "which constraints the dialogues with an instruction test: train (values GAtt trained on), heldout_value, "
+        "heldout_family (default: all three, half on train)",
+        nargs="+",
+        choices=STRATA,
+        metavar="STRATUM",
+    )
+    repeat_instruction: list[str] | None = arg(
+        None,
+        "also evaluate the upper bound with the instruction appended to every user turn, as NAME+repeat, for the "
+        "named models (no names: all)",
+        nargs="*",
+        metavar="NAME",
+    )
+    paired_baseline: list[str] = arg(
+        [],
+        "also pair every other model against this --model, per turn over the same dialogues (report.json `paired`, "
+        "'A - NAME'), e.g. one fine-tune against another; repeatable",
+        action="append",
+        metavar="NAME",
+    )
+    split_softmax: list[str] = arg(
+        [],
+        "also evaluate NAME with split-softmax (Li et al. 2024: every head's attention on the instruction boosted at "
+        "inference, no fine-tuning) as NAME+split; STRENGTH in [0, 1], 0: no change; several comma-separated "
+        "strengths give NAME+split@STRENGTH columns",
+        action="append",
+        metavar="NAME:STRENGTH",
+    )
+    placement: str = arg("system", "where turn one gives the instruction", choices=["system", "first_user"])
+    probe_every: int = arg(4, "a probe every N turns from turn 2; 0: none")
+    short_prob: float = arg(0.5, "chance of the instruction's short form")
+    max_new_tokens: int = arg(64, "reply length limit")
+    batch_size: int = arg(32, "dialogues rolled out together")
+    sample: bool = arg(False, "sample (seeded) instead of greedy decoding")
+    # One decoding for every model, so the columns compare models, not decodings: the first --model's defaults.
+    temperature: float | None = arg(None, _sampler_help("temperature", "sampling temperature"))
+    top_p: float | None = arg(None, _sampler_help("top_p", "nucleus sampling mass"))
+    repetition_penalty: float | None = arg(
+        None,
+        _sampler_help("repetition_penalty", "Hugging Face's repetition penalty over the reply being written; 1.0: off"),
+    )
+    no_repeat_ngram_size: int | None = arg(
+        None, _sampler_help("no_repeat_ngram_size", "no n-gram of this size twice in one reply; 0: off")
+    )
+    no_attention: bool = arg(False, "skip the attention-to-instruction probe")
+    decoder: str = arg(
+        "auto",
+        "how replies are decoded: growing (a KV cache that grows, stopped rows leave the batch: fastest on a CPU), "
+        "static (preallocated cache and mask), graphs (static, each step a CUDA graph); auto: graphs on a GPU for the "
+        "library's model, else growing. Greedy replies are the same up to float rounding",
+        choices=DECODERS,
+    )
+    numerics: str = arg(
+        "exact",
+        "how the models under test compute their replies: exact (fp32); bf16 (weights and activations, attention in "
+        "fp32: faster rollouts on a CPU with bf16 instructions, slower on one without); int8 (dynamic quantisation "
+        "of the Linear layers, CPU only). The fast modes write other replies (gatt/numerics.py, README: measured). "
+        "auto: bf16 where the device has fast bf16 arithmetic, else exact (the choice is printed)",
+        choices=NUMERICS,
+    )
+    relevance_numerics: str = arg(
+        "exact",
+        "how the relevance scorer computes its likelihoods; bf16 scores about 3x faster on a CPU with bf16 "
+        "instructions, contrasts a few tenths of a nat apart (SmolLM2: 99.5%% of verdicts identical); auto: bf16 "
+        "where the device has fast bf16 arithmetic (bf16 instructions, a GPU that supports it), else exact",
+        choices=NUMERICS,
+    )
+    relevance_model: str | None = arg(
+        None,
+        "chat model whose likelihoods judge whether a reply answers a user turn that has no on-topic checks "
+        "(default: the first --model; 'none': do not judge those turns' topic)",
+        metavar="DIR",
+    )
+    strict_gate: bool = arg(
+        False,
+        "the answer gate for a real chat model (GateConfig.strict(), README: the gate audit): a near copy of an "
+        "earlier reply is a repeat even where its topic word changed, and a reply to a turn with on-topic checks "
+        "must also pass the likelihood contrast (a topic word in word salad is not an answer)",
+    )
+    relevance_others: int = arg(3, "other questions each reply is contrasted with in the relevance test")
+    device: str | None = arg(
+        None,
+        "cpu, cuda, ... (default: this process's GPU under torchrun/accelerate launch, else cuda if available, "
+        "else cpu)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    return config_parser(
+        EvalConfig,
         prog="python -m gatt.evaluate",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example: python -m gatt.evaluate --model base=embedded --model gatt=runs/demo/round-1/gatt/final "
         "--turns 30 --dialogues 64 --seed 0 --out runs/demo/report --repeat-instruction base --split-softmax base:0.5",
     )
-    parser.add_argument(
-        "--model",
-        action="append",
-        required=True,
-        metavar="NAME=DIR",
-        help="a model under test: a chat-model directory (or .gguf file; `embedded`: the shipped chat model); repeat "
-        "for several",
-    )
-    parser.add_argument("--turns", type=int, default=24, help="turns per dialogue (default: 24)")
-    parser.add_argument("--dialogues", type=int, default=64, help="dialogues with an instruction (default: 64)")
-    parser.add_argument(
-        "--no-instruction-dialogues",
-        type=int,
-        default=None,
-        help="dialogues without instruction, for the no-regression score (default: dialogues / 4)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="dialogue plan and sampling seed; same seed -> same report")
-    parser.add_argument("--out", type=Path, required=True, help="output folder")
-    parser.add_argument("--constraints", type=Path, help=CONSTRAINTS_HELP)
-    parser.add_argument(
-        "--user-turns",
-        type=Path,
-        help="user messages: .txt (one a line), .jsonl ({'content', 'checks'} or 'messages'), .parquet "
-        "or a datasets folder (default: the built-in held-out pool)",
-    )
-    parser.add_argument(
-        "--heldout-families",
-        nargs="*",
-        default=[],
-        metavar="FAMILY",
-        help="families held out as a whole (every value split heldout): reported with the held-out "
-        "family, not with the trained values (e.g. those the GAtt data left out: data_gen "
-        "--heldout-families); a shell pattern holds out every family it matches (ifbench:*)",
-    )
-    add_kinds_argument(
-        parser,
-        "dealt in turn",
-        "A change comes at a turn from 2 to 11 of 30, so 19 turns follow it. report.json gives "
-        "MODEL.per_kind.KIND.after[d] by d, the turns since the instruction or the change, and for replace and "
-        "revoke old_followed[d]; the per-turn tables are those of `first`",
-    )
-    parser.add_argument(
-        "--strata",
-        nargs="+",
-        choices=STRATA,
-        default=list(STRATA),
-        metavar="STRATUM",
-        help="which constraints the dialogues with an instruction test: train (values GAtt trained on), "
-        "heldout_value, heldout_family (default: all three, half on train)",
-    )
-    parser.add_argument(
-        "--repeat-instruction",
-        nargs="*",
-        metavar="NAME",
-        default=None,
-        help="also evaluate the upper bound with the instruction appended to every user turn, as "
-        "NAME+repeat, for the named models (no names: all)",
-    )
-    parser.add_argument(
-        "--paired-baseline",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="also pair every other model against this --model, per turn over the same dialogues "
-        "(report.json `paired`, 'A - NAME'), e.g. one fine-tune against another; repeatable",
-    )
-    parser.add_argument(
-        "--split-softmax",
-        action="append",
-        default=[],
-        metavar="NAME:STRENGTH",
-        help="also evaluate NAME with split-softmax (Li et al. 2024: every head's attention on the "
-        "instruction boosted at inference, no fine-tuning) as NAME+split; STRENGTH in [0, 1], "
-        "0: no change; several comma-separated strengths give NAME+split@STRENGTH columns",
-    )
-    parser.add_argument(
-        "--placement",
-        choices=["system", "first_user"],
-        default="system",
-        help="where turn one gives the instruction (default: system)",
-    )
-    parser.add_argument(
-        "--probe-every", type=int, default=4, help="a probe every N turns from turn 2; 0: none (default: 4)"
-    )
-    parser.add_argument(
-        "--short-prob", type=float, default=0.5, help="chance of the instruction's short form (default: 0.5)"
-    )
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="reply length limit (default: 64)")
-    parser.add_argument("--batch-size", type=int, default=32, help="dialogues rolled out together (default: 32)")
-    parser.add_argument("--sample", action="store_true", help="sample (seeded) instead of greedy decoding")
-    # One decoding for every model, so the columns compare models, not decodings: the first --model's defaults.
-    add_sampler_arguments(parser, "the first --model's")
-    parser.add_argument("--no-attention", action="store_true", help="skip the attention-to-instruction probe")
-    parser.add_argument(
-        "--decoder",
-        choices=DECODERS,
-        default="auto",
-        help="how replies are decoded: growing (a KV cache that grows, stopped rows leave the batch: fastest on a "
-        "CPU), static (preallocated cache and mask), graphs (static, each step a CUDA graph); auto (default): graphs "
-        "on a GPU for the library's model, else growing. Greedy replies are the same up to float rounding",
-    )
-    parser.add_argument(
-        "--numerics",
-        choices=NUMERICS,
-        default="exact",
-        help="how the models under test compute their replies: exact (fp32, default); bf16 (weights "
-        "and activations, attention in fp32: faster rollouts on a CPU with bf16 instructions, "
-        "slower on one without); int8 (dynamic quantisation of the Linear layers, CPU only). "
-        "The fast modes write other replies (gatt/numerics.py, README: measured). auto: bf16 where the "
-        "device has fast bf16 arithmetic, else exact (the choice is printed)",
-    )
-    parser.add_argument(
-        "--relevance-numerics",
-        choices=NUMERICS,
-        default="exact",
-        help="how the relevance scorer computes its likelihoods (default: exact); bf16 scores about "
-        "3x faster on a CPU with bf16 instructions, contrasts a few tenths of a nat apart "
-        "(SmolLM2: 99.5%% of verdicts identical); auto: bf16 where the device has fast bf16 arithmetic "
-        "(bf16 instructions, a GPU that supports it), else exact",
-    )
-    parser.add_argument(
-        "--relevance-model",
-        metavar="DIR",
-        help="chat model whose likelihoods judge whether a reply answers a user turn that has no "
-        "on-topic checks (default: the first --model; 'none': do not judge those turns' topic)",
-    )
-    parser.add_argument(
-        "--strict-gate",
-        action="store_true",
-        help="the answer gate for a real chat model (GateConfig.strict(), README: the gate audit): a "
-        "near copy of an earlier reply is a repeat even where its topic word changed, and a reply "
-        "to a turn with on-topic checks must also pass the likelihood contrast (a topic word in "
-        "word salad is not an answer)",
-    )
-    parser.add_argument(
-        "--relevance-others",
-        type=int,
-        default=3,
-        help="other questions each reply is contrasted with in the relevance test (default: 3)",
-    )
-    parser.add_argument(
-        "--device",
-        help="cpu, cuda, ... (default: this process's GPU under torchrun/accelerate launch, "
-        "else cuda if available, else cpu)",
-    )
-    return parser
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Parse, evaluate, write the report; bad input exits with one `error: ...` line."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
     with exit_on_bad_input():
-        report = run(args)
+        report = run(parse_config(EvalConfig, argv, parser))
     end_job()
     return report
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: EvalConfig) -> dict[str, Any]:
     models = parse_models(args.model)
     repeat = list(models) if args.repeat_instruction == [] else (args.repeat_instruction or [])
     unknown = sorted(set(repeat) - set(models))
@@ -430,8 +425,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         check_model_folder(relevance_model, "--relevance-model")
     # `auto` resolved once, before the rollouts' fingerprints: a cached column is reused only in the mode it was made in
     device = args.device or process_state().device
-    args.numerics = resolve_auto(args.numerics, device, "bf16", "exact", "--numerics")
-    args.relevance_numerics = resolve_auto(args.relevance_numerics, device, "bf16", "exact", "--relevance-numerics")
+    args = replace(
+        args,
+        numerics=resolve_auto(args.numerics, device, "bf16", "exact", "--numerics"),
+        relevance_numerics=resolve_auto(args.relevance_numerics, device, "bf16", "exact", "--relevance-numerics"),
+    )
     cache = RolloutCache(Path(args.out) / "rollouts", write=process_state().is_main_process)
     transcripts = evaluate(
         models, dialogues, config, repeat=repeat, split=split, device=args.device, numerics=args.numerics, cache=cache

@@ -54,17 +54,25 @@ def conflict(family_a: str, family_b: str) -> bool:
     return (builtin is not None and family_b in builtin["conflicts"]) or constraint_sets.conflict(family_a, family_b)
 
 
+def kinds_help(dealt: str, detail: str) -> str:
+    """The help of the `--kinds` flag of `data_gen gatt` and `gatt.evaluate`: how the kinds are `dealt`, what each is,
+    `detail`."""
+    return (
+        f"dialogue kinds, {dealt}: first (the instruction in turn one, kept), late (given in a later user turn), "
+        "replace (given in turn one, replaced by another value of its family), revoke (given, then withdrawn), add (a "
+        f"second instruction of another family joins). {detail}"
+    )
+
+
 def add_kinds_argument(parser: argparse.ArgumentParser, dealt: str, detail: str) -> None:
-    """The `--kinds` flag of `data_gen gatt` and `gatt.evaluate`: how the kinds are `dealt`, what each is, `detail`."""
+    """The `--kinds` flag of `data_gen gatt` (gatt.evaluate's is EvalConfig.kinds)."""
     parser.add_argument(
         "--kinds",
         nargs="+",
         choices=KINDS,
         default=["first"],
         metavar="KIND",
-        help=f"dialogue kinds, {dealt} (default: first): first (the instruction in turn one, kept), late (given in "
-        "a later user turn), replace (given in turn one, replaced by another value of its family), revoke (given, "
-        f"then withdrawn), add (a second instruction of another family joins). {detail}",
+        help=kinds_help(dealt, detail) + " (default: first)",
     )
 
 

@@ -12,9 +12,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import gatt.pretrained
 from data_gen.__main__ import build_parser as data_gen_parser
 from data_gen.__main__ import make_teacher, teacher_decoding
+from gatt.config import parse_config
 from gatt.embedded import model_path
+from gatt.evaluate import EvalConfig, parse_models, report_decoding
 from gatt.evaluate import build_parser as evaluate_parser
-from gatt.evaluate import parse_models, report_decoding
 from gatt.generation import BUILT_IN, FLAG_GIVEN, SAMPLER_DEFAULTS
 from gatt.pretrained import SMOLLM2_REPETITION_PENALTY, export_smollm2, write_generation_config
 
@@ -65,7 +66,7 @@ def test_the_model_teacher_samples_with_the_resolved_penalty(penalised):
 
 
 def evaluate_args(*argv: str):
-    args = evaluate_parser().parse_args([*argv, "--out", "x"])
+    args = parse_config(EvalConfig, [*argv, "--out", "x"], evaluate_parser())
     return args, parse_models(args.model)
 
 

@@ -1,0 +1,121 @@
+"""Configs that are the command line: one dataclass per stage, whose fields carry their flags' help.
+
+A field declared with `arg(default, "help", **argparse_settings)` becomes the flag `--field-name` (or the
+`flag` it names) with that help; `parse_config(cls, argv)` reads `--config FILE.yaml` (keys: the field names)
+first, then the flags given on the command line over it, and returns the dataclass. So a default is written once,
+in the dataclass, and a YAML file, a command line and `--help` all read it from there. A YAML key that names no
+field is refused naming the file and the fields; a required field missing from both is refused naming its flag.
+(The pattern of TRL's `SFTConfig` and `HfArgumentParser`, whose list fields cannot take zero values and whose
+flags are spelt with underscores: ours keeps the flags this project's commands have always had.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+REQUIRED = dataclasses.MISSING  # `arg(REQUIRED, ...)`: no default; the YAML or the command line must give it
+
+
+def arg(default: Any = REQUIRED, help: str = "", *, flag: str | None = None, **settings: Any) -> Any:
+    """A config field and its flag: `help`, and argparse `settings` (choices, nargs, action, metavar) where the
+    field's type does not say them. A list default is copied for each config."""
+    metadata = {"help": help, "flag": flag, "settings": settings}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _flag(field: dataclasses.Field) -> str:
+    return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
+
+
+def _scalar(annotation: Any) -> Any:
+    """The type argparse converts one value to: int, float, str or Path (None | X: X; list[X]: X)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if typing.get_origin(annotation) is list:
+        annotation = typing.get_args(annotation)[0]
+    return annotation if annotation in (int, float, str, Path) else str
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """One flag per field of the dataclass `cls`; every default is SUPPRESS, so the namespace holds what was given."""
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        if not field.metadata or "settings" not in field.metadata:
+            continue  # not a command-line field
+        settings = dict(field.metadata["settings"])
+        help_text = field.metadata["help"]
+        default = field.default_factory() if field.default_factory is not REQUIRED else field.default
+        if default not in (REQUIRED, None, [], False, True) and "default:" not in help_text:
+            help_text += f" (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
+        if hints[field.name] is bool and "action" not in settings:
+            settings["action"] = "store_true"
+        if settings.get("action") not in ("store_true", "store_false", "count"):
+            settings.setdefault("type", _scalar(hints[field.name]))
+        parser.add_argument(_flag(field), dest=field.name, help=help_text, default=argparse.SUPPRESS, **settings)
+
+
+def read_config_file(path: str | Path, cls: type) -> dict[str, Any]:
+    """The YAML mapping of `path`, its keys checked against the fields of `cls`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--config {path}: no such file")
+    values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"--config {path}: expected a mapping of settings, got {type(values).__name__}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    if unknown := sorted(set(values) - set(names)):
+        raise ValueError(f"--config {path}: unknown key(s) {', '.join(unknown)}; the keys are {', '.join(names)}")
+    return values
+
+
+def config_from(cls: type[T], given: dict[str, Any], file: str | Path | None = None) -> T:
+    """`cls` from the settings of `file` (YAML) and then `given` (the command line's) over them."""
+    values = {**(read_config_file(file, cls) if file is not None else {}), **given}
+    missing = [
+        f
+        for f in dataclasses.fields(cls)
+        if f.name not in values and f.default is REQUIRED and f.default_factory is REQUIRED
+    ]
+    if missing:
+        flags, keys = ", ".join(_flag(f) for f in missing), ", ".join(f.name for f in missing)
+        raise ValueError(f"missing {flags}: give it on the command line, or as {keys} in a --config file")
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+        if _scalar(hints[name]) is Path and isinstance(value, str):
+            values[name] = Path(value)
+        elif typing.get_origin(hints[name]) is list and isinstance(value, tuple):
+            values[name] = list(value)
+    return cls(**values)
+
+
+def parse_config(cls: type[T], argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> T:
+    """The command line `argv` read as `cls`: `--config FILE.yaml` first, the flags given over it."""
+    parser = parser or config_parser(cls)
+    given = vars(parser.parse_args(argv))
+    file = given.pop("config", None)
+    return config_from(cls, given, file)
+
+
+def config_parser(cls: type, **kwargs: Any) -> argparse.ArgumentParser:
+    """An argument parser with `--config FILE.yaml` and one flag per field of `cls` (`kwargs`: ArgumentParser's)."""
+    parser = argparse.ArgumentParser(**kwargs)
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=argparse.SUPPRESS,
+        metavar="FILE.yaml",
+        help="settings from a YAML file (keys: the flags' names with underscores); flags given override them",
+    )
+    add_config_arguments(parser, cls)
+    return parser

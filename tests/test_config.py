@@ -1,0 +1,124 @@
+"""gatt/config.py: a stage's dataclass is its command line and its YAML config, each default written once; and
+every gatt.evaluate command the recipes, the README, the docs and the Makefile write parses into EvalConfig."""
+
+import re
+import shlex
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gatt.config import REQUIRED, arg, config_from, config_parser, parse_config
+from gatt.evaluate import EvalConfig, build_parser
+
+ROOT = Path(__file__).parents[1]
+
+
+@dataclass
+class Toy:
+    out: Path = arg(REQUIRED, "output folder")
+    turns: int = arg(24, "turns per dialogue")
+    rate: float | None = arg(None, "a rate (default: the model's)")
+    names: list[str] = arg([], "names, repeatable", action="append", metavar="NAME")
+    families: list[str] = arg(["a", "b"], "families", nargs="*")
+    sample: bool = arg(False, "sample")
+    mode: str = arg("fast", "how", choices=["fast", "exact"])
+
+
+def test_each_field_is_a_flag_with_its_default_in_the_help() -> None:
+    text = config_parser(Toy).format_help()
+    for flag in ("--out", "--turns", "--rate", "--names", "--families", "--sample", "--mode", "--config"):
+        assert flag in text
+    assert "turns per dialogue (default: 24)" in text and "families (default: a b)" in text
+    assert "(default: the model's)" in text and "(default: None)" not in text
+
+
+def test_defaults_then_the_file_then_the_command_line(tmp_path: Path) -> None:
+    assert parse_config(Toy, ["--out", "x"]) == Toy(out=Path("x"))
+    file = tmp_path / "c.yaml"
+    file.write_text(yaml.safe_dump({"out": "from-file", "turns": 30, "families": [], "mode": "exact"}))
+    config = parse_config(Toy, ["--config", str(file), "--turns", "12", "--names", "p", "--names", "q", "--sample"])
+    assert config == Toy(out=Path("from-file"), turns=12, names=["p", "q"], families=[], sample=True, mode="exact")
+    assert parse_config(Toy, ["--out", "x", "--families"]).families == []  # a list flag given no values
+    assert Toy(out=Path("x")).families is not Toy(out=Path("y")).families  # each config its own list
+
+
+def test_bad_input_names_the_file_key_or_flag(tmp_path: Path) -> None:
+    file = tmp_path / "c.yaml"
+    file.write_text(yaml.safe_dump({"out": "x", "turn": 3}))
+    with pytest.raises(ValueError, match=r"--config .*c\.yaml: unknown key\(s\) turn; the keys are out, turns"):
+        parse_config(Toy, ["--config", str(file)])
+    with pytest.raises(ValueError, match=r"missing --out: give it on the command line, or as out in a --config"):
+        parse_config(Toy, [])
+    with pytest.raises(FileNotFoundError, match="--config .*nowhere.yaml: no such file"):
+        parse_config(Toy, ["--config", str(tmp_path / "nowhere.yaml")])
+    with pytest.raises(SystemExit):
+        parse_config(Toy, ["--out", "x", "--mode", "slow"])  # argparse refuses a value outside the choices
+
+
+def test_eval_config_from_a_yaml_file_equals_the_same_command_line(tmp_path: Path) -> None:
+    argv = ["--model", "base=embedded", "--model", "gatt=runs/g", "--out", "runs/r", "--turns", "30"]
+    argv += ["--kinds", "first", "late", "--repeat-instruction", "--split-softmax", "base:0.5", "--no-attention"]
+    from_flags = parse_config(EvalConfig, argv, build_parser())
+    file = tmp_path / "eval.yaml"
+    file.write_text(
+        yaml.safe_dump(
+            {
+                "model": ["base=embedded", "gatt=runs/g"],
+                "out": "runs/r",
+                "turns": 30,
+                "kinds": ["first", "late"],
+                "repeat_instruction": [],
+                "split_softmax": ["base:0.5"],
+                "no_attention": True,
+            }
+        )
+    )
+    assert parse_config(EvalConfig, ["--config", str(file)], build_parser()) == from_flags
+    assert from_flags.repeat_instruction == [] and from_flags.heldout_families == [] and from_flags.dialogues == 64
+    assert config_from(EvalConfig, {"model": ["a=b"], "out": "o"}).repeat_instruction is None  # not given: none
+
+
+def _evaluate_commands() -> list[list[str]]:
+    """The gatt.evaluate command lines of README.md, docs/ and the Makefile (continuation lines joined)."""
+    texts = [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "docs").glob("*.md"))]
+    commands = []
+    for path in texts:
+        text = path.read_text(encoding="utf-8").replace("\\\n", " ")
+        for line in text.splitlines():
+            if "-m gatt.evaluate " in line and "--" in line:
+                words = shlex.split(line.split("-m gatt.evaluate ", 1)[1].split("`")[0].split("  #")[0])
+                commands.append([w for w in words if not re.fullmatch(r"[|&;>].*", w)])
+    return commands
+
+
+def test_every_flag_the_pages_show_parses() -> None:
+    commands = _evaluate_commands()
+    assert len(commands) >= 5
+    flags = {option for action in build_parser()._actions for option in action.option_strings}
+    shown = {word.split("=")[0] for command in commands for word in command if word.startswith("--")}
+    assert shown and shown <= flags, sorted(shown - flags)
+    assert {f"--{f.name.replace('_', '-')}" for f in fields(EvalConfig)} <= flags
+
+
+def test_every_committed_demo_config_writes_a_report_command_that_parses(tmp_path: Path) -> None:
+    """The report stage of each demo config (recipes/demo.py turns its keys into gatt.evaluate's flags) parses."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "recipes"))
+    from demo import DemoConfig, stages
+
+    from gatt.train import dataclass_from_dict, read_yaml_config
+
+    demo_configs = [
+        p for p in sorted((ROOT / "recipes" / "configs").glob("*.yaml")) if "out" in yaml.safe_load(p.read_text())
+    ]
+    assert len(demo_configs) >= 8
+    for path in demo_configs:
+        config = dataclass_from_dict(DemoConfig, read_yaml_config(path, []), path)
+        for stage in stages(config):
+            if "gatt.evaluate" in stage.command:
+                argv = stage.command[stage.command.index("gatt.evaluate") + 1 :]
+                parsed = parse_config(EvalConfig, argv, build_parser())
+                assert parsed.turns == config.eval_turns, path
