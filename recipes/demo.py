@@ -67,7 +67,7 @@ from gatt.embedded import package, weights_sha256
 from gatt.eval.report import add_rounds, summary_tables
 from gatt.events import KINDS
 from gatt.files import write_text
-from gatt.machine import available_cpus, machine_calibration
+from gatt.machine import available_cpus, machine_calibration, matmul_gflops
 from gatt.numerics import NUMERICS, resolve_auto
 from gatt.processes import ProcessTree
 from gatt.train import dataclass_from_dict, read_yaml_config
@@ -645,6 +645,11 @@ def run(config: DemoConfig, command: str = "") -> dict[str, Any]:
     timings_file = out / "timings.json"
     if len(skipped) == len(plan) and timings_file.exists():  # nothing ran: the machine is the one that made them
         calibration = json.loads(timings_file.read_text()).get("machine", calibration)
+    elif len(skipped) < len(plan):
+        # Measured again at the end: a calibration read while something else held the cores is low and would
+        # flatter the time at the reference speed, so the faster reading counts (both are recorded).
+        readings = [calibration["fp32_matmul_gflops"], matmul_gflops(torch.float32)]
+        calibration = {**calibration, "fp32_matmul_gflops": max(readings), "fp32_matmul_gflops_start_end": readings}
     summary = {
         "stage_seconds": timings,
         "total_seconds": round(total, 1),
@@ -653,7 +658,7 @@ def run(config: DemoConfig, command: str = "") -> dict[str, Any]:
         "made_by_an_earlier_run": skipped,
         "machine": calibration,
     }
-    timings_file.write_text(json.dumps(summary, indent=2) + "\n")
+    write_text(timings_file, json.dumps(summary, indent=2) + "\n")
     if config.rounds == 0:
         packaged = package_base_model(config, command, report, summary)
         print(f"packaged: {packaged} (to ship it: make ship-base-model)")
