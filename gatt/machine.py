@@ -45,6 +45,11 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
+# The speed the project's time goals are stated at: a 2-core machine's fp32 matmul, GFLOP/s. A wall time scales to
+# it as wall x measured GFLOP/s / REFERENCE_GFLOPS, so runs on faster and slower machines compare.
+REFERENCE_GFLOPS = 150.0
+
+
 def matmul_gflops(dtype: torch.dtype = torch.float32, size: int = 1024, seconds: float = 1.0) -> float:
     """GFLOP/s of size^3 matrix products in `dtype` on torch's threads now (median over `seconds`)."""
     a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
@@ -73,4 +78,12 @@ def machine_calibration(threads: int | None = None, size: int = 1024, seconds: f
     }
 
 
-__all__ = ["TRACKED_PACKAGES", "available_cpus", "cpu_name", "machine_calibration", "matmul_gflops", "package_versions"]
+__all__ = [
+    "REFERENCE_GFLOPS",
+    "TRACKED_PACKAGES",
+    "available_cpus",
+    "cpu_name",
+    "machine_calibration",
+    "matmul_gflops",
+    "package_versions",
+]

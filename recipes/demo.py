@@ -46,14 +46,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import shlex
-import shutil
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,20 +62,14 @@ from gatt.embedded import FOLDER as EMBEDDED_FOLDER
 from gatt.embedded import package, weights_sha256
 from gatt.eval.report import add_rounds, summary_tables
 from gatt.events import KINDS
-from gatt.files import write_text
-from gatt.machine import available_cpus, machine_calibration, matmul_gflops
+from gatt.machine import REFERENCE_GFLOPS, available_cpus, machine_calibration
 from gatt.numerics import NUMERICS, resolve_auto
-from gatt.processes import ProcessTree
+from gatt.stages import Stage, run_stages, stage_timings
 from gatt.train import dataclass_from_dict, read_yaml_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # `accelerate launch` gives each process OMP_NUM_THREADS=1 unless it is set: on a CPU that halves training speed.
 CPUS = available_cpus()
-# The speed `make demo`'s time goal is stated at: a 2-core machine's fp32 matmul, GFLOP/s. timings.json scales
-# each run's wall time to it (wall x measured GFLOP/s / 150), so runs on faster and slower machines compare.
-REFERENCE_GFLOPS = 150.0
-# How often a running stage records its seconds so far (stamps/STAGE.started), for a resumed stage's total.
-HEARTBEAT_SECONDS = 10.0
 
 
 @dataclass
@@ -152,17 +142,6 @@ class DemoConfig:
     mixed_precision: str = (
         "no"  # accelerate launch --mixed_precision: no | bf16 | fp16 | auto (bf16 where the CPU or GPU has fast bf16)
     )
-
-
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    command: list[str]
-    output: Path  # emptied when the stage's inputs change
-    resumable: bool  # an interrupted run continues in place
-    # A sub-folder of `output` kept when the stage starts again with other inputs: its files carry fingerprints of
-    # their own inputs (the report's finished columns, gatt/eval/cache.py), so only the stale ones are made again.
-    keep: str | None = None
 
 
 def _flag(name: str, value: str) -> list[str]:
@@ -528,76 +507,9 @@ def student_name(r: int, rounds: int) -> str:
     return "gatt" if rounds == 1 else f"gatt-r{r}"
 
 
-def clear(output: Path, keep: str | None) -> None:
-    """Remove `output`, all but its sub-folder `keep` (None: all of it)."""
-    if keep is None or not (output / keep).is_dir():
-        shutil.rmtree(output)
-        return
-    for path in output.iterdir():
-        if path.name == keep:
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-
-
-def run_stage(
-    command: list[str],
-    env: dict[str, str],
-    started: Path,
-    key: str,
-    before: float,
-    every: float = HEARTBEAT_SECONDS,
-    timeout_s: float = 0.0,
-) -> tuple[int, float]:
-    """Run a stage's command; its exit code and seconds, `before` (its interrupted attempts' seconds) included.
-
-    `started` holds "KEY SECONDS" from the start, rewritten every `every` seconds and at the end, so that a
-    run killed at any point (Ctrl-C, a closed session, a lost machine) still counts its time when resumed.
-    A stage still running after `timeout_s` (0: no limit) is killed with every process it started, and
-    `TreeTimeout` names the processes that were stuck (a launcher's ranks by their rank)."""
-    begin = time.perf_counter()
-
-    def mark() -> float:
-        seconds = round(before + time.perf_counter() - begin, 1)
-        write_text(started, f"{key} {seconds}")  # whole: a kill mid-write leaves the last mark, never an empty stamp
-        return seconds
-
-    mark()
-    # A process tree: interrupted here, the stage ends with every process it started (a launcher's ranks too).
-    with ProcessTree(command, None, cwd=ROOT, env=env) as tree:
-        try:
-            while True:
-                try:
-                    returncode = tree.process.wait(timeout=every)
-                    break
-                except subprocess.TimeoutExpired:
-                    mark()
-                    if timeout_s and time.perf_counter() - begin > timeout_s:
-                        raise tree.time_out(timeout_s) from None
-        finally:
-            seconds = mark()
-    return returncode, seconds
-
-
-def fingerprint(stage: Stage, upstream: str) -> str:
-    """What a stage's result depends on: its command, the files it names (configs, your constraints and user
-    turns), and the result before (`upstream`: that stage's key and when it finished). The Python that runs it is
-    not an input: stages made on another machine (a GPU's run copied here, say) are up to date here."""
-    files = [ROOT / arg for arg in stage.command if (ROOT / arg).is_file() and not arg.endswith(".py")]
-    command = ["python" if arg == sys.executable else arg for arg in stage.command]
-    payload = json.dumps([command, [hashlib.sha256(p.read_bytes()).hexdigest() for p in files], upstream])
-    return hashlib.sha256(payload.encode()).hexdigest()
-
-
 def run(config: DemoConfig, command: str = "") -> dict[str, Any]:
     """Run (or skip) every stage of `config`; `command` is the command line, for make base-model's record."""
     out = Path(config.out)
-    stamps = out / "stamps"
-    stamps.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}  # seconds each stage took when it was made (now, or by an earlier run)
-    skipped: list[str] = []
     # From the shipped model: its weights are an input of every stage (a re-shipped model makes them all again).
     upstream = weights_sha256(EMBEDDED_FOLDER) if base_model_dir(config) == EMBEDDED_FOLDER else ""
     calibration = machine_calibration(CPUS)
@@ -605,60 +517,15 @@ def run(config: DemoConfig, command: str = "") -> dict[str, Any]:
         f"machine: {calibration['cpu']}, {CPUS} threads, fp32 matmul {calibration['fp32_matmul_gflops']} GFLOP/s",
         flush=True,
     )
-    plan = stages(config)
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # stages import this checkout
     env = {"OMP_NUM_THREADS": str(CPUS), **os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
-    for i, stage in enumerate(plan, start=1):
-        key = fingerprint(stage, upstream)
-        done, started = stamps / f"{stage.name}.done", stamps / f"{stage.name}.started"
-        stamp = done.read_text() if done.exists() else ""  # "KEY FINISHED_NS SECONDS" of the last run
-        fields = stamp.split()
-        if fields and fields[0] == key:
-            print(f"[{i}/{len(plan)} {stage.name}] up to date, skipped", flush=True)
-            timings[stage.name] = float(fields[2]) if len(fields) > 2 else 0.0
-            skipped.append(stage.name)
-            upstream = " ".join(fields[:2])  # the result's identity; the seconds are bookkeeping
-            continue
-        done.unlink(missing_ok=True)
-        earlier = started.read_text().split() if started.exists() else []  # "KEY SECONDS" of interrupted attempts
-        interrupted = earlier[:1] == [key]
-        if stage.output.exists() and not (interrupted and stage.resumable):
-            clear(stage.output, stage.keep)  # stale: made with other inputs (or not resumable)
-        print(
-            f"[{i}/{len(plan)} {stage.name}] {'resuming' if interrupted else 'running'}: {' '.join(stage.command)}",
-            flush=True,
-        )
-        before = float(earlier[1]) if interrupted and stage.resumable and len(earlier) > 1 else 0.0
-        returncode, timings[stage.name] = run_stage(
-            stage.command, env, started, key, before, timeout_s=config.stage_timeout
-        )
-        if returncode != 0:
-            sys.exit(f"[{i}/{len(plan)} {stage.name}] failed (exit {returncode}); rerun the same command to resume")
-        upstream = f"{key} {time.time_ns()}"  # a new result: every later stage runs again on it
-        done.write_text(f"{upstream} {timings[stage.name]}")
-        started.unlink()
-        print(f"[{i}/{len(plan)} {stage.name}] done in {timings[stage.name]:.0f} s", flush=True)
+    timings, skipped = run_stages(
+        stages(config), out / "stamps", upstream, env, root=ROOT, timeout_s=config.stage_timeout
+    )
     report = add_rounds(
         out / "report", round_entries(config, json.loads((out / "report" / "report.json").read_text()), timings)
     )
-    total = sum(timings.values())
-    timings_file = out / "timings.json"
-    if len(skipped) == len(plan) and timings_file.exists():  # nothing ran: the machine is the one that made them
-        calibration = json.loads(timings_file.read_text()).get("machine", calibration)
-    elif len(skipped) < len(plan):
-        # Measured again at the end: a calibration read while something else held the cores is low and would
-        # flatter the time at the reference speed, so the faster reading counts (both are recorded).
-        readings = [calibration["fp32_matmul_gflops"], matmul_gflops(torch.float32)]
-        calibration = {**calibration, "fp32_matmul_gflops": max(readings), "fp32_matmul_gflops_start_end": readings}
-    summary = {
-        "stage_seconds": timings,
-        "total_seconds": round(total, 1),
-        "total_seconds_at_reference_speed": round(total * calibration["fp32_matmul_gflops"] / REFERENCE_GFLOPS, 1),
-        "reference_gflops": REFERENCE_GFLOPS,
-        "made_by_an_earlier_run": skipped,
-        "machine": calibration,
-    }
-    write_text(timings_file, json.dumps(summary, indent=2) + "\n")
+    summary = stage_timings(timings, skipped, calibration, out / "timings.json")
     if config.rounds == 0:
         packaged = package_base_model(config, command, report, summary)
         print(f"packaged: {packaged} (to ship it: make ship-base-model)")
