@@ -55,12 +55,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from gatt.cli import exit_on_bad_input
 from gatt.embedded import FOLDER as EMBEDDED_FOLDER
-from gatt.embedded import package, weights_sha256
+from gatt.embedded import package_base_model, weights_sha256
 from gatt.eval.report import add_rounds, summary_tables
+from gatt.eval.rounds import gatt_data_dir, gatt_dir, round_entries, round_suffix, student_name
 from gatt.events import KINDS
 from gatt.machine import REFERENCE_GFLOPS, available_cpus, machine_calibration
 from gatt.numerics import NUMERICS, resolve_auto
@@ -459,54 +459,6 @@ def round_teacher(config: DemoConfig, r: int) -> str:
     return "oracle" if config.teacher == "oracle" else str(base_model_dir(config))
 
 
-def round_entries(config: DemoConfig, report: dict[str, Any], timings: dict[str, float]) -> list[dict[str, Any]]:
-    """report.json's `rounds`: each round's teacher, its reminded pass rate per family (from the round's data
-    summary: candidates passing the checks and the answer gate), its student's adherence per turn and family,
-    and the seconds its two stages took (`timings`: stage -> seconds)."""
-    entries = []
-    for r in range(1, config.rounds + 1):
-        data = json.loads((gatt_data_dir(Path(config.out), r) / "gatt.summary.json").read_text())
-        student = report[student_name(r, config.rounds)]
-        entries.append(
-            {
-                "round": r,
-                "teacher": round_teacher(config, r),
-                "student": student_name(r, config.rounds),
-                "records": data["records"],
-                "teacher_pass_rate_per_family": data["pass_rate_per_family"],
-                "per_turn": student["per_turn"],
-                "per_family": {f: v["overall"] for f, v in student["per_family"].items()},
-                "seconds": round(sum(timings[f"{stage}{round_suffix(r)}"] for stage in ("gatt-data", "gatt-model")), 1),
-            }
-        )
-    return entries
-
-
-def round_suffix(r: int) -> str:
-    """Round r's stage-name suffix: none for the first round (gatt-data, gatt-model), then -R (gatt-data-2)."""
-    return "" if r == 1 else f"-{r}"
-
-
-def round_dir(out: Path, r: int) -> Path:
-    """Round r's GAtt data (data/gatt) and model (gatt)."""
-    return out / f"round-{r}"
-
-
-def gatt_data_dir(out: Path, r: int) -> Path:
-    """Round r's GAtt data folder (gatt.jsonl and gatt.summary.json)."""
-    return round_dir(out, r) / "data" / "gatt"
-
-
-def gatt_dir(out: Path, r: int) -> Path:
-    """Round r's GAtt model folder (its `final` is the model)."""
-    return round_dir(out, r) / "gatt"
-
-
-def student_name(r: int, rounds: int) -> str:
-    """The report's name of round r's student: `gatt` with one round, `gatt-r1`, `gatt-r2`, ... with several."""
-    return "gatt" if rounds == 1 else f"gatt-r{r}"
-
-
 def run(config: DemoConfig, command: str = "") -> dict[str, Any]:
     """Run (or skip) every stage of `config`; `command` is the command line, for make base-model's record."""
     out = Path(config.out)
@@ -523,11 +475,17 @@ def run(config: DemoConfig, command: str = "") -> dict[str, Any]:
         stages(config), out / "stamps", upstream, env, root=ROOT, timeout_s=config.stage_timeout
     )
     report = add_rounds(
-        out / "report", round_entries(config, json.loads((out / "report" / "report.json").read_text()), timings)
+        out / "report",
+        round_entries(
+            out,
+            [round_teacher(config, r) for r in range(1, config.rounds + 1)],
+            json.loads((out / "report" / "report.json").read_text()),
+            timings,
+        ),
     )
     summary = stage_timings(timings, skipped, calibration, out / "timings.json")
     if config.rounds == 0:
-        packaged = package_base_model(config, command, report, summary)
+        packaged = package_base_model(Path(config.out), dataclasses.asdict(config), command, report, summary)
         print(f"packaged: {packaged} (to ship it: make ship-base-model)")
     print("\n" + summary_tables(report))
     print(
@@ -538,27 +496,6 @@ def run(config: DemoConfig, command: str = "") -> dict[str, Any]:
     )
     print(f"report: {out / 'report' / 'report.md'}")
     return report
-
-
-def package_base_model(config: DemoConfig, command: str, report: dict[str, Any], timings: dict[str, Any]) -> Path:
-    """make base-model's product: OUT/embedded, the trained model with the record of how it was made (`timings`:
-    timings.json's content)."""
-    out = Path(config.out)
-    reminded = report["base+repeat"]
-    record = {
-        "name": "embedded",
-        "command": command,
-        "demo_config": dataclasses.asdict(config),
-        "train_config": yaml.safe_load((out / "base" / "config.yaml").read_text()),  # as the trainer ran it
-        "data_seed": config.seed,
-        **{key: timings[key] for key in ("machine", "stage_seconds", "total_seconds_at_reference_speed")},
-        "report": {
-            "reminded_pass_rate_per_family": {f: v["overall"] for f, v in reminded["per_family"].items()},
-            "reminded_per_turn": reminded["per_turn"],
-            "base_per_turn": report["base"]["per_turn"],
-        },
-    }
-    return package(out / "base" / "final", out / "embedded", record)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

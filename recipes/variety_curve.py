@@ -28,9 +28,10 @@ from matplotlib.figure import Figure
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from demo import ROOT, DemoConfig, gatt_data_dir, run  # noqa: E402
+from demo import ROOT, DemoConfig, run  # noqa: E402
 
 from gatt.cli import exit_on_bad_input  # noqa: E402
+from gatt.eval.rounds import gatt_data_dir  # noqa: E402
 from gatt.files import write_text  # noqa: E402
 from gatt.train import dataclass_from_dict, read_yaml_config  # noqa: E402
 
