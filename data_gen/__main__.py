@@ -28,8 +28,10 @@ import argparse
 import json
 import sys
 from collections import Counter
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -37,10 +39,9 @@ from data_gen.constraints import HELDOUT_FAMILIES, catalogue, limit_families, li
 from data_gen.eval_set import write_eval_set
 from data_gen.pass_rate import PassRateConfig, demonstrations, format_pass_rates, measure_pass_rates
 from data_gen.synthesis import SynthesisConfig, synthesize
-from data_gen.teacher import ModelTeacher, OracleTeacher, Teacher
+from data_gen.teacher import TeacherConfig, build_teacher, teacher_decoding
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import UserTurn, load_user_turns, split_user_turns
-from gatt.chat_model import TORCH_DTYPES
 from gatt.checks import (
     CONSTRAINTS_HELP,
     Constraint,
@@ -50,407 +51,272 @@ from gatt.checks import (
     matching_families,
 )
 from gatt.cli import exit_on_bad_input
+from gatt.config import REQUIRED, add_config_arguments, arg, config_parser, configs_from
 from gatt.distributed import end_job, process_state
-from gatt.embedded import model_path
-from gatt.events import add_kinds_argument
 from gatt.files import atomic_path, write_json
-from gatt.generation import add_sampler_arguments, sampler_settings
-from gatt.model_folder import check_model_folder
-from gatt.numerics import NUMERICS
+
+_HELDOUT_HELP = (
+    "families kept out of GAtt data (every value held out): of the built-in catalogue (default: "
+    f"{', '.join(HELDOUT_FAMILIES)}; the base corpus still teaches them) or of --constraints (default: none); a shell "
+    "pattern holds out every family it matches (ifbench:*)"
+)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--num-dialogues", type=int, required=True, help="dialogues to generate")
-    parser.add_argument("--seed", type=int, default=0, help="same seed and inputs -> byte-identical output")
-    parser.add_argument("--out", type=Path, required=True, help="output folder")
-    parser.add_argument("--short-prob", type=float, default=0.5, help="chance of the shortened instruction form")
-    parser.add_argument(
-        "--heldout-families",
+@dataclass(kw_only=True)
+class BaseCorpusConfig:
+    """`data_gen base`: the toy world's base SFT corpus."""
+
+    num_dialogues: int = arg(REQUIRED, "dialogues to generate")
+    seed: int = arg(0, "same seed and inputs -> byte-identical output")
+    out: Path = arg(REQUIRED, "output folder")
+    short_prob: float = arg(0.5, "chance of the shortened instruction form")
+    heldout_families: list[str] | None = arg(None, _HELDOUT_HELP, nargs="*", metavar="FAMILY")
+    max_turns: int = arg(
+        12, "longest dialogue with local instructions or none (system-prompt dialogues have 1-2 turns)"
+    )
+
+
+@dataclass(kw_only=True)
+class DataFiles:
+    """Where `data_gen gatt`, `replay` and `pass-rate` read their constraints and user turns and write their output."""
+
+    out: Path = arg(REQUIRED, "output folder (pass-rate: output JSON file)")
+    constraints: Path | None = arg(None, CONSTRAINTS_HELP)
+    heldout_families: list[str] | None = arg(None, _HELDOUT_HELP, nargs="*", metavar="FAMILY")
+    user_turns: Path | None = arg(None, "your dialogues (JSONL/Parquet/datasets folder) or a .txt of messages")
+    on_error: str = arg("raise", "bad input dialogues: stop, or count and skip", choices=["raise", "skip"])
+    values_per_family: int | None = arg(
+        None,
+        "use at most K train values of each family (a fixed-seed draw): the data-variety knob; in pass-rate, a set "
+        "with many parameter draws per type (ifeval, ifbench) measured per type at a fraction of the cost (default: "
+        "every value)",
+        metavar="K",
+    )
+    trained_families: int | None = arg(
+        None,
+        "use the train values of at most K families (a fixed-seed draw, a larger K keeps a superset): the families "
+        "curve's knob, how transfer to held-out families grows with the families trained (default: all)",
+        metavar="K",
+    )
+
+
+@dataclass(kw_only=True)
+class ExportConfig:
+    """`data_gen constraints`: a constraint file written out."""
+
+    out: Path = arg(REQUIRED, "output YAML file")
+    constraints: Path | None = arg(None, CONSTRAINTS_HELP)
+    families: list[str] | None = arg(
+        None, "keep these families, shell patterns too (default: all)", nargs="+", metavar="FAMILY"
+    )
+    heldout_families: list[str] | None = arg(
+        None,
+        "families held out as a whole (every value split heldout), shell patterns too",
         nargs="*",
-        default=None,
         metavar="FAMILY",
-        help="families kept out of GAtt data (every value held out): of the built-in catalogue (default: "
-        f"{', '.join(HELDOUT_FAMILIES)}; "
-        "the base corpus still teaches them) or of --constraints (default: none); a shell pattern holds out every "
-        "family it matches (ifbench:*)",
     )
 
 
-def _dialogues(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--min-turns", type=int, default=2, help="shortest dialogue kept")
-    parser.add_argument("--max-turns", type=int, default=24, help="longest dialogue drawn")
-    parser.add_argument("--samples-per-turn", type=int, default=4, help="candidates per turn (k) for rejection")
-    parser.add_argument(
-        "--redraws",
-        type=int,
-        default=2,
-        help="other user messages tried at a turn whose k candidates all fail, before the dialogue ends there",
-    )
-    _user_turns(parser)
-    parser.add_argument("--shard-size", type=int, default=64, help="dialogues per resumable shard")
-    parser.add_argument(
-        "--strict-repeats",
-        action="store_true",
-        help="reject a near copy of an earlier reply even where its topic word changed (the gate "
-        "lets such template answers pass); a real model's teacher needs it, or the fine-tuned "
-        "model learns to repeat itself",
-    )
-    _strict_gate(parser)
+@dataclass(kw_only=True)
+class EvalSetConfig:
+    """`data_gen eval-set`: the built-in evaluation set."""
+
+    out: Path = arg(REQUIRED, "output folder")
+    seed: int = arg(0, "catalogue and user-turn split seed (the shipped set uses 0)")
 
 
-def _strict_gate(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--strict-gate",
-        action="store_true",
-        help="the answer gate for a real chat model (gatt.evaluate --strict-gate): --strict-repeats, "
-        "and a reply to a turn with topic words must pass the likelihood contrast too",
-    )
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its help, and the configs its flags fill (with the fields each leaves out)."""
+
+    help: str
+    configs: tuple[tuple[type, tuple[str, ...]], ...]
+    description: str | None = None
 
 
-def _user_turns(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--user-turns", type=Path, help="your dialogues (JSONL/Parquet/datasets folder) or a .txt of messages"
-    )
-    parser.add_argument(
-        "--on-error", choices=["raise", "skip"], default="raise", help="bad input dialogues: stop, or count and skip"
-    )
-
-
-def _teacher(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--teacher",
-        required=True,
-        help="'oracle' (the toy world's responder), 'embedded' (the shipped chat model) or a causal LM directory",
-    )
-    add_sampler_arguments(parser, "the --teacher folder's")  # a model teacher's decoding
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--batch-size", type=int, default=32, help="prompts per teacher generate() call")
-    parser.add_argument(
-        "--device",
-        help="teacher device, e.g. cuda, cuda:1, cpu (default: this process's GPU under "
-        "torchrun/accelerate launch, else cuda if available, else cpu)",
-    )
-    parser.add_argument(
-        "--teacher-dtype",
-        choices=sorted(TORCH_DTYPES),
-        default=None,
-        help="load the teacher in this dtype (bf16 halves its memory; default: transformers' default)",
-    )
-    parser.add_argument(
-        "--teacher-numerics",
-        choices=NUMERICS,
-        default="exact",
-        help="exact (fp32, default); bf16 (faster on a CPU with bf16 instructions); or int8: the teacher's "
-        "Linear layers dynamically quantised, CPU only. The fast modes draw other candidates "
-        "(gatt/numerics.py; int8 does not pay on SmolLM2-135M); auto: bf16 where the device has fast bf16 "
-        "arithmetic, else exact",
-    )
-    parser.add_argument(
-        "--teacher-device-map",
-        metavar="MAP",
-        help="spread a teacher too large for one device over the visible GPUs (e.g. auto, balanced); "
-        "run one process per machine with it, or give each process its own CUDA_VISIBLE_DEVICES",
-    )
+NOT_IN_REPLAY = ("round", "demonstration", "kinds")
+COMMANDS = {
+    "base": Command("write the toy world's base SFT corpus", ((BaseCorpusConfig, ()),)),
+    "gatt": Command(
+        "write GAtt dialogues by context distillation",
+        ((SynthesisConfig, ()), (DataFiles, ()), (TeacherConfig, ())),
+    ),
+    "replay": Command(
+        "write the teacher's own gated answers to dialogues without instruction (replay data)",
+        (
+            (SynthesisConfig, NOT_IN_REPLAY),
+            (DataFiles, ("constraints", "values_per_family", "trained_families")),
+            (TeacherConfig, ()),
+        ),
+        "Dialogues without an instruction, each reply the teacher's own answer that passes the answer gate (best of "
+        "--samples-per-turn). Mixed into a GAtt fine-tune (replay_file=...), they keep the model answering as it did. "
+        "Writes DIR/replay.jsonl and DIR/replay.summary.json; resumes like `gatt`.",
+    ),
+    "pass-rate": Command(
+        "measure each constraint's one-turn pass rate with the instruction in view",
+        ((PassRateConfig, ()), (DataFiles, ("heldout_families", "trained_families")), (TeacherConfig, ())),
+        "For each constraint, --prompts user turns (a probe-only persona: its probe questions) with the instruction "
+        "appended, --samples candidates each: the share passing the checks, the checks and the answer gate, and the "
+        "share of prompts where one of the k passes both (what best-of-k rejection keeps). Writes FILE.json "
+        "(settings, per_constraint, per_family). Prints on stderr a markdown table with one row per constraint "
+        "(name, family, split, prompts, candidates, and the JSON's checks, checks_and_gate and best_of_k as "
+        "percentages), then the per-family table (left out when no constraint names a family: all are 'custom'), "
+        "and on stdout the per-family figures as JSON. The progress bar counts prompts and steps as each "
+        "constraint's candidates are written.",
+    ),
+    "constraints": Command(
+        "write a constraint file: a set's constraints, some of its families, some held out",
+        ((ExportConfig, ()),),
+        "Write FILE.yaml with the constraints of --constraints (a file, a built-in set such as ifeval,ifbench, or the "
+        "catalogue), only the families matching --families, with --heldout-families held out: the file a run names, "
+        "to read and to edit (e.g. the types a model follows when reminded, chosen from `pass-rate`).",
+    ),
+    "eval-set": Command(
+        "write the built-in evaluation set (constraints with splits, held-out user turns)",
+        ((EvalSetConfig, ()),),
+        "Write DIR/constraints.yaml (the catalogue, each constraint tagged train or heldout) and DIR/user_turns.jsonl "
+        "(the held-out user turns with on-topic checks), the files gatt's evaluation uses by default. Regenerate the "
+        "shipped copy with --out gatt/eval/builtin.",
+    ),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `base`, `gatt` and `eval-set` subcommands."""
+    """One subcommand per COMMANDS entry, its flags made from its configs' fields, each with `--config FILE.yaml`."""
     parser = argparse.ArgumentParser(
         prog="python -m data_gen", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-    base = commands.add_parser("base", help="write the toy world's base SFT corpus")
-    _common(base)
-    base.add_argument(
-        "--max-turns",
-        type=int,
-        default=12,
-        help="longest dialogue with local instructions or none (system-prompt dialogues have 1-2 turns)",
-    )
-    gatt = commands.add_parser("gatt", help="write GAtt dialogues by context distillation")
-    _common(gatt)
-    _dialogues(gatt)
-    _teacher(gatt)
-    gatt.add_argument("--constraints", type=Path, help=CONSTRAINTS_HELP)
-    gatt.add_argument(
-        "--round",
-        type=int,
-        default=1,
-        metavar="R",
-        help="expert-iteration round, written into each record's meta; a round after the first draws "
-        "other dialogues than round 1 from the same seed (recipes/demo.py `rounds`)",
-    )
-    gatt.add_argument(
-        "--demonstration",
-        action="store_true",
-        help="open the teacher's prompt with one exchange of each constraint whose reply passed the checks "
-        "and the gate in a separate draw (richer context distillation: the record keeps only the "
-        "dialogue); kept in DIR/gatt.shards/demonstrations.json for a resumed run",
-    )
-    add_kinds_argument(
-        gatt,
-        "drawn alike",
-        "The teacher sees the instructions in force appended to every user turn; a reply after a withdrawal must "
-        "not follow the old instruction. Records carry `kind` and `events`; the wordings are gatt/events.yaml's "
-        "or a constraint's own (`changes` in its entry)",
-    )
-    gatt.add_argument(
-        "--values-per-family",
-        type=int,
-        metavar="K",
-        help="use at most K train values of each family (a fixed-seed draw): the data-variety knob "
-        "(default: every train value)",
-    )
-    gatt.add_argument(
-        "--trained-families",
-        type=int,
-        metavar="K",
-        help="use the train values of at most K families (a fixed-seed draw, a larger K keeps a superset): the "
-        "families curve's knob, how transfer to held-out families grows with the families trained (default: all)",
-    )
-    replay = commands.add_parser(
-        "replay",
-        help="write the teacher's own gated answers to dialogues without instruction (replay data)",
-        description="Dialogues without an instruction, each reply the teacher's own answer that passes the answer "
-        "gate (best of --samples-per-turn). Mixed into a GAtt fine-tune (replay_file=...), they keep the model "
-        "answering as it did. Writes DIR/replay.jsonl and DIR/replay.summary.json; resumes like `gatt`.",
-    )
-    _common(replay)
-    _dialogues(replay)
-    _teacher(replay)
-    pass_rate = commands.add_parser(
-        "pass-rate",
-        help="measure each constraint's one-turn pass rate with the instruction in view",
-        description="For each constraint, --prompts user turns (a probe-only persona: its probe questions) with the "
-        "instruction appended, --samples candidates each: the share passing the checks, the checks and the answer "
-        "gate, and the share of prompts where one of the k passes both (what best-of-k rejection keeps). "
-        "Writes FILE.json (settings, per_constraint, per_family). Prints on stderr a markdown table with one row "
-        "per constraint (name, family, split, prompts, candidates, and the JSON's checks, checks_and_gate and "
-        "best_of_k as percentages), then the per-family table (left out when no constraint names a family: "
-        "all are 'custom'), and on stdout the per-family figures as JSON. The progress bar counts prompts and "
-        "steps as each constraint's candidates are written.",
-    )
-    pass_rate.add_argument("--out", type=Path, required=True, help="output JSON file")
-    pass_rate.add_argument("--constraints", type=Path, help=CONSTRAINTS_HELP)
-    pass_rate.add_argument(
-        "--values-per-family",
-        type=int,
-        metavar="K",
-        help="measure at most K values of each family, a fixed-seed draw (default: every value): a set with many "
-        "parameter draws per type (ifeval, ifbench) is measured per type at a fraction of the cost",
-    )
-    pass_rate.add_argument("--prompts", type=int, default=8, help="user turns per constraint")
-    pass_rate.add_argument("--samples", type=int, default=2, help="candidates per prompt (k)")
-    pass_rate.add_argument("--seed", type=int, default=0)
-    _strict_gate(pass_rate)
-    pass_rate.add_argument(
-        "--demonstration",
-        action="store_true",
-        help="precede each prompt with one exchange of the same constraint whose reply passed the "
-        "checks and the gate in a separate draw: does a richer teacher context raise the rate?",
-    )
-    pass_rate.add_argument(
-        "--without-instruction",
-        action="store_true",
-        help="also sample every prompt without the instruction: how often a reply passes the checks anyway (the "
-        "room GAtt has; a column of its own, `without_instruction` in the JSON)",
-    )
-    _user_turns(pass_rate)
-    _teacher(pass_rate)
-    export = commands.add_parser(
-        "constraints",
-        help="write a constraint file: a set's constraints, some of its families, some held out",
-        description="Write FILE.yaml with the constraints of --constraints (a file, a built-in set such as "
-        "ifeval,ifbench, or the catalogue), only the families matching --families, with --heldout-families held "
-        "out: the file a run names, to read and to edit (e.g. the types a model follows when reminded, chosen "
-        "from `pass-rate`).",
-    )
-    export.add_argument("--out", type=Path, required=True, help="output YAML file")
-    export.add_argument("--constraints", type=Path, help=CONSTRAINTS_HELP)
-    export.add_argument(
-        "--families", nargs="+", metavar="FAMILY", help="keep these families, shell patterns too (default: all)"
-    )
-    export.add_argument(
-        "--heldout-families",
-        nargs="*",
-        default=None,
-        metavar="FAMILY",
-        help="families held out as a whole (every value split heldout), shell patterns too",
-    )
-    eval_set = commands.add_parser(
-        "eval-set",
-        help="write the built-in evaluation set (constraints with splits, held-out user turns)",
-        description="Write DIR/constraints.yaml (the catalogue, each constraint tagged train or heldout) and "
-        "DIR/user_turns.jsonl (the held-out user turns with on-topic checks), the files gatt's evaluation "
-        "uses by default. Regenerate the shipped copy with --out gatt/eval/builtin.",
-    )
-    eval_set.add_argument("--out", type=Path, required=True, help="output folder")
-    eval_set.add_argument(
-        "--seed", type=int, default=0, help="catalogue and user-turn split seed (the shipped set uses 0)"
-    )
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name, command in COMMANDS.items():
+        sub = subparsers.add_parser(name, help=command.help, description=command.description)
+        config_parser(parser=sub)
+        for cls, exclude in command.configs:
+            add_config_arguments(sub, cls, exclude)
     return parser
 
 
-def run_base(args: argparse.Namespace) -> dict:
+def parse(argv: list[str] | None = None) -> tuple[str, tuple[Any, ...]]:
+    """The subcommand `argv` names and its configs (`--config FILE.yaml` read first, the flags given over it)."""
+    parser = build_parser()
+    given = vars(parser.parse_args(argv))
+    name = given.pop("command")
+    sub = parser._subparsers._group_actions[0].choices[name]  # type: ignore[union-attr]
+    return name, configs_from([cls for cls, _ in COMMANDS[name].configs], given, sub)
+
+
+def run_base(config: BaseCorpusConfig) -> dict:
     """Write DIR/base.jsonl atomically and return its summary."""
-    constraints = catalogue() if args.heldout_families is None else catalogue(heldout_families=args.heldout_families)
+    held = config.heldout_families
+    constraints = catalogue() if held is None else catalogue(heldout_families=held)
     train_turns, _ = split_user_turns()
-    args.out.mkdir(parents=True, exist_ok=True)
+    config.out.mkdir(parents=True, exist_ok=True)
     kinds, turns = Counter(), 0
-    with atomic_path(args.out / "base.jsonl") as tmp, tmp.open("w", encoding="utf-8") as f:
+    with atomic_path(config.out / "base.jsonl") as tmp, tmp.open("w", encoding="utf-8") as f:
         records = base_corpus(
-            args.num_dialogues,
-            args.seed,
+            config.num_dialogues,
+            config.seed,
             constraints,
             train_turns,
-            short_prob=args.short_prob,
-            max_turns=args.max_turns,
+            short_prob=config.short_prob,
+            max_turns=config.max_turns,
         )
-        for record in tqdm(records, total=args.num_dialogues, desc="base corpus", unit="dialogue"):
+        for record in tqdm(records, total=config.num_dialogues, desc="base corpus", unit="dialogue"):
             kinds[record["kind"]] += 1
             turns += sum(m["role"] == "assistant" for m in record["messages"])
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
     return {
-        "records": args.num_dialogues,
+        "records": config.num_dialogues,
         "kinds": dict(sorted(kinds.items())),
         "assistant_turns": turns,
-        "path": str(args.out / "base.jsonl"),
+        "path": str(config.out / "base.jsonl"),
     }
 
 
-def teacher_decoding(args: argparse.Namespace) -> tuple[dict[str, float | int], dict[str, str]]:
-    """The teacher's sampler settings (each flag given, else the teacher folder's generation_config.json, else the
-    built-in default: the oracle has no folder) and where each came from."""
-    return sampler_settings(vars(args), None if args.teacher == "oracle" else model_path(args.teacher))
-
-
-def make_teacher(args: argparse.Namespace, constraints: list[Constraint]) -> Teacher:
-    if args.teacher == "oracle":
-        return OracleTeacher(constraints)
-    teacher = model_path(args.teacher)
-    check_model_folder(
-        teacher, "--teacher", hint=" ('oracle' is the toy world's responder, 'embedded' the shipped chat model)"
-    )
-    decoding, _ = teacher_decoding(args)
-    return ModelTeacher(
-        teacher,
-        **decoding,
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-        device=args.device,
-        dtype=args.teacher_dtype,
-        device_map=args.teacher_device_map,
-        numerics=args.teacher_numerics,
-    )
-
-
-def _constraints(args: argparse.Namespace) -> list[Constraint]:
-    families = getattr(args, "heldout_families", None)
-    if args.constraints:
-        constraints = load_constraints(args.constraints)
-        return hold_out_families(constraints, families, str(args.constraints)) if families else constraints
+def _constraints(files: DataFiles | ExportConfig) -> list[Constraint]:
+    families = files.heldout_families
+    if files.constraints:
+        constraints = load_constraints(files.constraints)
+        return hold_out_families(constraints, families, str(files.constraints)) if families else constraints
     return catalogue() if families is None else catalogue(heldout_families=families)
 
 
-def _user_pool(args: argparse.Namespace) -> list[UserTurn]:
-    return load_user_turns(args.user_turns, on_error=args.on_error) if args.user_turns else split_user_turns()[0]
+def _user_pool(files: DataFiles) -> list[UserTurn]:
+    return load_user_turns(files.user_turns, on_error=files.on_error) if files.user_turns else split_user_turns()[0]
 
 
-def run_gatt(args: argparse.Namespace) -> dict:
-    """Write DIR/gatt.jsonl, or DIR/replay.jsonl without constraints (resuming), and return its summary."""
-    name = args.command
+def run_gatt(name: str, config: SynthesisConfig, files: DataFiles, teacher_config: TeacherConfig) -> dict:
+    """Write DIR/gatt.jsonl, or DIR/replay.jsonl without constraints (`name` replay), resuming; return its summary."""
     constraints = (
-        [] if name == "replay" else [c for c in _constraints(args) if c.split == "train"]
+        [] if name == "replay" else [c for c in _constraints(files) if c.split == "train"]
     )  # held-out values never enter GAtt data
-    if getattr(args, "values_per_family", None) is not None:
-        constraints = limit_values(constraints, args.values_per_family, seed=args.seed)
-    if getattr(args, "trained_families", None) is not None:
-        constraints = limit_families(constraints, args.trained_families, seed=args.seed)
-    if name == "replay" and args.teacher == "oracle":
+    if files.values_per_family is not None:
+        constraints = limit_values(constraints, files.values_per_family, seed=config.seed)
+    if files.trained_families is not None:
+        constraints = limit_families(constraints, files.trained_families, seed=config.seed)
+    if name == "replay" and teacher_config.teacher == "oracle":
         raise ValueError("replay data are a model's own answers: --teacher must be a model directory")
-    teacher = make_teacher(args, constraints)
-    config = SynthesisConfig(
-        num_dialogues=args.num_dialogues,
-        min_turns=args.min_turns,
-        max_turns=args.max_turns,
-        samples_per_turn=args.samples_per_turn,
-        redraws=args.redraws,
-        seed=args.seed,
-        short_prob=args.short_prob,
-        shard_size=args.shard_size,
-        strict_repeats=args.strict_repeats,
-        strict_gate=args.strict_gate,
-        demonstration=getattr(args, "demonstration", False),
-        round=getattr(args, "round", 1),
-        kinds=tuple(dict.fromkeys(getattr(args, "kinds", ["first"]))),
-    )
-    pool = _user_pool(args)
+    teacher = build_teacher(teacher_config, constraints)
+    config = replace(config, kinds=tuple(dict.fromkeys(config.kinds)))
+    pool = _user_pool(files)
     demonstrate = partial(
         demonstrations,
         teacher,
         [c for c in constraints if c.split == "train"],
         pool,
-        PassRateConfig(prompts=8, samples=args.samples_per_turn, seed=args.seed, strict_gate=args.strict_gate),
+        PassRateConfig(prompts=8, samples=config.samples_per_turn, seed=config.seed, strict_gate=config.strict_gate),
     )
-    summary = synthesize(args.out, config, teacher, constraints, pool, name=name, demonstrate=demonstrate)
-    return {**summary, "path": str(args.out / f"{name}.jsonl")}
+    summary = synthesize(files.out, config, teacher, constraints, pool, name=name, demonstrate=demonstrate)
+    return {**summary, "path": str(files.out / f"{name}.jsonl")}
 
 
-def run_pass_rate(args: argparse.Namespace) -> dict:
+def run_pass_rate(config: PassRateConfig, files: DataFiles, teacher_config: TeacherConfig) -> dict:
     """Write the pass-rate JSON atomically, print its per-constraint and per-family tables (stderr), return the
     per-family figures."""
-    constraints = _constraints(args)
-    if args.values_per_family is not None:
-        constraints = limit_values(constraints, args.values_per_family, seed=args.seed)
-    config = PassRateConfig(
-        prompts=args.prompts,
-        samples=args.samples,
-        seed=args.seed,
-        strict_gate=args.strict_gate,
-        demonstration=args.demonstration,
-        without_instruction=args.without_instruction,
-    )
-    result = measure_pass_rates(make_teacher(args, constraints), constraints, _user_pool(args), config)
-    decoding, sources = teacher_decoding(args)
+    constraints = _constraints(files)
+    if files.values_per_family is not None:
+        constraints = limit_values(constraints, files.values_per_family, seed=config.seed)
+    result = measure_pass_rates(build_teacher(teacher_config, constraints), constraints, _user_pool(files), config)
+    decoding, sources = teacher_decoding(teacher_config)
     result["settings"].update(
-        constraints=str(args.constraints or "built-in"),
-        max_new_tokens=args.max_new_tokens,
+        constraints=str(files.constraints or "built-in"),
+        max_new_tokens=teacher_config.max_new_tokens,
         **decoding,  # the values used, and where each came from
         decoding_sources=sources,
     )
-    write_json(args.out, result)
+    write_json(files.out, result)
     print(format_pass_rates(result), file=sys.stderr)
     return result["per_family"]
 
 
-def run_constraints(args: argparse.Namespace) -> dict:
-    """Write the chosen constraints to args.out (atomically) and return their counts per split."""
-    constraints = _constraints(args)
-    if args.families:
-        kept = matching_families(constraints, args.families, "--families")
+def run_constraints(config: ExportConfig) -> dict:
+    """Write the chosen constraints to config.out (atomically) and return their counts per split."""
+    constraints = _constraints(config)
+    if config.families:
+        kept = matching_families(constraints, config.families, "--families")
         constraints = [c for c in constraints if c.family in kept]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    dump_constraints(constraints, args.out)
+    dump_constraints(constraints, config.out)
     return {
         "constraints": len(constraints),
         "families": len({c.family for c in constraints}),
         "heldout": sum(c.split == "heldout" for c in constraints),
-        "out": str(args.out),
+        "out": str(config.out),
     }
 
 
 def main(argv: list[str] | None = None) -> None:
     """Parse, run, print the summary; input errors exit with a one-line message."""
-    args = build_parser().parse_args(argv)
     with exit_on_bad_input():
-        if args.command == "eval-set":
-            summary = write_eval_set(args.out, seed=args.seed)
-        elif args.command == "pass-rate":
-            summary = run_pass_rate(args)
-        elif args.command == "constraints":
-            summary = run_constraints(args)
+        name, configs = parse(argv)
+        if name == "eval-set":
+            summary = write_eval_set(configs[0].out, seed=configs[0].seed)
+        elif name == "pass-rate":
+            summary = run_pass_rate(*configs)
+        elif name == "constraints":
+            summary = run_constraints(*configs)
+        elif name == "base":
+            summary = run_base(*configs)
         else:
-            summary = run_base(args) if args.command == "base" else run_gatt(args)
+            summary = run_gatt(name, *configs)
     if process_state().is_main_process:  # under a launcher, one summary for the job
         print(json.dumps(summary, indent=2))
     end_job()

@@ -22,22 +22,32 @@ from data_gen.teacher import Teacher, TurnRequest
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import UserTurn
 from gatt.checks import Constraint, passes_all
+from gatt.config import arg
 from gatt.gate import AnswerGate, GateItem
 
 
 @dataclass(frozen=True)
 class PassRateConfig:
-    prompts: int = 8  # user turns per constraint
-    samples: int = 2  # candidates per prompt (the k of best-of-k)
-    seed: int = 0
+    prompts: int = arg(8, "user turns per constraint")
+    samples: int = arg(2, "candidates per prompt (k)")
+    seed: int = arg(0, "prompt draw and sampling seed")
     relevance_others: int = 3  # contrast questions where a turn has no on-topic check
     chunk: int = 64  # at most this many prompts per teacher call; a call never mixes constraints (progress steps)
-    strict_gate: bool = False  # judge with the real-model gate (GateConfig.strict()), as the report's --strict-gate
-    demonstration: bool = (
-        False  # precede each prompt with one passing exchange of the same constraint (`demonstrations`)
+    strict_gate: bool = arg(
+        False,
+        "the answer gate for a real chat model (gatt.evaluate --strict-gate): strict repeats, and a reply to a turn "
+        "with topic words must pass the likelihood contrast too",
     )
-    # also sample every prompt without the instruction: how often a reply passes the checks anyway (room for GAtt)
-    without_instruction: bool = False
+    demonstration: bool = arg(
+        False,
+        "precede each prompt with one exchange of the same constraint whose reply passed the checks and the gate in a "
+        "separate draw: does a richer teacher context raise the rate?",
+    )
+    without_instruction: bool = arg(
+        False,
+        "also sample every prompt without the instruction: how often a reply passes the checks anyway (the room GAtt "
+        "has; a column of its own, `without_instruction` in the JSON)",
+    )
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or self.samples < 1:

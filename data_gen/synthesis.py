@@ -36,6 +36,7 @@ from data_gen.teacher import Teacher, TurnRequest
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import TOPIC_KEYWORDS, UserTurn, on_topic_check
 from gatt.checks import Check, Constraint, passes_all
+from gatt.config import REQUIRED, arg
 from gatt.distributed import my_items, process_state
 from gatt.events import (
     KINDS,
@@ -45,6 +46,7 @@ from gatt.events import (
     draw_events,
     following_checks,
     in_force,
+    kinds_help,
     withdrawn,
 )
 from gatt.files import write_text
@@ -55,26 +57,52 @@ from gatt.gate import REASONS, AnswerGate, GateConfig, GateItem, GateTurn
 class SynthesisConfig:
     """What decides the output: the same config, inputs and teacher give byte-identical records."""
 
-    num_dialogues: int
-    min_turns: int = 2
-    max_turns: int = 24
-    samples_per_turn: int = 4
-    seed: int = 0
-    short_prob: float = 0.5
+    num_dialogues: int = arg(REQUIRED, "dialogues to generate")
+    min_turns: int = arg(2, "shortest dialogue kept")
+    max_turns: int = arg(24, "longest dialogue drawn")
+    samples_per_turn: int = arg(4, "candidates per turn (k) for rejection")
+    seed: int = arg(0, "same seed and inputs -> byte-identical output")
+    short_prob: float = arg(0.5, "chance of the shortened instruction form")
     probe_prob: float = 0.15
-    shard_size: int = 64
-    redraws: int = 2  # other user messages tried at a turn whose candidates all fail, before it ends the dialogue
+    shard_size: int = arg(64, "dialogues per resumable shard")
+    redraws: int = arg(
+        2, "other user messages tried at a turn whose k candidates all fail, before the dialogue ends there"
+    )
     relevance_others: int = 3  # other questions a reply is contrasted with where the turn has no on-topic check
-    strict_repeats: bool = False  # reject a near copy of an earlier reply even where its topic word changed
-    strict_gate: bool = (
-        False  # the real-model gate (GateConfig.strict()): strict repeats, topic words and the contrast both
+    strict_repeats: bool = arg(
+        False,
+        "reject a near copy of an earlier reply even where its topic word changed (the gate lets such template "
+        "answers pass); a real model's teacher needs it, or the fine-tuned model learns to repeat itself",
     )
-    demonstration: bool = (
-        False  # the teacher's prompt opens with a passing exchange of each constraint (not the record's)
+    strict_gate: bool = arg(
+        False,
+        "the answer gate for a real chat model (gatt.evaluate --strict-gate): --strict-repeats, and a reply to a turn "
+        "with topic words must pass the likelihood contrast too",
     )
-    round: int = 1  # the expert-iteration round (recipes/demo.py `rounds`): each round draws its own dialogues
-    # Dialogue kinds drawn alike (gatt/events.py): first (turn one, the paper), late, replace, revoke, add
-    kinds: tuple[str, ...] = ("first",)
+    demonstration: bool = arg(
+        False,
+        "open the teacher's prompt with one exchange of each constraint whose reply passed the checks and the gate "
+        "in a separate draw (richer context distillation: the record keeps only the dialogue); kept in "
+        "DIR/gatt.shards/demonstrations.json for a resumed run",
+    )
+    round: int = arg(
+        1,
+        "expert-iteration round, written into each record's meta; a round after the first draws other dialogues "
+        "than round 1 from the same seed (recipes/demo.py `rounds`)",
+        metavar="R",
+    )
+    kinds: tuple[str, ...] = arg(
+        ("first",),
+        kinds_help(
+            "drawn alike",
+            "The teacher sees the instructions in force appended to every user turn; a reply after a withdrawal "
+            "must not follow the old instruction. Records carry `kind` and `events`; the wordings are "
+            "gatt/events.yaml's or a constraint's own (`changes` in its entry)",
+        ),
+        nargs="+",
+        choices=KINDS,
+        metavar="KIND",
+    )
 
     @property
     def draw_key(self) -> str:

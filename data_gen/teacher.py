@@ -7,16 +7,20 @@ every user message, with `k` candidate replies per request.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from data_gen.toy_world import ToyResponder
 from data_gen.user_turns import UserTurn
-from gatt.chat_model import load_chat_model
+from gatt.chat_model import TORCH_DTYPES, load_chat_model
 from gatt.checks import Constraint
+from gatt.config import REQUIRED, arg
+from gatt.embedded import model_path
 from gatt.gate import RelevanceScorer
-from gatt.generation import ChatBatch, Sampler
+from gatt.generation import SAMPLER_DEFAULTS, ChatBatch, Sampler, sampler_settings
+from gatt.model_folder import check_model_folder
+from gatt.numerics import NUMERICS
 
 
 @dataclass(frozen=True)
@@ -149,3 +153,78 @@ class ModelTeacher:
                     chosen[key] = previous.index(last) if last in previous else 0  # else: re-rendered tokens are fed
             chat.keep(chosen)
         self._candidates = {key: c for key, c in self._candidates.items() if key in fits}
+
+
+def _sampler_help(key: str, what: str) -> str:
+    return f"{what} (default: the --teacher folder's generation_config.json, else {SAMPLER_DEFAULTS[key]})"
+
+
+@dataclass
+class TeacherConfig:
+    """The teacher of `data_gen gatt`, `replay` and `pass-rate`: each field a flag and a key of `--config`."""
+
+    teacher: str = arg(
+        REQUIRED, "'oracle' (the toy world's responder), 'embedded' (the shipped chat model) or a causal LM directory"
+    )
+    # a model teacher's decoding
+    temperature: float | None = arg(None, _sampler_help("temperature", "sampling temperature"))
+    top_p: float | None = arg(None, _sampler_help("top_p", "nucleus sampling mass"))
+    repetition_penalty: float | None = arg(
+        None,
+        _sampler_help("repetition_penalty", "Hugging Face's repetition penalty over the reply being written; 1.0: off"),
+    )
+    no_repeat_ngram_size: int | None = arg(
+        None, _sampler_help("no_repeat_ngram_size", "no n-gram of this size twice in one reply; 0: off")
+    )
+    max_new_tokens: int = arg(64, "reply length limit")
+    batch_size: int = arg(32, "prompts per teacher generate() call")
+    device: str | None = arg(
+        None,
+        "teacher device, e.g. cuda, cuda:1, cpu (default: this process's GPU under torchrun/accelerate launch, else "
+        "cuda if available, else cpu)",
+    )
+    teacher_dtype: str | None = arg(
+        None,
+        "load the teacher in this dtype (bf16 halves its memory; default: transformers' default)",
+        choices=sorted(TORCH_DTYPES),
+    )
+    teacher_numerics: str = arg(
+        "exact",
+        "exact (fp32); bf16 (faster on a CPU with bf16 instructions); or int8: the teacher's Linear layers "
+        "dynamically quantised, CPU only. The fast modes draw other candidates (gatt/numerics.py; int8 does not pay "
+        "on SmolLM2-135M); auto: bf16 where the device has fast bf16 arithmetic, else exact",
+        choices=NUMERICS,
+    )
+    teacher_device_map: str | None = arg(
+        None,
+        "spread a teacher too large for one device over the visible GPUs (e.g. auto, balanced); run one process per "
+        "machine with it, or give each process its own CUDA_VISIBLE_DEVICES",
+        metavar="MAP",
+    )
+
+
+def teacher_decoding(config: TeacherConfig) -> tuple[dict[str, float | int], dict[str, str]]:
+    """The teacher's sampler settings (each flag given, else the teacher folder's generation_config.json, else the
+    built-in default: the oracle has no folder) and where each came from."""
+    return sampler_settings(asdict(config), None if config.teacher == "oracle" else model_path(config.teacher))
+
+
+def build_teacher(config: TeacherConfig, constraints: list[Constraint]) -> Teacher:
+    """The oracle (the toy world's responder for `constraints`) or a model teacher as `config` says."""
+    if config.teacher == "oracle":
+        return OracleTeacher(constraints)
+    folder = model_path(config.teacher)
+    check_model_folder(
+        folder, "--teacher", hint=" ('oracle' is the toy world's responder, 'embedded' the shipped chat model)"
+    )
+    decoding, _ = teacher_decoding(config)
+    return ModelTeacher(
+        folder,
+        **decoding,
+        max_new_tokens=config.max_new_tokens,
+        batch_size=config.batch_size,
+        device=config.device,
+        dtype=config.teacher_dtype,
+        device_map=config.teacher_device_map,
+        numerics=config.teacher_numerics,
+    )

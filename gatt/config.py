@@ -15,7 +15,7 @@ import argparse
 import dataclasses
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,17 +47,18 @@ def _scalar(annotation: Any) -> Any:
     return annotation if annotation in (int, float, str, Path) else str
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One flag per field of the dataclass `cls`; every default is SUPPRESS, so the namespace holds what was given."""
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type, exclude: Collection[str] = ()) -> None:
+    """One flag per field of the dataclass `cls` declared with `arg` (but those in `exclude`); every default is
+    SUPPRESS, so the namespace holds what was given."""
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
-        if not field.metadata or "settings" not in field.metadata:
-            continue  # not a command-line field
+        if not field.metadata or "settings" not in field.metadata or field.name in exclude:
+            continue  # not a command-line field (of this command)
         settings = dict(field.metadata["settings"])
         help_text = field.metadata["help"]
         default = field.default_factory() if field.default_factory is not REQUIRED else field.default
         if default not in (REQUIRED, None, [], False, True) and "default:" not in help_text:
-            help_text += f" (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
+            help_text += f" (default: {' '.join(map(str, default)) if isinstance(default, list | tuple) else default})"
         if hints[field.name] is bool and "action" not in settings:
             settings["action"] = "store_true"
         if settings.get("action") not in ("store_true", "store_false", "count"):
@@ -65,23 +66,25 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         parser.add_argument(_flag(field), dest=field.name, help=help_text, default=argparse.SUPPRESS, **settings)
 
 
-def read_config_file(path: str | Path, cls: type) -> dict[str, Any]:
-    """The YAML mapping of `path`, its keys checked against the fields of `cls`."""
+def read_config_file(path: str | Path, names: Collection[str]) -> dict[str, Any]:
+    """The YAML mapping of `path`, its keys checked against `names` (the settings the command takes)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--config {path}: no such file")
     values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if not isinstance(values, dict):
         raise ValueError(f"--config {path}: expected a mapping of settings, got {type(values).__name__}")
-    names = [f.name for f in dataclasses.fields(cls)]
     if unknown := sorted(set(values) - set(names)):
         raise ValueError(f"--config {path}: unknown key(s) {', '.join(unknown)}; the keys are {', '.join(names)}")
     return values
 
 
-def config_from(cls: type[T], given: dict[str, Any], file: str | Path | None = None) -> T:
-    """`cls` from the settings of `file` (YAML) and then `given` (the command line's) over them."""
-    values = {**(read_config_file(file, cls) if file is not None else {}), **given}
+def config_from(cls: type[T], values: dict[str, Any]) -> T:
+    """`cls` from `values` (those of its fields; the others keep their defaults), each converted to its field's
+    type where YAML wrote it otherwise (a path as a string, a tuple as a list)."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {name: value for name, value in values.items() if name in names}
     missing = [
         f
         for f in dataclasses.fields(cls)
@@ -90,26 +93,38 @@ def config_from(cls: type[T], given: dict[str, Any], file: str | Path | None = N
     if missing:
         flags, keys = ", ".join(_flag(f) for f in missing), ", ".join(f.name for f in missing)
         raise ValueError(f"missing {flags}: give it on the command line, or as {keys} in a --config file")
-    hints = typing.get_type_hints(cls)
     for name, value in values.items():
         if _scalar(hints[name]) is Path and isinstance(value, str):
             values[name] = Path(value)
         elif typing.get_origin(hints[name]) is list and isinstance(value, tuple):
             values[name] = list(value)
+        elif typing.get_origin(hints[name]) is tuple and isinstance(value, list):
+            values[name] = tuple(value)
     return cls(**values)
+
+
+def configs_from(classes: Sequence[type], given: dict[str, Any], parser: argparse.ArgumentParser) -> tuple[Any, ...]:
+    """The dataclasses `classes` from what `parser` parsed (`given`, its `config` the YAML file read first): the
+    file's keys are checked against the settings `parser` takes."""
+    given = dict(given)
+    file = given.pop("config", None)
+    names = [a.dest for a in parser._actions if a.option_strings and a.dest not in ("help", "config")]
+    values = {**(read_config_file(file, names) if file is not None else {}), **given}
+    return tuple(config_from(cls, values) for cls in classes)
 
 
 def parse_config(cls: type[T], argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> T:
     """The command line `argv` read as `cls`: `--config FILE.yaml` first, the flags given over it."""
     parser = parser or config_parser(cls)
-    given = vars(parser.parse_args(argv))
-    file = given.pop("config", None)
-    return config_from(cls, given, file)
+    return configs_from((cls,), vars(parser.parse_args(argv)), parser)[0]
 
 
-def config_parser(cls: type, **kwargs: Any) -> argparse.ArgumentParser:
-    """An argument parser with `--config FILE.yaml` and one flag per field of `cls` (`kwargs`: ArgumentParser's)."""
-    parser = argparse.ArgumentParser(**kwargs)
+def config_parser(
+    *classes: type, parser: argparse.ArgumentParser | None = None, **kwargs: Any
+) -> argparse.ArgumentParser:
+    """An argument parser (`parser`, else a new one with `kwargs`) with `--config FILE.yaml` and one flag per field of
+    each of `classes`."""
+    parser = parser or argparse.ArgumentParser(**kwargs)
     parser.add_argument(
         "--config",
         type=Path,
@@ -117,5 +132,6 @@ def config_parser(cls: type, **kwargs: Any) -> argparse.ArgumentParser:
         metavar="FILE.yaml",
         help="settings from a YAML file (keys: the flags' names with underscores); flags given override them",
     )
-    add_config_arguments(parser, cls)
+    for cls in classes:
+        add_config_arguments(parser, cls)
     return parser

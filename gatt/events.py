@@ -16,7 +16,6 @@ gatt/events.yaml, or a constraint's own (`changes` in its constraint-file entry)
 
 from __future__ import annotations
 
-import argparse
 import functools
 import random
 from collections.abc import Sequence
@@ -61,18 +60,6 @@ def kinds_help(dealt: str, detail: str) -> str:
         f"dialogue kinds, {dealt}: first (the instruction in turn one, kept), late (given in a later user turn), "
         "replace (given in turn one, replaced by another value of its family), revoke (given, then withdrawn), add (a "
         f"second instruction of another family joins). {detail}"
-    )
-
-
-def add_kinds_argument(parser: argparse.ArgumentParser, dealt: str, detail: str) -> None:
-    """The `--kinds` flag of `data_gen gatt` (gatt.evaluate's is EvalConfig.kinds)."""
-    parser.add_argument(
-        "--kinds",
-        nargs="+",
-        choices=KINDS,
-        default=["first"],
-        metavar="KIND",
-        help=kinds_help(dealt, detail) + " (default: first)",
     )
 
 

@@ -29,7 +29,6 @@ attention its tokens put on given prompt tokens (the instruction), per layer, av
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,28 +227,6 @@ SAMPLER_DEFAULTS: dict[str, float | int] = {
     "no_repeat_ngram_size": 0,
 }
 FLAG_GIVEN, BUILT_IN = "command line", "built-in default"  # sources of a sampler setting besides the folder's file
-
-
-def add_sampler_arguments(parser: argparse.ArgumentParser, folder: str = "the model folder's") -> None:
-    """The `Sampler` flags every generating command line shares. A flag not given is None here:
-    `sampler_settings` reads it from `folder`'s generation_config.json, else takes SAMPLER_DEFAULTS."""
-
-    def default(key: str) -> str:
-        return f"default: {folder} generation_config.json, else {SAMPLER_DEFAULTS[key]}"
-
-    parser.add_argument("--temperature", type=float, help=f"sampling temperature ({default('temperature')})")
-    parser.add_argument("--top-p", type=float, help=f"nucleus sampling mass ({default('top_p')})")
-    parser.add_argument(
-        "--repetition-penalty",
-        type=float,
-        help="Hugging Face's repetition penalty over the reply being written; 1.0: off "
-        f"({default('repetition_penalty')})",
-    )
-    parser.add_argument(
-        "--no-repeat-ngram-size",
-        type=int,
-        help=f"no n-gram of this size twice in one reply; 0: off ({default('no_repeat_ngram_size')})",
-    )
 
 
 def generation_config_file(folder: str | Path) -> Path:

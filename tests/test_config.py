@@ -9,6 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from data_gen.__main__ import build_parser as data_gen_parser
+from data_gen.__main__ import parse as data_gen_parse
+from data_gen.synthesis import SynthesisConfig
+from data_gen.teacher import TeacherConfig
 from gatt.config import REQUIRED, arg, config_from, config_parser, parse_config
 from gatt.evaluate import EvalConfig, build_parser
 
@@ -102,6 +106,46 @@ def test_every_flag_the_pages_show_parses() -> None:
     assert {f"--{f.name.replace('_', '-')}" for f in fields(EvalConfig)} <= flags
 
 
+def test_data_gen_gatt_from_a_yaml_file_equals_the_same_command_line(tmp_path: Path) -> None:
+    argv = ["gatt", "--teacher", "embedded", "--num-dialogues", "8", "--max-turns", "30", "--out", "runs/d"]
+    argv += ["--kinds", "first", "late", "--heldout-families", "--temperature", "0.5", "--strict-gate"]
+    name, (synthesis, files, teacher) = data_gen_parse(argv)
+    assert name == "gatt" and synthesis == SynthesisConfig(
+        num_dialogues=8, max_turns=30, kinds=("first", "late"), strict_gate=True
+    )
+    assert teacher == TeacherConfig(teacher="embedded", temperature=0.5) and files.heldout_families == []
+    file = tmp_path / "gatt.yaml"
+    keys = {"teacher": "embedded", "num_dialogues": 8, "max_turns": 30, "out": "runs/d", "kinds": ["first", "late"]}
+    file.write_text(yaml.safe_dump({**keys, "heldout_families": [], "temperature": 0.5, "strict_gate": True}))
+    assert data_gen_parse(["gatt", "--config", str(file)]) == (name, (synthesis, files, teacher))
+    file.write_text(yaml.safe_dump({**keys, "round": 2}))  # replay takes no --round
+    with pytest.raises(ValueError, match=r"unknown key\(s\) kinds, round; the keys are num_dialogues"):
+        data_gen_parse(["replay", "--config", str(file)])
+
+
+def test_every_data_gen_flag_of_the_old_parsers_is_kept() -> None:
+    """The flags each subcommand had before its parser was made from configs (a flag is the docs' contract)."""
+    before = {
+        "base": "num-dialogues seed out short-prob heldout-families max-turns",
+        "gatt": "num-dialogues seed out short-prob heldout-families min-turns max-turns samples-per-turn redraws "
+        "user-turns on-error shard-size strict-repeats strict-gate teacher temperature top-p repetition-penalty "
+        "no-repeat-ngram-size max-new-tokens batch-size device teacher-dtype teacher-numerics teacher-device-map "
+        "constraints round demonstration kinds values-per-family trained-families",
+        "replay": "num-dialogues seed out short-prob heldout-families min-turns max-turns samples-per-turn redraws "
+        "user-turns on-error shard-size strict-repeats strict-gate teacher temperature top-p repetition-penalty "
+        "no-repeat-ngram-size max-new-tokens batch-size device teacher-dtype teacher-numerics teacher-device-map",
+        "pass-rate": "out constraints values-per-family prompts samples seed strict-gate demonstration "
+        "without-instruction user-turns on-error teacher temperature top-p repetition-penalty no-repeat-ngram-size "
+        "max-new-tokens batch-size device teacher-dtype teacher-numerics teacher-device-map",
+        "constraints": "out constraints families heldout-families",
+        "eval-set": "out seed",
+    }
+    subparsers = data_gen_parser()._subparsers._group_actions[0].choices
+    for name, flags in before.items():
+        now = {o for a in subparsers[name]._actions for o in a.option_strings} - {"-h", "--help", "--config"}
+        assert now == {f"--{flag}" for flag in flags.split()}, name
+
+
 def test_every_committed_demo_config_writes_a_report_command_that_parses(tmp_path: Path) -> None:
     """The report stage of each demo config (recipes/demo.py turns its keys into gatt.evaluate's flags) parses."""
     import sys
@@ -122,3 +166,7 @@ def test_every_committed_demo_config_writes_a_report_command_that_parses(tmp_pat
                 argv = stage.command[stage.command.index("gatt.evaluate") + 1 :]
                 parsed = parse_config(EvalConfig, argv, build_parser())
                 assert parsed.turns == config.eval_turns, path
+            if "data_gen" in stage.command:
+                name, configs = data_gen_parse(stage.command[stage.command.index("data_gen") + 1 :])
+                if name == "gatt":
+                    assert configs[0].max_turns == config.gatt_max_turns, path

@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import gatt.pretrained
 from data_gen.__main__ import build_parser as data_gen_parser
-from data_gen.__main__ import make_teacher, teacher_decoding
+from data_gen.__main__ import parse as data_gen_parse
+from data_gen.teacher import build_teacher, teacher_decoding
 from gatt.config import parse_config
 from gatt.embedded import model_path
 from gatt.evaluate import EvalConfig, parse_models, report_decoding
@@ -41,8 +42,10 @@ def bare(tmp_path) -> Path:
 
 
 def data_gen_args(command: str, teacher: str, *flags: str):
+    """The command's teacher config, as its command line gives it."""
     extra = ["--num-dialogues", "1"] if command != "pass-rate" else []
-    return data_gen_parser().parse_args([command, "--teacher", teacher, "--out", "x", *extra, *flags])
+    _, configs = data_gen_parse([command, "--teacher", teacher, "--out", "x", *extra, *flags])
+    return configs[-1]
 
 
 @pytest.mark.parametrize("command", ["gatt", "replay", "pass-rate"])
@@ -60,7 +63,7 @@ def test_the_teacher_folders_generation_config_sets_a_flag_not_given(command, pe
 
 
 def test_the_model_teacher_samples_with_the_resolved_penalty(penalised):
-    teacher = make_teacher(data_gen_args("gatt", str(penalised), "--device", "cpu"), [])
+    teacher = build_teacher(data_gen_args("gatt", str(penalised), "--device", "cpu"), [])
     [processor] = teacher.sampler.processors
     assert processor.penalty == 1.3
 

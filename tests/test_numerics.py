@@ -84,7 +84,7 @@ def test_unknown_modes_and_gpus_are_refused() -> None:
 
 
 def test_the_teacher_samples_in_int8(tmp_path) -> None:
-    from data_gen.__main__ import build_parser
+    from data_gen.__main__ import parse
     from data_gen.teacher import ModelTeacher, TurnRequest
     from data_gen.user_turns import UserTurn
     from gatt import GattConfig, GattForCausalLM
@@ -112,10 +112,10 @@ def test_the_teacher_samples_in_int8(tmp_path) -> None:
         [TurnRequest([{"role": "user", "content": TEXTS[0]}], UserTurn(TEXTS[0], None), ())], k=2
     )
     assert len(candidates) == 2
-    args = build_parser().parse_args(
+    _, (_, _, teacher_config) = parse(
         ["gatt", "--teacher", str(tmp_path), "--teacher-numerics", "int8", "--num-dialogues", "1", "--out", "x"]
     )
-    assert args.teacher_numerics == "int8"
+    assert teacher_config.teacher_numerics == "int8"
 
 
 @pytest.mark.parametrize(("bf16_gflops", "fast"), [(166.0, False), (900.0, True)])
