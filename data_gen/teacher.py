@@ -18,7 +18,7 @@ from gatt.checks import Constraint
 from gatt.config import REQUIRED, arg
 from gatt.embedded import model_path
 from gatt.gate import RelevanceScorer
-from gatt.generation import SAMPLER_DEFAULTS, ChatBatch, Sampler, sampler_settings
+from gatt.generation import ChatBatch, Sampler, sampler_flags, sampler_settings
 from gatt.model_folder import check_model_folder
 from gatt.numerics import NUMERICS
 
@@ -155,26 +155,12 @@ class ModelTeacher:
         self._candidates = {key: c for key, c in self._candidates.items() if key in fits}
 
 
-def _sampler_help(key: str, what: str) -> str:
-    return f"{what} (default: the --teacher folder's generation_config.json, else {SAMPLER_DEFAULTS[key]})"
-
-
-@dataclass
-class TeacherConfig:
+@dataclass(kw_only=True)
+class TeacherConfig(sampler_flags("the --teacher folder's")):
     """The teacher of `data_gen gatt`, `replay` and `pass-rate`: each field a flag and a key of `--config`."""
 
     teacher: str = arg(
         REQUIRED, "'oracle' (the toy world's responder), 'embedded' (the shipped chat model) or a causal LM directory"
-    )
-    # a model teacher's decoding
-    temperature: float | None = arg(None, _sampler_help("temperature", "sampling temperature"))
-    top_p: float | None = arg(None, _sampler_help("top_p", "nucleus sampling mass"))
-    repetition_penalty: float | None = arg(
-        None,
-        _sampler_help("repetition_penalty", "Hugging Face's repetition penalty over the reply being written; 1.0: off"),
-    )
-    no_repeat_ngram_size: int | None = arg(
-        None, _sampler_help("no_repeat_ngram_size", "no n-gram of this size twice in one reply; 0: off")
     )
     max_new_tokens: int = arg(64, "reply length limit")
     batch_size: int = arg(32, "prompts per teacher generate() call")

@@ -51,7 +51,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, exclude: Co
     """One flag per field of the dataclass `cls` declared with `arg` (but those in `exclude`); every default is
     SUPPRESS, so the namespace holds what was given."""
     hints = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):
+    own = cls.__dict__.get("__annotations__", {})
+    fields = dataclasses.fields(cls)
+    for field in [f for f in fields if f.name in own] + [f for f in fields if f.name not in own]:  # inherited last
         if not field.metadata or "settings" not in field.metadata or field.name in exclude:
             continue  # not a command-line field (of this command)
         settings = dict(field.metadata["settings"])

@@ -47,8 +47,8 @@ from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
 from gatt.generation import (
     DECODERS,
     FLAG_GIVEN,
-    SAMPLER_DEFAULTS,
     folder_sampler_settings,
+    sampler_flags,
     sampler_settings,
 )
 from gatt.machine import package_versions
@@ -223,14 +223,11 @@ def judge(
     apply_gate(transcripts, dialogues, AnswerGate(gate, scorer), seed=seed, others=others)
 
 
-def _sampler_help(key: str, what: str) -> str:
-    return f"{what} (default: the first --model's generation_config.json, else {SAMPLER_DEFAULTS[key]})"
-
-
-@dataclass
-class EvalConfig:
+@dataclass(kw_only=True)
+class EvalConfig(sampler_flags("the first --model's")):
     """The report's settings (`python -m gatt.evaluate`): each field is a flag (`--field-name`) and a key of a
-    `--config FILE.yaml`."""
+    `--config FILE.yaml`. One decoding for every model, so the columns compare models, not decodings: the sampler
+    settings not given are the first --model's."""
 
     model: list[str] = arg(
         REQUIRED,
@@ -308,16 +305,6 @@ class EvalConfig:
     max_new_tokens: int = arg(64, "reply length limit")
     batch_size: int = arg(32, "dialogues rolled out together")
     sample: bool = arg(False, "sample (seeded) instead of greedy decoding")
-    # One decoding for every model, so the columns compare models, not decodings: the first --model's defaults.
-    temperature: float | None = arg(None, _sampler_help("temperature", "sampling temperature"))
-    top_p: float | None = arg(None, _sampler_help("top_p", "nucleus sampling mass"))
-    repetition_penalty: float | None = arg(
-        None,
-        _sampler_help("repetition_penalty", "Hugging Face's repetition penalty over the reply being written; 1.0: off"),
-    )
-    no_repeat_ngram_size: int | None = arg(
-        None, _sampler_help("no_repeat_ngram_size", "no n-gram of this size twice in one reply; 0: off")
-    )
     no_attention: bool = arg(False, "skip the attention-to-instruction probe")
     decoder: str = arg(
         "auto",

@@ -29,6 +29,7 @@ attention its tokens put on given prompt tokens (the instruction), per layer, av
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ from transformers.generation import (
 )
 
 from gatt.cache import cache_kwargs
+from gatt.config import arg
 from gatt.split_softmax import SplitSoftmax
 from gatt.static_decode import StaticBuffers, decode_step
 
@@ -227,6 +229,27 @@ SAMPLER_DEFAULTS: dict[str, float | int] = {
     "no_repeat_ngram_size": 0,
 }
 FLAG_GIVEN, BUILT_IN = "command line", "built-in default"  # sources of a sampler setting besides the folder's file
+
+
+def sampler_flags(folder: str) -> type:
+    """A dataclass of the four sampler settings as command-line fields (gatt/config.py), each None unless given:
+    `sampler_settings` then reads it from `folder` generation_config.json, else takes SAMPLER_DEFAULTS. A command's
+    config inherits it, so every generating command has the same flags, each default named once."""
+    what = {
+        "temperature": "sampling temperature",
+        "top_p": "nucleus sampling mass",
+        "repetition_penalty": "Hugging Face's repetition penalty over the reply being written; 1.0: off",
+        "no_repeat_ngram_size": "no n-gram of this size twice in one reply; 0: off",
+    }
+    fields = [
+        (
+            key,
+            type(default) | None,
+            arg(None, f"{what[key]} (default: {folder} generation_config.json, else {default})"),
+        )
+        for key, default in SAMPLER_DEFAULTS.items()
+    ]
+    return dataclasses.make_dataclass("SamplerFlags", fields, kw_only=True)
 
 
 def generation_config_file(folder: str | Path) -> Path:
