@@ -68,14 +68,41 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, exclude: Co
         parser.add_argument(_flag(field), dest=field.name, help=help_text, default=argparse.SUPPRESS, **settings)
 
 
+def read_yaml_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """A YAML mapping with `key=value` overrides applied (values parsed as YAML)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"config file not found: {path}")
+    values = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping of keys to values")
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep:
+            raise ValueError(f"override {override!r} must look like key=value")
+        values[key.strip()] = yaml.safe_load(value)
+    return values
+
+
+def dataclass_from_dict(cls: type[T], values: dict[str, Any], source: str = "config") -> T:
+    """`cls(**values)`, refusing unknown keys (naming them and listing the valid ones) and missing required ones."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(names)}")
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in values
+    ]
+    if missing:
+        raise ValueError(f"{source}: missing required key(s) {', '.join(missing)}")
+    return cls(**values)
+
+
 def read_config_file(path: str | Path, names: Collection[str]) -> dict[str, Any]:
     """The YAML mapping of `path`, its keys checked against `names` (the settings the command takes)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--config {path}: no such file")
-    values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if not isinstance(values, dict):
-        raise ValueError(f"--config {path}: expected a mapping of settings, got {type(values).__name__}")
+    values = read_yaml_config(path)
     if unknown := sorted(set(values) - set(names)):
         raise ValueError(f"--config {path}: unknown key(s) {', '.join(unknown)}; the keys are {', '.join(names)}")
     return values

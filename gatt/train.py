@@ -43,6 +43,7 @@ from transformers import (
 
 import gatt  # noqa: F401  (registers the "gatt" model type and attention)
 from gatt.collator import IGNORE_INDEX, GAttCollator, later_events
+from gatt.config import dataclass_from_dict, read_yaml_config
 from gatt.distributed import check_launch, last_reference_in_python, on_cpu
 from gatt.embedded import model_path
 from gatt.model_folder import check_model_folder, loading_model
@@ -54,22 +55,6 @@ logger = logging.getLogger(__name__)
 
 
 T = TypeVar("T")
-
-
-def dataclass_from_dict(cls: type[T], values: dict[str, Any], source: str = "config") -> T:
-    """`cls(**values)`, refusing unknown keys (naming them and listing the valid ones) and missing required ones."""
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(values) - set(names))
-    if unknown:
-        raise ValueError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(names)}")
-    missing = [
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in values
-    ]
-    if missing:
-        raise ValueError(f"{source}: missing required key(s) {', '.join(missing)}")
-    return cls(**values)
 
 
 @dataclass
@@ -183,22 +168,6 @@ class TrainConfig:
             raise ValueError(
                 f"{source}: batch_size ({self.batch_size}) must be divisible by gradient_accumulation_steps"
             )
-
-
-def read_yaml_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """A YAML mapping with `key=value` overrides applied (values parsed as YAML)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"config file not found: {path}")
-    values = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(values, dict):
-        raise ValueError(f"{path}: expected a mapping of keys to values")
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        if not sep:
-            raise ValueError(f"override {override!r} must look like key=value")
-        values[key.strip()] = yaml.safe_load(value)
-    return values
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -664,9 +633,7 @@ __all__ = [
     "TrainConfig",
     "Trainer",
     "batch_indices",
-    "dataclass_from_dict",
     "load_config",
     "read_records",
-    "read_yaml_config",
     "train",
 ]

@@ -57,6 +57,7 @@ from typing import Any
 import torch
 
 from gatt.cli import exit_on_bad_input
+from gatt.config import dataclass_from_dict, read_yaml_config
 from gatt.embedded import FOLDER as EMBEDDED_FOLDER
 from gatt.embedded import package_base_model, weights_sha256
 from gatt.eval.report import add_rounds, summary_tables
@@ -65,7 +66,6 @@ from gatt.events import KINDS
 from gatt.machine import REFERENCE_GFLOPS, available_cpus, machine_calibration
 from gatt.numerics import NUMERICS, resolve_auto
 from gatt.stages import Stage, run_stages, stage_timings
-from gatt.train import dataclass_from_dict, read_yaml_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # `accelerate launch` gives each process OMP_NUM_THREADS=1 unless it is set: on a CPU that halves training speed.

@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo import ROOT, DemoConfig, run  # noqa: E402
 
 from gatt.cli import exit_on_bad_input  # noqa: E402
+from gatt.config import dataclass_from_dict, read_yaml_config  # noqa: E402
 from gatt.eval.rounds import gatt_data_dir  # noqa: E402
 from gatt.files import write_text  # noqa: E402
-from gatt.train import dataclass_from_dict, read_yaml_config  # noqa: E402
 
 STRATA = {
     "trained values": "per_turn",

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "recipes"))
 
 from demo import DemoConfig, base_train_overrides  # noqa: E402
 
-from gatt.train import dataclass_from_dict, read_yaml_config  # noqa: E402
+from gatt.config import dataclass_from_dict, read_yaml_config  # noqa: E402
 
 
 @pytest.fixture(scope="module")
