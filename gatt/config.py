@@ -61,9 +61,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, exclude: Co
         default = field.default_factory() if field.default_factory is not REQUIRED else field.default
         if default not in (REQUIRED, None, [], False, True) and "default:" not in help_text:
             help_text += f" (default: {' '.join(map(str, default)) if isinstance(default, list | tuple) else default})"
-        if hints[field.name] is bool and "action" not in settings:
-            settings["action"] = "store_true"
-        if settings.get("action") not in ("store_true", "store_false", "count"):
+        if hints[field.name] is bool and "action" not in settings:  # --flag, or --flag / --no-flag when on by default
+            settings["action"] = argparse.BooleanOptionalAction if default is True else "store_true"
+        if settings.get("action") not in ("store_true", "store_false", "count", argparse.BooleanOptionalAction):
             settings.setdefault("type", _scalar(hints[field.name]))
         parser.add_argument(_flag(field), dest=field.name, help=help_text, default=argparse.SUPPRESS, **settings)
 

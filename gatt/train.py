@@ -21,7 +21,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,7 +43,7 @@ from transformers import (
 
 import gatt  # noqa: F401  (registers the "gatt" model type and attention)
 from gatt.collator import IGNORE_INDEX, GAttCollator, later_events
-from gatt.config import dataclass_from_dict, read_yaml_config
+from gatt.config import REQUIRED, arg, dataclass_from_dict, read_yaml_config
 from gatt.distributed import check_launch, last_reference_in_python, on_cpu
 from gatt.embedded import model_path
 from gatt.model_folder import check_model_folder, loading_model
@@ -61,62 +61,84 @@ T = TypeVar("T")
 class TrainConfig:
     """Every knob of a training run; the YAML configs in recipes/configs mirror it."""
 
-    output_dir: str
-    train_file: str | list[str]  # a JSONL file, or several read as one (e.g. every GAtt round's data)
-    # how long: max_steps optimizer steps, or num_epochs passes over the training records (replay included; TRL's
-    # default is 3), the steps then ceil(num_epochs x records / batch_size): set exactly one
-    max_steps: int = 0
-    num_epochs: float = 0.0
-    save_every: int = 0  # 0: only the final model
-    seed: int = 0
-    # data
-    eval_file: str | None = None
-    eval_fraction: float = 0.02  # held-out share of train_file when there is no eval_file
-    # replay against forgetting: add replay_ratio x len(train_file) records drawn from replay_file (e.g. the SFT data)
-    replay_file: str | None = None
-    replay_ratio: float = 0.0
-    mode: str = "last"  # GAttCollator: last | all | expand
-    instruction_placement: str = "system"
-    max_length: int = 1024
-    packing: bool = True
-    padding_free: bool = False  # with packing: each micro-batch in one row, no padding (the model must honour segments)
-    # model: a directory (the library's model or any Hugging Face causal LM; `embedded`: the shipped chat model), or a
-    # GattConfig to start from scratch
-    model: str | None = None
-    gguf_file: str | None = None
-    model_config: dict[str, Any] | None = None
-    tokenizer: str | None = None  # default: the model directory
-    tokenizer_vocab_size: int = 0  # > 0: train a byte-level BPE of this size on the training texts
-    # optimisation
-    batch_size: int = 16
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 3e-4
-    min_lr_ratio: float = 0.1
-    lr_restarts: int = (
-        0  # > 0: cosine with this many hard restarts to the peak, each cycle ending at 0 (min_lr_ratio unused)
+    output_dir: str = arg(REQUIRED, "where checkpoints, metrics.jsonl and the final model go")
+    train_file: str | list[str] = arg(
+        REQUIRED, "a JSONL file, or several read as one (e.g. every GAtt round's data)", nargs="+"
     )
-    # Re-warming: until step `lr_rewarm_step` the cosine runs as if max_steps were `lr_first_horizon`; after it, over
-    # max_steps, so the learning rate rises to where the longer cosine is (0: one cosine over max_steps). This is a run
-    # stopped at lr_rewarm_step and resumed on a longer schedule, written as one run.
-    lr_first_horizon: int = 0
-    lr_rewarm_step: int = 0
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    gradient_checkpointing: bool = False
-    # no | bf16 | fp16 | auto (bf16 where the CPU or GPU has fast bf16 arithmetic, else no; the choice is printed);
-    # unset: `accelerate launch --mixed_precision`'s
-    mixed_precision: str | None = None
+    # how long: set exactly one of max_steps and num_epochs
+    max_steps: int = arg(0, "optimizer steps (set this or num_epochs)")
+    num_epochs: float = arg(
+        0.0,
+        "passes over the training records, replay included (TRL's default is 3); the steps are then "
+        "ceil(num_epochs x records / batch_size)",
+    )
+    save_every: int = arg(0, "a checkpoint every N steps; 0: only the final model")
+    seed: int = arg(0, "data order, initialisation and dropout seed")
+    # data
+    eval_file: str | None = arg(None, "held-out records for the eval loss (default: eval_fraction of train_file)")
+    eval_fraction: float = arg(0.02, "held-out share of train_file when there is no eval_file")
+    replay_file: str | None = arg(
+        None, "records mixed in against forgetting (e.g. the SFT data or data_gen replay's), replay_ratio of them"
+    )
+    replay_ratio: float = arg(0.0, "replay records drawn per training record (replay_ratio x len(train_file))")
+    mode: str = arg(
+        "last",
+        "which replies carry loss (GAttCollator): last (the paper's: the last reply), all, expand",
+        choices=["last", "all", "expand"],
+    )
+    instruction_placement: str = arg("system", "where turn one gives the instruction", choices=["system", "first_user"])
+    max_length: int = arg(1024, "tokens per training row")
+    packing: bool = arg(True, "pack several dialogues into one row")
+    padding_free: bool = arg(
+        False, "with packing: each micro-batch in one row, no padding (the model must honour segments)"
+    )
+    # model: a directory, or a GattConfig to start from scratch
+    model: str | None = arg(
+        None,
+        "a model directory (the library's model or any Hugging Face causal LM; `embedded`: the shipped chat model); "
+        "or model_config",
+    )
+    gguf_file: str | None = arg(None, "a .gguf file in the model directory to load")
+    model_config: dict[str, Any] | None = arg(
+        None, "a GattConfig (YAML mapping) for a new model from scratch; or model", type=yaml.safe_load
+    )
+    tokenizer: str | None = arg(None, "a tokenizer directory (default: the model directory)")
+    tokenizer_vocab_size: int = arg(0, "> 0: train a byte-level BPE of this size on the training texts")
+    # optimisation
+    batch_size: int = arg(16, "records per optimizer step (the global batch)")
+    gradient_accumulation_steps: int = arg(1, "micro-batches per optimizer step (batch_size must divide by it)")
+    learning_rate: float = arg(3e-4, "peak learning rate")
+    min_lr_ratio: float = arg(0.1, "the cosine's floor, a share of the peak")
+    lr_restarts: int = arg(
+        0, "> 0: cosine with this many hard restarts to the peak, each cycle ending at 0 (min_lr_ratio unused)"
+    )
+    # Re-warming: a run stopped at lr_rewarm_step and resumed on a longer schedule, written as one run.
+    lr_first_horizon: int = arg(
+        0,
+        "until lr_rewarm_step the cosine runs as if max_steps were this; after it, over max_steps, so the learning "
+        "rate rises to where the longer cosine is (0: one cosine over max_steps)",
+    )
+    lr_rewarm_step: int = arg(0, "the step the longer schedule takes over (see lr_first_horizon)")
+    warmup_steps: int = arg(0, "linear warm-up steps")
+    weight_decay: float = arg(0.0, "AdamW weight decay")
+    max_grad_norm: float = arg(1.0, "gradient clipping norm")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass (less memory, slower)")
+    mixed_precision: str | None = arg(
+        None,
+        "no, bf16, fp16, or auto (bf16 where the CPU or GPU has fast bf16 arithmetic, else no; the choice is "
+        "printed) (default: accelerate launch --mixed_precision's)",
+        choices=["no", "bf16", "fp16", "auto"],
+    )
     # LoRA (lora_r = 0: full fine-tune)
-    lora_r: int = 0
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    merge_lora: bool = True
+    lora_r: int = arg(0, "LoRA rank; 0: full fine-tune")
+    lora_alpha: int = arg(16, "LoRA alpha")
+    lora_dropout: float = arg(0.0, "LoRA dropout")
+    lora_targets: list[str] = arg(["q_proj", "k_proj", "v_proj", "o_proj"], "modules LoRA adapts", nargs="+")
+    merge_lora: bool = arg(True, "merge the adapters into the final model")
     # bookkeeping
-    eval_every: int = 0
-    log_every: int = 10
-    keep_checkpoints: int = 2
+    eval_every: int = arg(0, "the eval loss every N steps and at the end; 0: none (and no records held out)")
+    log_every: int = arg(10, "a metrics.jsonl line every N steps")
+    keep_checkpoints: int = arg(2, "checkpoints kept (the newest)")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:

@@ -170,3 +170,30 @@ def test_every_committed_demo_config_writes_a_report_command_that_parses(tmp_pat
                 name, configs = data_gen_parse(stage.command[stage.command.index("data_gen") + 1 :])
                 if name == "gatt":
                     assert configs[0].max_turns == config.gatt_max_turns, path
+
+
+def test_a_training_flag_equals_its_key_value_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """recipes/train_gatt.py: the YAML file, then key=value, then the flags; each field of TrainConfig is a flag."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "recipes"))
+    import train_gatt
+
+    seen = []
+    monkeypatch.setattr(train_gatt, "train", lambda config, resume: seen.append((config, resume)))
+    smoke = str(ROOT / "recipes" / "configs" / "smoke.yaml")
+    for argv in (
+        [smoke, "max_steps=7", "packing=false", "lora_targets=[q_proj, v_proj]"],
+        [smoke, "--max-steps", "7", "--no-packing", "--lora-targets", "q_proj", "v_proj"],
+        [smoke, "max_steps=3", "--max-steps", "7", "--no-packing", "lora_targets=[q_proj, v_proj]"],
+    ):
+        monkeypatch.setattr(sys, "argv", ["train_gatt.py", "--config", *argv, "--resume"])
+        train_gatt.main()
+    assert [(c.max_steps, c.packing, c.lora_targets, r) for c, r in seen] == [
+        (7, False, ["q_proj", "v_proj"], True)
+    ] * 3
+    assert seen[0][0] == seen[1][0] == seen[2][0]
+    from gatt.train import TrainConfig
+
+    flags = {o for a in config_parser(TrainConfig)._actions for o in a.option_strings}
+    assert {f"--{f.name.replace('_', '-')}" for f in fields(TrainConfig)} <= flags
