@@ -59,7 +59,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, exclude: Co
         settings = dict(field.metadata["settings"])
         help_text = field.metadata["help"]
         default = field.default_factory() if field.default_factory is not REQUIRED else field.default
-        if default not in (REQUIRED, None, [], False, True) and "default:" not in help_text:
+        # no default shown for a required field, None, an empty list or a switch (0 and 1 are shown: 0 == False)
+        shown = not (default is REQUIRED or default is None or default == [] or isinstance(default, bool))
+        if shown and "default:" not in help_text:
             help_text += f" (default: {' '.join(map(str, default)) if isinstance(default, list | tuple) else default})"
         if hints[field.name] is bool and "action" not in settings:  # --flag, or --flag / --no-flag when on by default
             settings["action"] = argparse.BooleanOptionalAction if default is True else "store_true"

@@ -15,6 +15,7 @@ from data_gen.synthesis import SynthesisConfig
 from data_gen.teacher import TeacherConfig
 from gatt.config import REQUIRED, arg, config_from, config_parser, parse_config
 from gatt.evaluate import EvalConfig, build_parser
+from gatt.train import TrainConfig
 
 ROOT = Path(__file__).parents[1]
 
@@ -36,6 +37,9 @@ def test_each_field_is_a_flag_with_its_default_in_the_help() -> None:
         assert flag in text
     assert "turns per dialogue (default: 24)" in text and "families (default: a b)" in text
     assert "(default: the model's)" in text and "(default: None)" not in text
+    assert "(default: 0)" not in text  # a switch's False is not shown ...
+    train = config_parser(TrainConfig).format_help()
+    assert "(default: 0)" in train and "clipping norm (default: 1.0)" in train  # ... a number equal to it is
 
 
 def test_defaults_then_the_file_then_the_command_line(tmp_path: Path) -> None:
@@ -193,7 +197,5 @@ def test_a_training_flag_equals_its_key_value_override(tmp_path: Path, monkeypat
         (7, False, ["q_proj", "v_proj"], True)
     ] * 3
     assert seen[0][0] == seen[1][0] == seen[2][0]
-    from gatt.train import TrainConfig
-
     flags = {o for a in config_parser(TrainConfig)._actions for o in a.option_strings}
     assert {f"--{f.name.replace('_', '-')}" for f in fields(TrainConfig)} <= flags
