@@ -1,8 +1,7 @@
 """Configs that are the command line: one dataclass per stage, whose fields carry their flags' help.
 
-A field declared with `arg(default, "help", **argparse_settings)` becomes the flag `--field-name` (or the
-`flag` it names) with that help; `parse_config(cls, argv)` reads `--config FILE.yaml` (keys: the field names)
-first, then the flags given on the command line over it, and returns the dataclass. So a default is written once,
+A field declared with `arg(default, "help", **argparse_settings)` becomes the flag `--field-name` with that help;
+`parse_config(cls, argv)` reads `--config FILE.yaml` (keys: the field names) first, then the flags given on the command line over it, and returns the dataclass. So a default is written once,
 in the dataclass, and a YAML file, a command line and `--help` all read it from there. A YAML key that names no
 field is refused naming the file and the fields; a required field missing from both is refused naming its flag.
 (The pattern of TRL's `SFTConfig` and `HfArgumentParser`, whose list fields cannot take zero values and whose
@@ -25,17 +24,17 @@ T = TypeVar("T")
 REQUIRED = dataclasses.MISSING  # `arg(REQUIRED, ...)`: no default; the YAML or the command line must give it
 
 
-def arg(default: Any = REQUIRED, help: str = "", *, flag: str | None = None, **settings: Any) -> Any:
+def arg(default: Any = REQUIRED, help: str = "", **settings: Any) -> Any:
     """A config field and its flag: `help`, and argparse `settings` (choices, nargs, action, metavar) where the
     field's type does not say them. A list default is copied for each config."""
-    metadata = {"help": help, "flag": flag, "settings": settings}
+    metadata = {"help": help, "settings": settings}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
 
 
 def _flag(field: dataclasses.Field) -> str:
-    return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
+    return "--" + field.name.replace("_", "-")
 
 
 def _scalar(annotation: Any) -> Any:
