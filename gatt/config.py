@@ -91,14 +91,18 @@ def dataclass_from_dict(cls: type[T], values: dict[str, Any], source: str = "con
     unknown = sorted(set(values) - set(names))
     if unknown:
         raise ValueError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(names)}")
-    missing = [
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in values
-    ]
-    if missing:
-        raise ValueError(f"{source}: missing required key(s) {', '.join(missing)}")
+    if missing := _missing(cls, values):
+        raise ValueError(f"{source}: missing required key(s) {', '.join(f.name for f in missing)}")
     return cls(**values)
+
+
+def _missing(cls: type, values: dict[str, Any]) -> list[dataclasses.Field]:
+    """The fields of `cls` that have no default and no value in `values`."""
+    return [
+        f
+        for f in dataclasses.fields(cls)
+        if f.name not in values and f.default is REQUIRED and f.default_factory is REQUIRED
+    ]
 
 
 def read_config_file(path: str | Path, names: Collection[str]) -> dict[str, Any]:
@@ -115,12 +119,7 @@ def config_from(cls: type[T], values: dict[str, Any]) -> T:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     values = {name: value for name, value in values.items() if name in names}
-    missing = [
-        f
-        for f in dataclasses.fields(cls)
-        if f.name not in values and f.default is REQUIRED and f.default_factory is REQUIRED
-    ]
-    if missing:
+    if missing := _missing(cls, values):
         flags, keys = ", ".join(_flag(f) for f in missing), ", ".join(f.name for f in missing)
         raise ValueError(f"missing {flags}: give it on the command line, or as {keys} in a --config file")
     for name, value in values.items():
