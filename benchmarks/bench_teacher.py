@@ -52,6 +52,7 @@ from data_gen.synthesis import SynthesisConfig, _Dialogue, draw_dialogue
 from data_gen.teacher import ModelTeacher
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import split_user_turns
+from gatt.generation import SAMPLER_DEFAULTS
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
 
@@ -70,7 +71,8 @@ FINDING = (
     "Gumbel-max instead of multinomial) would cut ours' sampling share, but changes the random stream, hence "
     "every synthesised record. At --quick sizes (N=8: 32 rows) ours batches 4x fewer rows, so its ratio is lower."
 )
-SAMPLING = {"temperature": 0.7, "top_p": 0.95, "repetition_penalty": 1.0}  # ModelTeacher's defaults, both sides
+SAMPLING = {key: SAMPLER_DEFAULTS[key] for key in ("temperature", "top_p", "repetition_penalty")}  # both sides
+BATCH = 16  # dialogues per teacher batch: the committed rows' size
 
 
 def build_teacher_dir(path: Path) -> Path:
@@ -234,7 +236,9 @@ def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
     )
     with tempfile.TemporaryDirectory() as tmp, no_end_of_turn():
         model_dir = build_teacher_dir(Path(tmp) / "teacher")
-        teacher = ModelTeacher(model_dir, max_new_tokens=size["max_new_tokens"], device=device, **SAMPLING)
+        teacher = ModelTeacher(
+            model_dir, max_new_tokens=size["max_new_tokens"], device=device, batch_size=BATCH, **SAMPLING
+        )
         settings = {
             "dialogues": size["dialogues"],
             "turns": size["turns"],
@@ -289,7 +293,9 @@ def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
         if device == "cpu" and not results["teacher_vs_hf_generate"]["met"]:
             results["teacher_vs_hf_generate"]["finding"] = FINDING
         if device == "cuda":
-            single = ModelTeacher(model_dir, max_new_tokens=size["max_new_tokens"], device=device, **SAMPLING)
+            single = ModelTeacher(
+                model_dir, max_new_tokens=size["max_new_tokens"], device=device, batch_size=BATCH, **SAMPLING
+            )
             rate, seconds, share = compare(
                 {"batched": teacher, "single": single},
                 {"batched": batched_turn, "single": sequential_turn},

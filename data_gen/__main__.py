@@ -51,7 +51,7 @@ from gatt.checks import (
     matching_families,
 )
 from gatt.cli import exit_on_bad_input
-from gatt.config import REQUIRED, add_config_arguments, arg, config_parser, configs_from
+from gatt.config import REQUIRED, add_config_arguments, arg, config_keys, config_parser, configs_from
 from gatt.distributed import end_job, process_state
 from gatt.files import atomic_path, write_json
 
@@ -179,6 +179,11 @@ COMMANDS = {
         "shipped copy with --out gatt/eval/builtin.",
     ),
 }
+
+
+def command_keys(name: str) -> list[str]:
+    """The settings subcommand `name` takes: its flags' names with underscores, the keys of its `--config` file."""
+    return [key for cls, exclude in COMMANDS[name].configs for key in config_keys(cls, exclude)]
 
 
 def build_parser() -> argparse.ArgumentParser:

