@@ -25,16 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's g
 from gatt.cli import exit_on_bad_input  # noqa: E402
 from gatt.files import write_json  # noqa: E402
 
-# The stage a process runs, by its command line (recipes/demo.py's stage commands), first match.
-STAGES: list[tuple[str, str]] = [
-    ("base-data", r"-m data_gen base\b"),
-    ("base-model", r"-m gatt\.pretrained\b|train_gatt\.py --config \S*base"),
-    ("gatt-data", r"-m data_gen gatt\b"),
-    ("replay-data", r"-m data_gen replay\b"),
-    ("gatt-model", r"train_gatt\.py|accelerate\.commands\.launch"),
-    ("report", r"-m gatt\.evaluate\b"),
-    ("demo.py itself", r"recipes/demo\.py"),
-]
+# The stage a process runs, by its command line: recipes/demo.py runs each stage on OUT/configs/STAGE.yaml.
+STAGE_CONFIG = re.compile(r"--config \S*/configs/([\w-]+)\.yaml\b")
 
 ATTENTION = ("_explicit_attention (", "_fast_attention (", "split_softmax_attention (")
 # What a sample was doing: the first category with a pattern its stack holds; a pattern is a frame substring,
@@ -65,21 +57,16 @@ RECORD = re.compile(r"(process \d+:.*?) (\d+)\n(?=process \d+:|\Z)", flags=re.S)
 PROCESS = re.compile(r'process \d+:"(.*?)";', flags=re.S)
 
 
-# A later GAtt round's stage (recipes/demo.py `rounds`): the data command's `--round R`, the model's output_dir round-R/gatt.
-ROUND = re.compile(r"--round (\d+)|output_dir=\S*round-(\d+)/gatt\b")
-PER_ROUND = ("gatt-data", "gatt-model")
-
-
 def stage_of(stack: str) -> str:
     """The stage of the innermost process in the stack (a stage's subprocesses count for it), named as the demo
-    names it: `gatt-data-R` and `gatt-model-R` for rounds after the first."""
-    commands = PROCESS.findall(stack + ";")
-    for command in reversed(commands):
-        for name, pattern in STAGES:
-            if re.search(pattern, command):
-                found = ROUND.search(command) if name in PER_ROUND else None
-                r = int(found.group(1) or found.group(2)) if found else 1
-                return name if r == 1 else f"{name}-{r}"
+    names it (gatt-data-2: round 2's GAtt data)."""
+    for command in reversed(PROCESS.findall(stack + ";")):
+        if re.search(r"recipes/demo\.py", command):
+            return "demo.py itself"
+        if re.search(r"-m gatt\.pretrained\b", command):
+            return "base-model"  # smollm2: the model exported from its GGUF
+        if found := STAGE_CONFIG.search(command):
+            return found.group(1)
     return "unknown"
 
 

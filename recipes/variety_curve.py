@@ -19,6 +19,7 @@ turn's figures under `per_turn`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -28,10 +29,9 @@ from matplotlib.figure import Figure
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from demo import ROOT, DemoConfig, run  # noqa: E402
+from demo import ROOT, DemoConfig, load_config, run  # noqa: E402
 
 from gatt.cli import exit_on_bad_input  # noqa: E402
-from gatt.config import dataclass_from_dict, read_yaml_config  # noqa: E402
 from gatt.eval.rounds import gatt_data_dir  # noqa: E402
 from gatt.files import write_text  # noqa: E402
 
@@ -52,22 +52,20 @@ def distinct_values(gatt_file: Path) -> dict[str, int]:
     return {family: len(v) for family, v in sorted(values.items())}
 
 
-# The two axes: --families K (DemoConfig key, the point's key in the JSON) and --values K.
-AXES = {
-    "families": ("gatt_trained_families", "trained_families"),
-    "values": ("gatt_values_per_family", "values_per_family"),
-}
+# The two axes, --families K and --values K: the data.gatt key each sets (the point's key in the JSON).
+AXES = {"families": "trained_families", "values": "values_per_family"}
 
 
 def point(config: DemoConfig, axis: str, k: str, out: Path, turn: str, demo_run: Path) -> dict[str, Any]:
     """One K of `axis`: run its stages (K = all: the demo run's own GAtt model and report) and read back its figures."""
-    field, name = AXES[axis]
+    name = AXES[axis]
     if k == "all":
         folder = demo_run
         report = json.loads((folder / "report" / "report.json").read_text())
     else:
         folder = out / k
-        report = run(DemoConfig(**{**vars(config), "out": str(folder), field: int(k), "eval_baselines": False}))
+        data = {**config.data, "gatt": {**config.data.get("gatt", {}), name: int(k)}}
+        report = run(dataclasses.replace(config, out=str(folder), data=data, baselines=False))
     gatt = report[report["rounds"][0]["student"] if report.get("rounds") else "gatt"]  # trained on round 1's data
     return {
         name: k,
@@ -130,7 +128,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "--out", type=Path, help="one folder per point, and the curve (default: runs/families or runs/variety)"
     )
     parser.add_argument("--turn", default="20", help="the turn the curve reads (default: 20)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a DemoConfig key for every point")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a demo config key for every point")
     args = parser.parse_args(argv)
     name = "families" if args.families else "variety"
     axis, ks = ("families", args.families) if args.families else ("values", args.values)
@@ -139,8 +137,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         bad = [k for k in ks if k != "all" and not (k.isdigit() and int(k) >= 1)]
         if bad:
             raise ValueError(f"--{axis} takes positive integers or 'all', got {', '.join(bad)}")
-        values = read_yaml_config(args.config, args.overrides)
-        config = dataclass_from_dict(DemoConfig, values, args.config)
+        config = load_config(args.config, args.overrides)
         points = [point(config, axis, k, out, args.turn, args.demo_run) for k in ks]
         out.mkdir(parents=True, exist_ok=True)
         write_text(
@@ -150,7 +147,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         plot(points, axis, args.turn, out / f"{name}.png")
     for p in points:
         print(
-            f"K={p[AXES[axis][1]]:>4} families={len(p['distinct_values']):>3} "
+            f"K={p[AXES[axis]]:>4} families={len(p['distinct_values']):>3} "
             f"distinct={sum(p['distinct_values'].values()):>4} "
             + "  ".join(f"{stratum} {adherence(p, stratum):5.1f}%" for stratum in STRATA)
         )

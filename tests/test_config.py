@@ -150,30 +150,33 @@ def test_every_data_gen_flag_of_the_old_parsers_is_kept() -> None:
         assert now == {f"--{flag}" for flag in flags.split()}, name
 
 
-def test_every_committed_demo_config_writes_a_report_command_that_parses(tmp_path: Path) -> None:
-    """The report stage of each demo config (recipes/demo.py turns its keys into gatt.evaluate's flags) parses."""
+def test_every_committed_demo_config_writes_stage_configs_that_their_commands_parse(tmp_path: Path) -> None:
+    """Each stage of each demo config (recipes/demo.py writes its section as the stage's YAML) parses with its
+    command's own parser, and the section's settings arrive."""
     import sys
 
     sys.path.insert(0, str(ROOT / "recipes"))
-    from demo import DemoConfig, stages
-
-    from gatt.config import dataclass_from_dict, read_yaml_config
+    from demo import load_config, stages
 
     demo_configs = [
         p for p in sorted((ROOT / "recipes" / "configs").glob("*.yaml")) if "out" in yaml.safe_load(p.read_text())
     ]
-    assert len(demo_configs) >= 8
+    assert len(demo_configs) >= 12
     for path in demo_configs:
-        config = dataclass_from_dict(DemoConfig, read_yaml_config(path, []), path)
+        config = load_config(path, [f"out={tmp_path / path.stem}"])
         for stage in stages(config):
+            stage.write_config()
+            argv = stage.command[stage.command.index("--config") :] if stage.config else []
             if "gatt.evaluate" in stage.command:
-                argv = stage.command[stage.command.index("gatt.evaluate") + 1 :]
                 parsed = parse_config(EvalConfig, argv, build_parser())
-                assert parsed.turns == config.eval_turns, path
-            if "data_gen" in stage.command:
-                name, configs = data_gen_parse(stage.command[stage.command.index("data_gen") + 1 :])
+                assert parsed.turns == config.eval["turns"] and parsed.out == Path(config.out) / "report", path
+            elif "data_gen" in stage.command:
+                name, configs = data_gen_parse([stage.command[stage.command.index("data_gen") + 1], *argv])
                 if name == "gatt":
-                    assert configs[0].max_turns == config.gatt_max_turns, path
+                    assert configs[0].max_turns == config.data["gatt"]["max_turns"], path
+            elif stage.config:
+                trained = TrainConfig.from_dict(yaml.safe_load(stage.config.read_text()), str(stage.config))
+                assert trained.output_dir == str(stage.output), path
 
 
 def test_a_training_flag_equals_its_key_value_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

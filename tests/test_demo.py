@@ -1,5 +1,6 @@
 """The main job's wiring (recipes/demo.py) on a tiny variant: every stage runs, the report has every model and turn."""
 
+import dataclasses
 import json
 import os
 import re
@@ -17,7 +18,7 @@ sys.path.insert(0, str(ROOT / "recipes"))
 
 import train_gatt  # noqa: E402
 from accelerate.state import AcceleratorState, GradientState  # noqa: E402
-from demo import DemoConfig, main, stages  # noqa: E402
+from demo import DemoConfig, load_config, main, stages  # noqa: E402
 from variety_curve import distinct_values  # noqa: E402
 from variety_curve import main as variety_curve  # noqa: E402
 
@@ -32,6 +33,7 @@ from gatt.embedded import greedy_replies, read_record, ship, weights_sha256  # n
 from gatt.events import KINDS  # noqa: E402
 from gatt.processes import TreeTimeout, running  # noqa: E402
 from gatt.stages import Stage, fingerprint, run_stage  # noqa: E402
+from gatt.train import TrainConfig  # noqa: E402
 
 # The `main` each stage command runs: `python -m MODULE ARGS` or `python SCRIPT ARGS`.
 STAGE_MAINS = {
@@ -152,19 +154,19 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys, monkeyp
     # A report-only change reruns the report; its finished columns (their models unchanged) are read, not rolled out.
     rollouts = sorted((out / "report" / "rollouts").glob("*.jsonl"))
     made = {path: path.stat().st_mtime_ns for path in rollouts}
-    main([*demo, "eval_relevance_numerics=bf16"])
+    main([*demo, "eval.relevance_numerics=bf16"])
     printed = capsys.readouterr().out
     assert printed.count("up to date, skipped") == 5 and "[6/6 report] running" in printed
     assert len(rollouts) == 4 and {path: path.stat().st_mtime_ns for path in rollouts} == made
-    overrides = "gatt_overrides=[max_steps=3, eval_every=0, batch_size=4]"
-    main([*demo, overrides])
+    overrides = ["train.gatt.max_steps=3"]
+    main([*demo, *overrides])
     printed = capsys.readouterr().out
     assert printed.count("up to date, skipped") == 2 and "[3/6 gatt-model] running" in printed
     assert "[4/6 gatt-data-2] running" in printed  # round 1's model changed: round 2's teacher did
     assert json.loads((round_2 / "gatt" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
     # A stage made again with the same command gives a new result: the stages after it run again too.
     (out / "stamps" / "gatt-model-2.done").unlink()
-    main([*demo, overrides])
+    main([*demo, *overrides])
     printed = capsys.readouterr().out
     assert printed.count("up to date, skipped") == 4 and "[6/6 report] running" in printed
 
@@ -237,9 +239,9 @@ def test_base_model_trains_the_chat_model_from_scratch_and_packages_it_with_its_
         p.name: p.read_bytes() for p in packaged.iterdir()
     }
     # With rebuild_base, make demo's GAtt starts from the model it trained, not from the shipped one.
-    commands = {s.name: s.command for s in stages(DemoConfig(out=str(out), rebuild_base=True))}
-    assert list(commands) == ["base-data", "base-model", "gatt-data", "gatt-model", "report"]
-    assert f"model={out / 'base' / 'final'}" in commands["gatt-model"]
+    plan = {s.name: s for s in stages(DemoConfig(out=str(out), rebuild_base=True))}
+    assert list(plan) == ["base-data", "base-model", "gatt-data", "gatt-model", "report"]
+    assert plan["gatt-model"].settings["model"] == plan["gatt-data"].settings["teacher"] == str(out / "base" / "final")
 
 
 def test_a_resumed_stage_counts_the_seconds_of_its_interrupted_attempts(tmp_path):
@@ -281,26 +283,64 @@ def test_a_stage_made_by_another_python_is_up_to_date_and_any_other_change_is_no
     assert fingerprint(stage, "UP 2", ROOT) != keys["/home/me/.venv/bin/python"][1]
     other = Stage(stage.name, [*stage.command, "--seed", "1"], stage.output, stage.resumable)
     assert fingerprint(other, "UP 1", ROOT) != keys["/home/me/.venv/bin/python"][1]
+    setting = dataclasses.replace(stage, settings={**stage.settings, "max_turns": 5})  # a setting of its YAML
+    assert fingerprint(setting, "UP 1", ROOT) != keys["/home/me/.venv/bin/python"][1]
 
 
-def test_the_report_runs_on_eval_device_and_the_data_on_teacher_device():
-    def devices(**keys: str) -> dict[str, str]:
-        plan = stages(DemoConfig(out="runs/x", **keys))
-        return {s.name: s.command[s.command.index("--device") + 1] for s in plan if "--device" in s.command}
+def test_each_stage_reads_its_section_of_the_demo_config(tmp_path):
+    """A setting goes from the demo config to its stage's config as a YAML value, no command-line string between:
+    each stage's command parses the file the demo wrote for it into the settings its section gave."""
+    smoke, tiny = ROOT / "recipes" / "configs" / "demo_smoke.yaml", ROOT / "recipes" / "configs" / "gatt_tiny.yaml"
+    keys = ["data.gatt.max_turns=7", "data.gatt.device=cuda", "eval.device=cpu", "train.gatt.max_steps=9", "seed=3"]
+    plan = {s.name: s for s in stages(load_config(smoke, [f"out={tmp_path}", *keys]))}
+    for stage in plan.values():
+        stage.write_config()
+        assert stage.command[-2:] == ["--config", str(tmp_path / "configs" / f"{stage.name}.yaml")]
+    _, (synthesis, files, teacher) = data_gen.__main__.parse(["gatt", "--config", str(plan["gatt-data"].config)])
+    assert (synthesis.max_turns, synthesis.num_dialogues, synthesis.seed, synthesis.round) == (7, 12, 3, 1)
+    assert synthesis.shard_size == teacher.batch_size == 16  # a shard: one teacher batch, unless data.gatt says
+    assert (teacher.device, teacher.teacher, files.out) == (
+        "cuda",
+        str(EMBEDDED_FOLDER),
+        tmp_path / "round-1" / "data" / "gatt",
+    )
+    report = gatt.evaluate.parse_config(gatt.evaluate.EvalConfig, ["--config", str(plan["report"].config)])
+    assert (report.device, report.turns, report.seed, report.repeat_instruction) == ("cpu", 6, 3, ["base"])
+    assert report.model == [f"base={EMBEDDED_FOLDER}", f"gatt={tmp_path / 'round-1' / 'gatt' / 'final'}"]
+    trained = TrainConfig.from_dict(yaml.safe_load(plan["gatt-model"].config.read_text()))
+    assert (trained.max_steps, trained.batch_size, trained.seed) == (9, 4, 3)  # the section's, over gatt_tiny.yaml's
+    assert trained.learning_rate == yaml.safe_load(tiny.read_text())["learning_rate"]
+    assert trained.replay_file == str(tmp_path / "data" / "base" / "base.jsonl")
 
-    assert devices(teacher_device="cuda") == {"gatt-data": "cuda", "report": "cuda"}
-    assert devices(teacher_device="cuda", eval_device="cpu") == {"gatt-data": "cuda", "report": "cpu"}
-    assert devices() == {}  # "": each stage's own default (cuda if available)
+
+def test_a_key_of_the_flat_demo_configs_is_refused_naming_its_new_place():
+    smoke = ["--config", str(ROOT / "recipes" / "configs" / "demo_smoke.yaml")]
+    for old, new in (
+        ("gatt_max_turns=5", "gatt_max_turns -> data.gatt.max_turns"),
+        ("teacher_batch_size=5", "teacher_batch_size -> data.gatt.batch_size"),
+        ("eval_turns=5", "eval_turns -> eval.turns"),
+        ("gatt_overrides=[max_steps=3]", "gatt_overrides -> train.gatt (its keys)"),
+        ("repetition_penalty=1.2", "repetition_penalty -> data.gatt.repetition_penalty and eval.repetition_penalty"),
+    ):
+        with pytest.raises(SystemExit, match=f"^error: .*demo_smoke.yaml: keys moved .*{re.escape(new)}"):
+            main([*smoke, old])
+    for key, error in (
+        ("data.gatt.max_turn=5", "data.gatt: max_turn: the keys are num_dialogues, "),
+        ("data.gatt.teacher=oracle", "data.gatt: teacher: teacher set by the recipe itself"),
+        ("train.gatt.output_dir=x", "train.gatt: output_dir: output_dir set by the recipe itself"),
+        ("data.extra.x=1", "data must be a mapping with the sections base, gatt, replay"),
+    ):
+        with pytest.raises(SystemExit, match=f"^error: {re.escape(error)}"):
+            main([*smoke, key])
 
 
 def test_rounds_continue_trains_each_round_from_the_last_model_on_its_own_data():
     out = Path("runs/x")
-    commands = {stage.name: stage.command for stage in stages(DemoConfig(out=str(out), rounds=3, rounds_continue=True))}
+    plan = {stage.name: stage.settings for stage in stages(DemoConfig(out=str(out), rounds=3, rounds_continue=True))}
     for r, previous in ((2, out / "round-1" / "gatt" / "final"), (3, out / "round-2" / "gatt" / "final")):
-        command = commands[f"gatt-model-{r}"]
-        assert f"model={previous}" in command
-        assert f"train_file={out / f'round-{r}' / 'data' / 'gatt' / 'gatt.jsonl'}" in command
-    assert f"model={EMBEDDED_FOLDER}" in commands["gatt-model"]  # round 1 starts from the shipped chat model
+        assert plan[f"gatt-model-{r}"]["model"] == str(previous)
+        assert plan[f"gatt-model-{r}"]["train_file"] == str(out / f"round-{r}" / "data" / "gatt" / "gatt.jsonl")
+    assert plan["gatt-model"]["model"] == str(EMBEDDED_FOLDER)  # round 1 starts from the shipped chat model
 
 
 def test_any_turn_trains_gatt_and_gatt_any_and_reports_every_kind(tmp_path, monkeypatch):
@@ -309,8 +349,8 @@ def test_any_turn_trains_gatt_and_gatt_any_and_reports_every_kind(tmp_path, monk
     monkeypatch.setattr(gatt.stages, "run_stage", in_process_stage)
     out = tmp_path / "any"
     kinds = "[first, late, replace, revoke, add]"
-    argv = ["--config", str(smoke_config(tmp_path)), f"out={out}", "any_turn=true", "any_turn_dialogues=10"]
-    report = main([*argv, f"eval_kinds={kinds}", "eval_strata=[train]", "eval_dialogues=5"])
+    argv = ["--config", str(smoke_config(tmp_path)), f"out={out}", "any_turn.data.num_dialogues=10"]
+    report = main([*argv, f"eval.kinds={kinds}", "eval.strata=[train]", "eval.dialogues=5"])
     assert {"base", "base+repeat", "gatt", "gatt-any"} <= set(report)
     for name in ("base", "base+repeat", "gatt", "gatt-any"):
         assert set(report[name]["per_kind"]) <= set(KINDS) and "late" in report[name]["per_kind"]
@@ -465,15 +505,13 @@ def test_a_demo_config_names_a_built_in_instruction_set(tmp_path):
     config = DemoConfig(
         out=str(tmp_path),
         base_model="smollm2",
-        replay_dialogues=4,
+        data={"replay": {"num_dialogues": 4}},
         constraints="ifeval,ifbench",
         heldout_families=["ifbench:*"],
     )
-    commands = {s.name: s.command for s in stages(config)}
+    plan = {s.name: s.settings for s in stages(config)}
     for name in ("gatt-data", "report"):
-        at = commands[name].index("--constraints")
-        assert commands[name][at + 1] == "ifeval,ifbench"
-        assert commands[name][commands[name].index("--heldout-families") + 1] == "ifbench:*"
+        assert plan[name]["constraints"] == "ifeval,ifbench" and plan[name]["heldout_families"] == ["ifbench:*"]
     committed = yaml.safe_load((ROOT / "recipes" / "configs" / "smollm2_ifeval.yaml").read_text())
     chosen = load_constraints(ROOT / committed["constraints"])
     assert {c.checks[0].type for c in chosen} == {"ifeval", "ifbench"}

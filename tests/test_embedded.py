@@ -24,14 +24,13 @@ from gatt.embedded import (
 )
 from gatt.evaluate import parse_models
 from gatt.modeling import GattForCausalLM
-from gatt.train import TrainConfig, load_config
+from gatt.train import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "recipes"))
 
-from demo import DemoConfig, base_train_overrides  # noqa: E402
-
-from gatt.config import dataclass_from_dict, read_yaml_config  # noqa: E402
+from demo import load_config as load_demo_config  # noqa: E402
+from demo import stages  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +50,17 @@ def test_the_shipped_files_are_the_ones_the_record_describes(record):
 
 
 def test_make_base_models_config_is_the_recorded_one(record):
-    config_file = ROOT / "recipes" / "configs" / "base_model.yaml"
-    config = dataclass_from_dict(DemoConfig, read_yaml_config(config_file), str(config_file))
-    assert dataclasses.asdict(config) == record["demo_config"]
-    train = dataclasses.asdict(load_config(ROOT / config.base_config, base_train_overrides(config)))
+    config = load_demo_config(ROOT / "recipes" / "configs" / "base_model.yaml")
+    plan = {stage.name: stage.settings for stage in stages(config)}
+    # The record holds the flat demo config of before the stage sections: each key, where it is now, is the same.
+    made = record["demo_config"]
+    assert plan["base-data"]["num_dialogues"] == made["base_dialogues"]
+    assert plan["base-data"]["max_turns"] == made["base_max_turns"]
+    assert config.train["base"]["config"] == made["base_config"] and made["base_overrides"] == []
+    assert all(
+        plan["report"][key] == made[f"eval_{key}"] for key in ("turns", "dialogues", "max_new_tokens", "batch_size")
+    )
+    train = dataclasses.asdict(TrainConfig.from_dict(plan["base-model"]))
     # Keys added to TrainConfig since the model was made are at their defaults, which train as before it had them.
     added = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name not in record["train_config"]}
     assert set(added) <= {"num_epochs", "mixed_precision"}

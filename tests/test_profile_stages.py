@@ -10,7 +10,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from profile_stages import markdown, profile, stage_of  # noqa: E402
 
 DEMO = 'process 10:"python recipes/demo.py --config x.yaml";'
-EVAL = 'process 12:"python -m gatt.evaluate --model a=b\n--turns 20";'  # a command line may hold newlines
+EVAL = (
+    'process 12:"python -m gatt.evaluate\n--config runs/demo/configs/report.yaml";'  # a command line may hold newlines
+)
 RAW = (
     f"{DEMO}main (recipes/demo.py:200) 5\n"
     f"{DEMO}{EVAL}main (gatt/evaluate.py:9);ChatBatch._decode (gatt/generation.py:290);forward (torch/nn/modules/linear.py:1) 30\n"
@@ -38,19 +40,26 @@ def test_samples_go_to_their_stage_and_first_matching_category() -> None:
     assert "| decode steps: the rest (linear layers, norms, LM head) | 60% |" in table and "report (10 s)" in table
 
 
-def test_a_later_rounds_stages_are_named_as_the_demo_names_them() -> None:
-    data = 'process 3:"python -m data_gen gatt --teacher runs/demo/round-1/gatt/final --round {r} --out runs/demo/round-{r}/data/gatt";'
+def test_a_process_is_named_by_the_stage_config_it_runs() -> None:
+    data = 'process 3:"python -m data_gen gatt --config runs/demo/configs/gatt-data{s}.yaml";'
     model = (
-        'process 4:"python recipes/train_gatt.py --config recipes/configs/gatt_tiny.yaml '
-        'train_file=[\\"runs/demo/round-1/data/gatt/gatt.jsonl\\"] output_dir=runs/demo/round-{r}/gatt --resume";'
+        'process 4:"python -m accelerate.commands.launch --num_processes 1 recipes/train_gatt.py --resume '
+        '--config runs/demo/configs/gatt-model{s}.yaml";'
     )
-    assert [stage_of(f"{DEMO}{data.format(r=r)}f (x.py:1)") for r in (1, 2, 12)] == [
+    rank = 'process 5:"recipes/train_gatt.py --resume --config runs/demo/configs/gatt-model{s}.yaml";'
+    assert [stage_of(f"{DEMO}{data.format(s=s)}f (x.py:1)") for s in ("", "-2", "-12")] == [
         "gatt-data",
         "gatt-data-2",
         "gatt-data-12",
     ]
-    assert [stage_of(f"{DEMO}{model.format(r=r)}f (x.py:1)") for r in (1, 3)] == ["gatt-model", "gatt-model-3"]
-    assert stage_of(f"{DEMO}{EVAL}f (x.py:1)") == "report"
+    assert [stage_of(f"{DEMO}{model.format(s=s)}{rank.format(s=s)}f (x.py:1)") for s in ("", "-3")] == [
+        "gatt-model",
+        "gatt-model-3",
+    ]
+    report = 'process 12:"python -m gatt.evaluate --config runs/demo/configs/report.yaml";'
+    assert stage_of(f"{DEMO}{report}f (x.py:1)") == "report"
+    assert stage_of(f'{DEMO}process 6:"python -m gatt.pretrained --out runs/s/base/final";f (x.py:1)') == "base-model"
+    assert stage_of(f"{DEMO}f (x.py:1)") == "demo.py itself"
 
 
 def test_text_that_is_not_a_profile_is_refused() -> None:
