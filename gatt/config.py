@@ -2,8 +2,9 @@
 
 A field declared with `arg(default, "help", **argparse_settings)` becomes the flag `--field-name` with that help;
 `parse_config(cls, argv)` reads `--config FILE.yaml` (keys: the field names) first, then the flags given on the
-command line over it, and returns the dataclass. So a default is written once, in the dataclass, and a YAML file, a command line and `--help` all read it from there. A YAML key that names no
-field is refused naming the file and the fields; a required field missing from both is refused naming its flag.
+command line over it, and returns the dataclass. So a default is written once, in the dataclass, and a YAML file, a
+command line and `--help` all read it from there. A YAML key that names no field is refused naming the file and the
+fields; a required field missing from both is refused naming its flag.
 (The pattern of TRL's `SFTConfig` and `HfArgumentParser`, whose list fields cannot take zero values and whose
 flags are spelt with underscores: ours keeps the flags this project's commands have always had.)
 """

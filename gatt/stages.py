@@ -1,9 +1,9 @@
 """A recipe's stages, made the way `make` makes targets (recipes/demo.py runs its data, training and report so).
 
 Each stage is a command and the folder it writes, and its settings: the YAML file its command reads (`--config
-FILE`), written from the stage's `settings` before it runs. A stage whose fingerprint (its command, the files it and
-its settings name, and the result of the stage before) matches its `.done` stamp is skipped; one interrupted mid-way is resumed in
-place where it can be (its `.started` stamp names the attempt and counts its seconds, rewritten every few
+FILE`), written from the stage's `settings` before it runs. A stage whose fingerprint (its command, its settings,
+the files they name, and the result of the stage before) matches its `.done` stamp is skipped; one interrupted
+mid-way is resumed in place where it can be (its `.started` stamp names the attempt and counts its seconds, rewritten every few
 seconds, so a run killed at any point still counts its time); any other is made again from an empty folder, and
 every stage after it with it. `stage_timings` writes what each stage took, with the machine's calibration, so
 wall times from two machines compare at a reference speed.
