@@ -12,9 +12,9 @@ runs out of time is recorded and the next one still runs, so one call always bri
               CUDA libraries and the compiled numerical packages of KEEP stay the machine's own, listed in the
               summary). --wheels DIR installs from those wheel files alone, for a
               machine with no network (`pip download` them where there is one).
-  profile     `benchmarks/profile_decode.py`: one report turn of SmolLM2 at batch 160 in bf16, each decoder (growing,
-              static, graphs: a CUDA graph a step) under torch.profiler: ms per decoding step, kernels per step, host
-              syncs, the SDPA backend (results/gpu_profile.json; goal <= 10 ms a step).
+  profile     `benchmarks/profile_decode.py`: one report turn of SmolLM2 at batch 160 in bf16, eager (growing) and
+              graphed (graphs: the step recorded as a CUDA graph a reply), with torch.profiler: ms per decoding
+              step, kernels per step, host syncs, the SDPA backend (results/gpu_profile.json; goal <= 10 ms a step).
   smollm2     SmolLM2-135M-Instruct GAtt end to end, `recipes/demo.py` with recipes/configs/gpu_check.yaml: GAtt
               data (k = 8, strict gate), replay, LoRA fine-tune under bf16, the 20-turn report (128 dialogues a
               model, 64 of them on trained values: base, base+repeat, gatt; strict gate).
@@ -60,11 +60,12 @@ MACHINE_OWN = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*)$")
 KEEP = {"numpy", "pandas", "pyarrow", "grpcio", "pillow", "kiwisolver", "contourpy", "fonttools", "psutil", "regex"}
 STAGES = ("install", "profile", "smollm2", "benchmarks", "deepspeed")
 # Seconds each stage may take: full on one GPU (8 minutes in all, model loading included, inside one 10-minute call
-# of a lent GPU); smoke on 2 CPU cores. Sized from an H100 run (docs/scaling.md): install 21 s, smollm2 501 s at its
-# earlier size with eager decoding (its report 319 s, ~60 ms a decoding step: graphed steps are to cut that), the
-# benchmarks past 75 s. The profile first: the figures the GPU is lent for, whatever overruns after it.
+# of a lent GPU); smoke on 2 CPU cores. Sized from an H200 run (2026-11-27, docs/scaling.md): install 18-24 s; the
+# profile (growing and graphs) about 60 s; smollm2's stages before the report about 195 s, its rollouts then compiled
+# (about 39 s a compile, twice a model: recorded graphs now); the benchmarks past 75 s. The profile first: the
+# figures the GPU is lent for, whatever overruns after it.
 BUDGETS = {
-    "full": {"install": 30, "profile": 60, "smollm2": 300, "benchmarks": 75, "deepspeed": 15},
+    "full": {"install": 30, "profile": 70, "smollm2": 290, "benchmarks": 75, "deepspeed": 15},
     "smoke": {"install": 120, "profile": 120, "smollm2": 300, "benchmarks": 300, "deepspeed": 120},
 }
 REPORT_FILES = ("report.json", "report.md", "adherence.png")
@@ -306,6 +307,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--work", type=Path, default=Path("runs/gpu-check"), help="models, data and logs")
     parser.add_argument("--results", type=Path, default=Path("results"), help="where the small result files go")
     parser.add_argument("--wheels", type=Path, help="install from these wheel files only (a machine with no network)")
+    parser.add_argument(
+        "--stages",
+        nargs="+",
+        choices=STAGES,
+        default=list(STAGES),
+        help="run these stages only (default: all, in order)",
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("error: --device cuda: no CUDA device here (--device cpu --size smoke runs the code paths)")
@@ -325,6 +333,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     outcomes = []
     for i, stage in enumerate(STAGES, 1):
         budget = BUDGETS[args.size][stage]
+        if stage not in args.stages:
+            commands[stage], skips[stage] = None, "not in --stages"
         outcomes.append(run_stage(stage, i, commands[stage], budget, args.work, skips.get(stage, "")))
     record = collect(args, outcomes, kept)
     failed = [o.stage for o in outcomes if o.status in ("failed", "timed out")]

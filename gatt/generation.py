@@ -30,7 +30,8 @@ attention its tokens put on given prompt tokens (the instruction), per layer, av
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ from transformers.generation import (
 from gatt.cache import cache_kwargs
 from gatt.config import arg
 from gatt.split_softmax import SplitSoftmax
-from gatt.static_decode import StaticBuffers, decode_step
+from gatt.static_decode import GraphedStep, StaticBuffers, decode_step
 
 
 class GrowingLayer(DynamicLayer):
@@ -287,24 +288,28 @@ def sampler_settings(
     return values, sources
 
 
-DECODERS: tuple[str, ...] = ("auto", "growing", "static", "graphs")
+DECODERS: tuple[str, ...] = ("auto", "growing", "static", "graphs", "compiled")
 
 
 def decoder_options(model: PreTrainedModel, decoder: str) -> dict[str, Any]:
     """`ChatBatch` keywords of a decoder: growing (the cache grows, stopped rows leave: a CPU's fastest), static
-    (preallocated buffers, gatt/static_decode.py), graphs (static, each step a CUDA graph: `torch.compile` with
-    mode="reduce-overhead"); auto: graphs on a GPU for the library's model, growing elsewhere."""
+    (preallocated buffers, gatt/static_decode.py), graphs (static, the eager step recorded as one CUDA graph a reply
+    and replayed), compiled (static, `torch.compile(mode="reduce-overhead")`: fused kernels in CUDA graphs, after a
+    compile of about 39 s per buffer width and model); auto: graphs on a GPU for the library's model, else growing."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
     static_ok = model.config.model_type == "gatt" and getattr(model.config, "attention_window", None) is None
     if decoder == "auto":
         decoder = "graphs" if model.device.type == "cuda" and static_ok else "growing"
-    if decoder == "graphs" and model.device.type != "cuda":
-        raise ValueError(f"decoder graphs replays CUDA graphs: the model is on {model.device} (use static or growing)")
+    if decoder in ("graphs", "compiled") and model.device.type != "cuda":
+        raise ValueError(
+            f"decoder {decoder} replays CUDA graphs: the model is on {model.device} (use static or growing)"
+        )
     return {
         "growing": {},
         "static": {"static": True},
-        "graphs": {"compile_step": {"mode": "reduce-overhead"}},
+        "graphs": {"graphs": True},
+        "compiled": {"compile_step": {"mode": "reduce-overhead"}},
     }[decoder]
 
 
@@ -323,16 +328,17 @@ class ChatBatch:
         shrink: bool = True,
         static: bool = False,
         compile_step: dict[str, Any] | None = None,
+        graphs: bool = False,
     ) -> None:
         self.model, self.sampler, self.max_new_tokens = model, sampler, max_new_tokens
         self.shrink = shrink  # drop stopped rows from decoding, compact the cache each turn (False: the older path)
         # static: decode over preallocated buffers with capturable steps (gatt/static_decode.py); compile_step: the
-        # torch.compile keywords of that step, e.g. {"mode": "reduce-overhead"} for CUDA graphs
-        if (static or compile_step is not None) and (
-            model.config.model_type != "gatt" or model.config.attention_window is not None
-        ):
+        # torch.compile keywords of that step, e.g. {"mode": "reduce-overhead"}; graphs: the step recorded as a CUDA
+        # graph a reply (GraphedStep; on a CPU run as a replay would, unrecorded)
+        self.static = static or compile_step is not None or graphs
+        if self.static and (model.config.model_type != "gatt" or model.config.attention_window is not None):
             raise ValueError("static decoding needs the library's model (GattForCausalLM) without an attention window")
-        self.static = static or compile_step is not None
+        self.graphs = graphs
         self.step = decode_step if compile_step is None else torch.compile(decode_step, fullgraph=True, **compile_step)
         self.measure_attention = measure_attention
         if split_softmax is not None and not uses_library_attention(model):
@@ -464,8 +470,8 @@ class ChatBatch:
 
     def _decode_static(self, logits: Tensor) -> tuple[list[list[int]], list[list[list[float]] | None]]:
         """`_decode` over static buffers: every row stays until the reply ends (a stopped row feeds masked padding
-        and keeps its last logits), each step one `decode_step` (compiled with `compile_step`); the same device
-        reads as `_decode_growing`: one per step."""
+        and keeps its last logits), each step one `decode_step` (compiled with `compile_step`, or replayed as a CUDA
+        graph with `graphs`); the same device reads as `_decode_growing`: one per step."""
         device = self.model.device
         batch = len(self.rows)
         replies: list[list[int]] = [[] for _ in self.rows]
@@ -478,11 +484,17 @@ class ChatBatch:
         buffers = StaticBuffers.around(layers, self.mask, self.max_new_tokens)
         split = self._split_softmax().get("split_softmax")
         probe = _Probe(self.rows, self.mask.shape[1], device) if self.measure_attention else None
+        options = {"pad": self.pad, "output_attentions": self.measure_attention, "split_softmax": split}
+        step: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, tuple[Tensor, ...] | None]] = (
+            GraphedStep(self.model, buffers, record=device.type == "cuda", **options)
+            if self.graphs
+            else functools.partial(self.step, self.model, buffers, **options)
+        )
         reply = torch.zeros(batch, self.max_new_tokens, dtype=torch.long, device=device)  # (B, steps)
         written = self.mask.shape[1]
-        for step in range(self.max_new_tokens):
-            drawn, tokens = self._draw(logits, reply, step, replies, finished)
-            if all(finished) or step == self.max_new_tokens - 1:
+        for index in range(self.max_new_tokens):
+            drawn, tokens = self._draw(logits, reply, index, replies, finished)
+            if all(finished) or index == self.max_new_tokens - 1:
                 break
             stopped_rows |= torch.isin(drawn, stops)
             feeding = ~stopped_rows  # (B,)
@@ -491,16 +503,7 @@ class ChatBatch:
                     row.fed.append(tokens[i])
                     row.columns.append(written)
             fed += feeding
-            new_logits, attentions = self.step(
-                self.model,
-                buffers,
-                drawn,
-                feeding,
-                fed - 1,
-                pad=self.pad,
-                output_attentions=self.measure_attention,
-                split_softmax=split,
-            )
+            new_logits, attentions = step(drawn, feeding, fed - 1)
             buffers.column += 1
             written += 1
             logits = torch.where(feeding[:, None], new_logits, logits)  # stopped rows keep their last logits

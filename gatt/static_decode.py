@@ -8,13 +8,18 @@ tensor the step touches at a fixed address and shape. `decode_step` is such a st
 width rounded up to `bucket` columns, so that later replies reuse the shapes), beside a (B, width) mask; a
 step writes its one column of keys, values and mask in place at `column` (a device tensor) and attends over
 every column, the unwritten ones masked. It reads nothing to the host and branches on no value, so
-`torch.compile(decode_step, fullgraph=True)` takes it whole (tested), and on CUDA `mode="reduce-overhead"`
-replays it as a CUDA graph. `ChatBatch(static=True)` decodes this way: rows that stop keep their place and
-feed masked padding until the reply ends.
+`torch.compile(decode_step, fullgraph=True)` takes it whole (tested), and `GraphedStep` records it, eager, as
+one CUDA graph per reply and replays it at every step. `ChatBatch(static=True)` decodes this way: rows that
+stop keep their place and feed masked padding until the reply ends.
+
+Why record the eager step rather than compile it (`mode="reduce-overhead"`): on an H200 (2026-11-27,
+docs/scaling.md) torch.compile took about 39 s for the first reply and again for the second (a new buffer width),
+per model, which cost a report's rollouts more than the graphs saved; a recording costs one step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,3 +115,72 @@ def decode_step(
         **({} if split_softmax is None else {"split_softmax": split_softmax}),
     )
     return output.logits[:, -1], output.attentions
+
+
+class GraphedStep:
+    """`decode_step` over one reply's buffers, recorded once as a CUDA graph and replayed at every step.
+
+    A graph replays fixed addresses: the step's inputs (tokens, feeding, positions) are copied into tensors it owns,
+    and its outputs (logits, the probe's weights) are the same tensors at every replay, overwritten by the next
+    (read them before). Recording runs the step once first, on a side stream (lazy kernel and library set-up cannot
+    be recorded); that run writes the column the first replay writes again. On a CPU (`record=False`) no graph is
+    recorded and each call runs the step on the owned inputs, as a replay would (what tests check on a CPU)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        buffers: StaticBuffers,
+        *,
+        pad: int,
+        output_attentions: bool = False,
+        split_softmax: SplitSoftmax | None = None,
+        record: bool = True,
+    ) -> None:
+        batch, device = buffers.mask.shape[0], buffers.mask.device
+        self.tokens = torch.full((batch,), pad, dtype=torch.long, device=device)  # (B,)
+        self.feeding = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,)
+        self.positions = torch.zeros(batch, dtype=torch.long, device=device)  # (B,)
+
+        def step() -> tuple[Tensor, tuple[Tensor, ...] | None]:
+            return decode_step(
+                model,
+                buffers,
+                self.tokens,
+                self.feeding,
+                self.positions,
+                pad=pad,
+                output_attentions=output_attentions,
+                split_softmax=split_softmax,
+            )
+
+        self.run: Callable[[], tuple[Tensor, tuple[Tensor, ...] | None]] = step
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.outputs: tuple[Tensor, tuple[Tensor, ...] | None] | None = None  # the same tensors at every call
+        if record:
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                step()
+            torch.cuda.current_stream(device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.outputs = step()
+
+    def __call__(self, tokens: Tensor, feeding: Tensor, positions: Tensor) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+        """tokens (B,), feeding (B,) bool, positions (B,) -> the next logits (B, V) and the probe's weights, as
+        `decode_step` returns them."""
+        self.tokens.copy_(tokens)
+        self.feeding.copy_(feeding)
+        self.positions.copy_(positions)
+        if self.graph is not None:
+            self.graph.replay()
+        else:  # unrecorded: the step's results copied into the same tensors at every call, as a replay writes them
+            logits, attentions = self.run()
+            if self.outputs is None:
+                self.outputs = logits, attentions
+            else:
+                self.outputs[0].copy_(logits)
+                for kept, new in zip(self.outputs[1] or (), attentions or ()):
+                    kept.copy_(new)
+        assert self.outputs is not None
+        return self.outputs

@@ -360,6 +360,16 @@ def test_the_decoding_step_compiles_whole_and_writes_the_same_tokens(model, toke
     assert_same_turns(compiled, eager)
 
 
+def test_the_graphed_step_feeds_its_own_inputs_and_writes_the_same_tokens(model, tokenizer):
+    """`graphs`: each reply's step owns its inputs (copied in at every step) and returns the same output tensors
+    at every call, as a replayed CUDA graph does (on a CPU nothing is recorded): the same tokens and probe shares
+    as the plain static step."""
+    static, _ = chat_turns(model, tokenizer, static=True)
+    graphed, chat = chat_turns(model, tokenizer, graphs=True)
+    assert chat.static and chat.graphs
+    assert_same_turns(graphed, static)
+
+
 def test_static_decoding_needs_the_library_model(tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -380,7 +390,8 @@ def test_static_decoding_needs_the_library_model(tokenizer):
 def test_decoder_options_pick_the_path_for_the_device(model):
     assert decoder_options(model, "auto") == {} and decoder_options(model, "growing") == {}  # a CPU: growing
     assert decoder_options(model, "static") == {"static": True}
-    with pytest.raises(ValueError, match="decoder graphs replays CUDA graphs"):
-        decoder_options(model, "graphs")
+    for decoder in ("graphs", "compiled"):
+        with pytest.raises(ValueError, match=f"decoder {decoder} replays CUDA graphs"):
+            decoder_options(model, decoder)
     with pytest.raises(ValueError, match="decoder must be one of"):
         decoder_options(model, "fast")

@@ -294,6 +294,7 @@ def generate_rollout(
     config: RolloutConfig = RolloutConfig(),
     *,
     cache: GenerateCache = "none",
+    static_cache_len: int | None = None,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """The transcripts as a user of Hugging Face would write them: one `generate()` call per turn over all
@@ -303,7 +304,9 @@ def generate_rollout(
     `cache`: "none" re-encodes every history each turn; "carry" keeps the batch's KV cache from turn to turn
     (each row's cached tokens that its re-rendered history no longer starts with are masked out, and the new ones
     follow a masked gap: generate() takes any 0/1 attention mask and counts positions over the 1s); "static"
-    re-encodes into `cache_implementation="static"` (the cache `torch.compile` needs on a GPU). The repetition
+    re-encodes into `cache_implementation="static"` (the cache `torch.compile` needs on a GPU), `static_cache_len`
+    columns long when given (sized once for the longest turn, generate() compiles its step once: sized per call, the
+    cache grows and the step recompiles at each longer turn). The repetition
     penalty of `generate()` counts the prompt's tokens too (ours: the reply's only), so with a penalty the replies
     differ; without one they are the same replies."""
     if config.do_sample or config.measure_attention or config.split_softmax is not None:
@@ -328,6 +331,7 @@ def generate_rollout(
     }
     if cache == "static":
         decoding["cache_implementation"] = "static"
+        decoding["max_cache_len"] = static_cache_len
     device = model.device
     rows = [_Rollout(d) for d in dialogues]
     fed: list[list[int]] = [[] for _ in rows]  # carry: each row's real tokens in the batch, in order
