@@ -43,7 +43,7 @@ class RolloutConfig:
         None  # strength: boost every head's attention on the instruction (gatt/split_softmax.py)
     )
     shrink: bool = True  # stopped rows leave the decoding batch, holes compacted each turn (False: the older path)
-    # growing | static | graphs (gatt.generation.decoder_options); auto: graphs on a GPU for the library's model
+    # growing | static | graphs | compiled (gatt.generation.decoder_options); auto: graphs on a GPU for the library's model
     decoder: str = "auto"
 
 
