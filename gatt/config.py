@@ -59,7 +59,7 @@ def check_section(
     if unknown := sorted(set(values) - set(valid)):
         taken = [key for key in unknown if key in set_elsewhere]
         elsewhere = f"{', '.join(taken)} set by the recipe itself; " if taken else ""
-        raise ValueError(f"{where}: {', '.join(unknown)}: {elsewhere}the keys are {', '.join(valid)}")
+        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; {elsewhere}the keys are {', '.join(valid)}")
     return dict(values)
 
 
@@ -142,14 +142,6 @@ def _missing(cls: type, values: dict[str, Any]) -> list[dataclasses.Field]:
     ]
 
 
-def read_config_file(path: str | Path, names: Collection[str]) -> dict[str, Any]:
-    """The YAML mapping of `path`, its keys checked against `names` (the settings the command takes)."""
-    values = read_yaml_config(path)
-    if unknown := sorted(set(values) - set(names)):
-        raise ValueError(f"--config {path}: unknown key(s) {', '.join(unknown)}; the keys are {', '.join(names)}")
-    return values
-
-
 def config_from(cls: type[T], values: dict[str, Any]) -> T:
     """`cls` from `values` (those of its fields; the others keep their defaults), each converted to its field's
     type where YAML wrote it otherwise (a path as a string, a tuple as a list)."""
@@ -175,7 +167,7 @@ def configs_from(classes: Sequence[type], given: dict[str, Any], parser: argpars
     given = dict(given)
     file = given.pop("config", None)
     names = [a.dest for a in parser._actions if a.option_strings and a.dest not in ("help", "config")]
-    values = {**(read_config_file(file, names) if file is not None else {}), **given}
+    values = {**(check_section(read_yaml_config(file), f"--config {file}", names) if file is not None else {}), **given}
     return tuple(config_from(cls, values) for cls in classes)
 
 
