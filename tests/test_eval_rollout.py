@@ -163,7 +163,8 @@ def test_batched_generate_writes_the_replies_of_the_engine(model, tokenizer, pla
     llama.generation_config.repetition_penalty = 1.3  # a folder's setting that generate() must not apply unasked
     config = RolloutConfig(max_new_tokens=12, batch_size=8)
     ours = rollout(model, tokenizer, plan, config, progress=False)
-    theirs = generate_rollout(llama, tokenizer, plan, config, cache=cache, progress=False)
+    sized = {"static_cache_len": 1024} if cache == "static" else {}  # one cache for every turn, as on a GPU
+    theirs = generate_rollout(llama, tokenizer, plan, config, cache=cache, progress=False, **sized)
     assert replies(theirs) == replies(ours)
     assert theirs == ours  # every check result and stop reason too
     assert len({len(t["reply"]) for d in ours for t in d["turns"]}) > 3  # replies of different lengths
