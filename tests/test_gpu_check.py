@@ -46,7 +46,7 @@ def test_dry_run_on_the_cpu_runs_every_stage_and_writes_the_results(tmp_path):
     assert (folder / "adherence.png").stat().st_size > 0 and (folder / "report.md").stat().st_size > 0
     assert "attention_memory_vs_eager" in json.loads((results / "benchmarks_gpu.json").read_text())
     profile = json.loads((results / "gpu_profile.json").read_text())  # every CPU decoder, its figures and replies
-    assert list(profile["decoders"]) == ["growing", "static"] and profile["settings"]["dialogues"] == 16
+    assert list(profile["decoders"]) == ["growing", "static"] and profile["settings"]["dialogues"] == 8
     for row in profile["decoders"].values():
         assert row["ms_per_step"] > 0 and row["operators_per_step"] > 0 and row["identical_replies"] == 1.0
         # the probe is on: a decoding step computes its attention weights itself, no SDPA kernel
