@@ -36,7 +36,9 @@ held-out user turns, N dialogues x T turns, probes every 6th turn.
   baseline carries its cache only: re-encoding was 2.5x slower than carrying at 32 dialogues x 8 turns (`--quick`
   runs both), and its cost grows with the square of the turns (about 50 minutes at 64 x 20 on 2 CPU cores).
 - `smollm2_teacher_vs_hf_generate_batched`: the teacher row below, theirs one `generate(num_return_sequences=k)`
-  per turn over each batch of B dialogues (left-padded), goal >= 2.5.
+  per turn over each batch of B dialogues (left-padded), goal >= 2.5; each batch on both sides back to back, its
+  seconds and the GEMM rate before it kept in runs/bench/smollm2_teacher_batched.progress.json at full size, so
+  that a stopped run resumes at the next batch.
 - `smollm2_teacher_vs_hf_generate`: our batched teacher (`ModelTeacher`, k = 4 candidates per turn,
   dialogues in batches of B, one batch's 20 turns after another) vs a `generate(num_return_sequences=4)`
   call per dialogue and turn on the first R' dialogues; every candidate exactly M tokens on both sides (as
@@ -54,6 +56,7 @@ candidates; all 64 at once ran a 24 GB machine out of memory);
 from __future__ import annotations
 
 import copy
+import json
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -64,7 +67,7 @@ from typing import Any
 import torch
 from bench_common import comparison, main, rollout_vs_batched_generate
 from bench_eval import check_identical, hugging_face_llama, identical_share
-from bench_teacher import SAMPLING, batched_generate_turn, draw, generate_turn, no_end_of_turn
+from bench_teacher import SAMPLING, Turn, batched_generate_turn, draw, generate_turn, no_end_of_turn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation import TopPLogitsWarper
 
@@ -74,6 +77,7 @@ from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.judge import apply_gate
 from gatt.eval.plan import EvalDialogue, plan_dialogues
 from gatt.eval.rollout import RolloutConfig, reference_rollout, rollout
+from gatt.files import write_json
 from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
 from gatt.generation import NucleusWarper
 from gatt.machine import matmul_gflops
@@ -81,6 +85,8 @@ from gatt.numerics import bf16_is_native, for_inference
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "recipes" / "data" / "smollm2_constraints.yaml"
+# the full-size batched teacher row's finished batch pairs: a stopped run resumes there (delete it to start over)
+TEACHER_PROGRESS = ROOT / "runs" / "bench" / "smollm2_teacher_batched.progress.json"
 FULL = {
     "dialogues": 64,
     "turns": 20,
@@ -379,9 +385,16 @@ def teacher_row(
     size: dict[str, Any],
     device: str = "cpu",
     batched: bool = False,
+    progress: Path | None = None,
 ) -> dict[str, Any]:
     """Our batched teacher over N dialogues vs generate(num_return_sequences=k) per turn: per dialogue on the first
-    R', or (`batched`) over each batch of B dialogues at once, left-padded, on all N."""
+    R', or (`batched`) over each batch of B dialogues at once, left-padded, on all N.
+
+    Both sides synthesise one batch of B dialogues after another (the caches of all 64 dialogues x 4 candidates at
+    20 turns at once ran a 24 GB machine out of memory), each batch from its own seed. Batched, each batch runs on
+    both sides back to back, ours first, with the machine's fp32 GEMM rate measured before it; with `progress`
+    (a JSON file), each finished batch pair is kept there and a run of the same settings that was stopped resumes at
+    the next batch (the full-size row takes hours on 2 CPU cores)."""
     config = SynthesisConfig(
         num_dialogues=size["dialogues"],
         min_turns=size["turns"],
@@ -396,53 +409,77 @@ def teacher_row(
             tmp, max_new_tokens=size["max_new_tokens"], device=device, batch_size=size["teacher_batch"], **SAMPLING
         )
 
-    def synthesise(
-        side: ModelTeacher, turn: Callable[[ModelTeacher, list[_Dialogue], int], None], dialogues: list[_Dialogue]
-    ) -> float:
-        """Every turn of each batch of dialogues, one batch after another: the caches of all 64 dialogues x 4
-        candidates at 20 turns at once ran a 24 GB machine out of memory."""
-        side.seed(config.seed)
-        torch.manual_seed(config.seed)
+    def synthesise(side: ModelTeacher, turn: Turn, dialogues: list[_Dialogue], seed: int) -> float:
+        """Wall seconds of every turn of `dialogues`, from `seed`."""
+        side.seed(seed)
+        torch.manual_seed(seed)  # generate() draws from torch's global generator
         start = time.perf_counter()
-        for first in range(0, len(dialogues), size["teacher_batch"]):
-            for _ in range(config.max_turns):
-                turn(side, dialogues[first : first + size["teacher_batch"]], config.samples_per_turn)
+        for _ in range(config.max_turns):
+            turn(side, dialogues, config.samples_per_turn)
+        if side.device.type == "cuda":
+            torch.cuda.synchronize()
         return time.perf_counter() - start
 
     def ours_turn(teacher: ModelTeacher, dialogues: list[_Dialogue], k: int) -> None:
         for dialogue, candidates in zip(dialogues, teacher.sample([d.request() for d in dialogues], k)):
             dialogue.replies.append(candidates[0])  # the first candidate, unchecked (as bench_teacher.py)
 
-    theirs = teacher
-    if batched:  # theirs on Hugging Face's own Llama holding the same weights
-        theirs = copy.copy(teacher)
-        theirs.model = hugging_face_llama(teacher.model)
+    batch = size["teacher_batch"]
+    starts = range(0, config.num_dialogues, batch)
     with no_end_of_turn():
-        ours_seconds = synthesise(teacher, ours_turn, draw(config))
-        subset = draw(config) if batched else draw(config)[: size["teacher_reference_dialogues"]]
-        theirs_seconds = synthesise(theirs, batched_generate_turn if batched else generate_turn, subset)
-    rate = {
-        "ours": config.num_dialogues * config.max_turns / ours_seconds,
-        "theirs": len(subset) * config.max_turns / theirs_seconds,
-    }
+        if batched:  # theirs on Hugging Face's own Llama holding the same weights
+            theirs = copy.copy(teacher)
+            theirs.model = hugging_face_llama(teacher.model)
+            state = {"settings": {**size, "device": device}, "batches": []}
+            state = json.loads(json.dumps(state))  # as the file holds it (tuples as lists)
+            if progress is not None and progress.exists():
+                kept = json.loads(progress.read_text())
+                if kept.get("settings") == state["settings"]:
+                    state = kept
+            for first in starts[len(state["batches"]) :]:
+                dialogues = {side: draw(config)[first : first + batch] for side in ("ours", "theirs")}
+                gflops = matmul_gflops(torch.float32)
+                seconds = {
+                    "ours": synthesise(teacher, ours_turn, dialogues["ours"], config.seed + first),
+                    "theirs": synthesise(theirs, batched_generate_turn, dialogues["theirs"], config.seed + first),
+                }
+                state["batches"].append({"first": first, "fp32_matmul_gflops": round(gflops, 1), **seconds})
+                if progress is not None:
+                    write_json(progress, state)
+            seconds = {side: sum(b[side] for b in state["batches"]) for side in ("ours", "theirs")}
+            theirs_dialogues = config.num_dialogues
+        else:
+            dialogues = draw(config)
+            seconds = {
+                "ours": sum(
+                    synthesise(teacher, ours_turn, dialogues[first : first + batch], config.seed + first)
+                    for first in starts
+                ),
+                "theirs": synthesise(
+                    teacher, generate_turn, draw(config)[: size["teacher_reference_dialogues"]], config.seed
+                ),
+            }
+            theirs_dialogues = size["teacher_reference_dialogues"]
+    extra = {"batches": state["batches"]} if batched else {}
     return comparison(
-        rate["ours"],
-        rate["theirs"],
+        config.num_dialogues * config.max_turns / seconds["ours"],
+        theirs_dialogues * config.max_turns / seconds["theirs"],
         unit="turns/s",
         goal=2.5 if batched else 4.0,
         top_p_ms=top_p_ms(model, size),
         settings={
-            "dialogues": {"ours": config.num_dialogues, "theirs": len(subset)},
+            "dialogues": {"ours": config.num_dialogues, "theirs": theirs_dialogues},
             "turns": config.max_turns,
             "k": config.samples_per_turn,
             "max_new_tokens": size["max_new_tokens"],
             "every_candidate": "exactly max_new_tokens tokens",
             **SAMPLING,
-            "dialogues_per_batch": size["teacher_batch"],
+            "dialogues_per_batch": batch,
             "theirs": "model.generate(num_return_sequences=k, do_sample=True, top_k=0, min_new_tokens=max_new_tokens) "
             + ("per turn over a batch of B dialogues, left-padded" if batched else "per dialogue and turn"),
         },
-        seconds={"ours": round(ours_seconds, 1), "theirs": round(theirs_seconds, 1)},
+        seconds={side: round(value, 1) for side, value in seconds.items()},
+        **extra,
     )
 
 
@@ -483,7 +520,9 @@ def run(quick: bool, device: str, load: Loader = load_model, only: Sequence[str]
     if "smollm2_rollout_vs_hf_generate_batched" in only:
         results["smollm2_rollout_vs_hf_generate_batched"] = batched_generate_row(model, tokenizer, plan, size)
     if "smollm2_teacher_vs_hf_generate_batched" in only:
-        results["smollm2_teacher_vs_hf_generate_batched"] = teacher_row(model, tokenizer, size, device, batched=True)
+        results["smollm2_teacher_vs_hf_generate_batched"] = teacher_row(
+            model, tokenizer, size, device, batched=True, progress=None if quick else TEACHER_PROGRESS
+        )
     name = "SmolLM2-135M-Instruct as GattForCausalLM, fp32" if load is load_model else type(model).__name__
     for result in results.values():
         result["settings"]["model"] = name

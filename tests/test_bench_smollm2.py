@@ -1,6 +1,7 @@
 """benchmarks/bench_smollm2.py's wiring at --quick sizes, on a tiny model in place of SmolLM2 (the rows' shapes,
 the identities each side asserts, the ratios computed from the figures beside them)."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -86,3 +87,22 @@ def test_batched_rows_compare_ours_with_the_fastest_batched_generate(results):
     assert teacher["settings"]["dialogues"] == {"ours": 8, "theirs": 8} and teacher["goal"] == 2.5
     assert "left-padded" in teacher["settings"]["theirs"]
     assert teacher["ratio"] == pytest.approx(teacher["ours"] / teacher["theirs"], rel=1e-3)
+
+
+def test_batched_teacher_row_resumes_at_the_batch_after_the_last_it_kept(model, tokenizer, tmp_path):
+    size = {**bench_smollm2.QUICK, "dialogues": 4, "turns": 2, "teacher_batch": 2, "max_new_tokens": 4}
+    progress = tmp_path / "progress.json"
+    first = bench_smollm2.teacher_row(model, tokenizer, size, batched=True, progress=progress)
+    kept = json.loads(progress.read_text())
+    assert [b["first"] for b in kept["batches"]] == [0, 2] and kept["batches"] == first["batches"]
+    assert first["seconds"]["ours"] == pytest.approx(sum(b["ours"] for b in kept["batches"]), abs=0.06)
+    # a run stopped after its first batch pair: the next one keeps that pair and runs the second batch only
+    kept["batches"] = [{**kept["batches"][0], "ours": 1000.0, "theirs": 3000.0}]
+    progress.write_text(json.dumps(kept))
+    resumed = bench_smollm2.teacher_row(model, tokenizer, size, batched=True, progress=progress)
+    assert [b["first"] for b in resumed["batches"]] == [0, 2] and resumed["batches"][0]["ours"] == 1000.0
+    assert resumed["seconds"]["theirs"] == pytest.approx(3000.0 + resumed["batches"][1]["theirs"], abs=0.06)
+    # other settings start over
+    other = bench_smollm2.teacher_row(model, tokenizer, {**size, "turns": 1}, batched=True, progress=progress)
+    assert max(b["ours"] for b in other["batches"]) < 1000.0
+    assert json.loads(progress.read_text())["settings"]["turns"] == 1
