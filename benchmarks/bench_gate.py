@@ -26,19 +26,26 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from gatt.checks import Check
+from gatt.embedding import EMBEDDING_JUDGE, sentence_embedder
+from gatt.eval.scoring import wilson_interval
 from gatt.files import write_json
-from gatt.gate import AnswerGate, GateConfig, GateItem, GateTurn, RelevanceScorer
+from gatt.gate import RELEVANCE_JUDGES, AnswerGate, GateConfig, GateItem, GateTurn, RelevanceScorer, Verdict
 from gatt.pretrained import load_smollm2
 
 LABELLED = Path(__file__).parent / "data" / "gate_labelled.jsonl"
 # The second audit (issue 44): replies to messages without topic words, of your own, under constraint files of your
 # own; reports' replies drawn per gate outcome and GAtt data's replies (ids `data.*`), labelled blind.
 OWN = Path(__file__).parent / "data" / "gate_labelled_own.jsonl"
+# The third audit (issue 59): replies to new messages without topic words, labelled blind before any verdict
+FRESH = Path(__file__).parent / "data" / "gate_labelled_fresh.jsonl"
+THRESHOLDS = [round(0.2 + 0.02 * i, 2) for i in range(21)]  # the embedding judge's cosine thresholds tried: 0.2-0.6
 
 
 REASONS = (
@@ -151,10 +158,156 @@ def own_messages_audit(rows: list[dict[str, Any]], verdicts: list) -> dict[str, 
     }
 
 
+def proportion(successes: int, n: int) -> dict[str, Any]:
+    """{"value", "ci95" (Wilson), "k", "n"}; an empty set has no value."""
+    if n == 0:
+        return {"value": None, "ci95": None, "k": 0, "n": 0}
+    lo, hi = wilson_interval(successes, n)
+    return {"value": round(successes / n, 4), "ci95": [round(lo, 4), round(hi, 4)], "k": successes, "n": n}
+
+
+def judged_scores(answers: Sequence[bool], passed: Sequence[bool]) -> dict[str, Any]:
+    """A judge against the reader: agreement, pass precision (real answers among the replies it passes) and pass
+    recall (real answers it passes), each with its Wilson interval."""
+    true_passes = sum(a and p for a, p in zip(answers, passed, strict=True))
+    return {
+        "agreement": proportion(sum(a == p for a, p in zip(answers, passed)), len(answers)),
+        "pass_precision": proportion(true_passes, sum(passed)),
+        "pass_recall": proportion(true_passes, sum(answers)),
+    }
+
+
+def unthresholded(items: Sequence[GateItem], judge: str, scorer: Any, embedder: Any) -> list[Verdict]:
+    """The strict gate judging relevance by `judge`, its embedding threshold at the floor: every other reason is
+    decided, and each reply the embedding judges carries its similarity, for `passes` to threshold."""
+    config = replace(GateConfig.strict(), relevance_judge=judge, embedding_min=-1.0)
+    return AnswerGate(config, scorer, embedder).judge(items)
+
+
+def passes(verdicts: Sequence[Verdict], threshold: float) -> list[bool]:
+    """The gate's verdicts at embedding threshold `threshold` (a reply not judged by embedding keeps its verdict)."""
+    return [v.passed and (v.similarity is None or v.similarity >= threshold) for v in verdicts]
+
+
+def best_threshold(answers: Sequence[bool], verdicts: Sequence[Verdict]) -> float:
+    """The threshold of THRESHOLDS with the highest agreement with the reader (the lowest of ties)."""
+    agreement = [sum(a == p for a, p in zip(answers, passes(verdicts, t))) for t in THRESHOLDS]
+    return THRESHOLDS[agreement.index(max(agreement))]
+
+
+def cross_validated(answers: list[bool], verdicts: list[Verdict], groups: list[str], folds: int = 5) -> dict[str, Any]:
+    """The embedding threshold chosen on 4/5 of the replies and scored on the fifth it did not see, for each fifth
+    (folds drawn within each labelled set); the verdicts pooled over the held-out fifths, and the threshold that
+    all the replies choose (the gate's default)."""
+    fold_of = [0] * len(answers)
+    for group in sorted(set(groups)):
+        members = [i for i, g in enumerate(groups) if g == group]
+        random.Random(f"folds-{group}").shuffle(members)
+        for rank, i in enumerate(members):
+            fold_of[i] = rank % folds
+    held_out = [False] * len(answers)
+    chosen = []
+    for fold in range(folds):
+        train = [i for i in range(len(answers)) if fold_of[i] != fold]
+        threshold = best_threshold([answers[i] for i in train], [verdicts[i] for i in train])
+        chosen.append(threshold)
+        test = [i for i in range(len(answers)) if fold_of[i] == fold]
+        for i, passed in zip(test, passes([verdicts[i] for i in test], threshold)):
+            held_out[i] = passed
+    return {
+        "folds": folds,
+        "thresholds_per_fold": chosen,
+        "held_out": judged_scores(answers, held_out),
+        "held_out_per_set": {
+            group: judged_scores(
+                [a for a, g in zip(answers, groups) if g == group], [p for p, g in zip(held_out, groups) if g == group]
+            )
+            for group in sorted(set(groups))
+        },
+        "threshold_on_all": best_threshold(answers, verdicts),
+    }
+
+
+def judges_comparison(
+    labelled: dict[str, tuple[list[dict[str, Any]], list[GateItem]]], scorer: Any, embedder: Any
+) -> dict[str, Any]:
+    """Each relevance judge in the strict gate, on every labelled set: the embedding threshold set by
+    cross-validation over the sets together, then each judge's scores per set (the embedding's at the threshold of
+    all the replies), per language, and the similarity of answers and non-answers."""
+    rows = [row for name in labelled for row in labelled[name][0]]
+    groups = [name for name in labelled for _ in labelled[name][0]]
+    items = [item for name in labelled for item in labelled[name][1]]
+    answers = [row["label"] == "answer" for row in rows]
+    out: dict[str, Any] = {"sets": {name: len(labelled[name][0]) for name in labelled}, "thresholds": THRESHOLDS}
+    for judge in RELEVANCE_JUDGES:
+        verdicts = unthresholded(items, judge, scorer, embedder)
+        entry: dict[str, Any] = {}
+        threshold = -1.0
+        if judge != "contrast":
+            entry["cross_validation"] = cross_validated(answers, verdicts, groups)
+            threshold = entry["cross_validation"]["threshold_on_all"]
+            entry["embedding_min"] = threshold
+        passed = passes(verdicts, threshold)
+        entry["per_set"] = {
+            name: judged_scores(
+                [a for a, g in zip(answers, groups) if g == name], [p for p, g in zip(passed, groups) if g == name]
+            )
+            for name in labelled
+        }
+        languages = sorted({row.get("language", "English") for row in rows})
+        entry["per_language"] = {
+            language: judged_scores(
+                [a for a, r in zip(answers, rows) if r.get("language", "English") == language],
+                [p for p, r in zip(passed, rows) if r.get("language", "English") == language],
+            )["agreement"]
+            for language in languages
+        }
+        out[judge] = entry
+    similarity = [v.similarity for v in unthresholded(items, "embedding", None, embedder)]
+    out["similarity_quartiles"] = {
+        label: [
+            round(q, 3)
+            for q in statistics.quantiles([s for s, a in zip(similarity, answers) if a == want and s is not None], n=4)
+        ]
+        for label, want in (("answer", True), ("not_answer", False))
+    }
+    return out
+
+
+def fresh_audit(path: Path, scorer: Any, embedder: Any) -> dict[str, Any]:
+    """Every relevance judge in the strict gate at its defaults (nothing set on these replies) against a blind
+    audit's labels: overall, per source (a report's replies, GAtt data) and on the replies not in English."""
+    rows, items = load_items(path)
+    answers = [row["label"] == "answer" for row in rows]
+    out: dict[str, Any] = {"labelled": path.name, "n": len(rows), "messages": len({row["user"] for row in rows})}
+    for judge in RELEVANCE_JUDGES:
+        config = replace(GateConfig.strict(), relevance_judge=judge)
+        passed = [v.passed for v in AnswerGate(config, scorer, embedder).judge(items)]
+        subsets = {
+            "all": [True] * len(rows),
+            "gatt_data": [row["id"].startswith("data.") for row in rows],
+            "report": [not row["id"].startswith("data.") for row in rows],
+            "not_english": [row.get("language", "English") != "English" for row in rows],
+        }
+        out[judge] = {
+            name: judged_scores([a for a, m in zip(answers, mask) if m], [p for p, m in zip(passed, mask) if m])
+            for name, mask in subsets.items()
+            if any(mask)
+        }
+        out[judge]["embedding_min"] = config.embedding_min if config.uses_embedding else None
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--labelled", type=Path, default=LABELLED)
     parser.add_argument("--own", type=Path, default=OWN, help="the second audit's labelled replies (key own_messages)")
+    parser.add_argument(
+        "--fresh",
+        type=Path,
+        default=FRESH if FRESH.exists() else None,
+        help="a blind audit's labelled replies, judged by every relevance judge at the gate's defaults (key fresh_audit)",
+    )
     parser.add_argument("--out", type=Path, default=Path("results/gate_agreement.json"))
     args = parser.parse_args()
 
@@ -215,6 +368,30 @@ def main() -> None:
             "    per gate outcome (answers / n):",
             {k: (v["answers"], v["n"]) for k, v in own["per_gate_outcome"].items()},
         )
+    embedder = sentence_embedder()
+    by_relevance = {"builtin_messages": load_items(args.labelled, likelihood_only=True)}
+    if args.own.exists():
+        by_relevance["own_messages"] = load_items(args.own, likelihood_only=True)
+    result["judges"] = {
+        "gate": "GateConfig.strict() with each relevance judge (--relevance-judge), every reply judged by relevance "
+        "(topic words dropped: what a message of the user's own gets)",
+        "embedding_judge": EMBEDDING_JUDGE,
+        **judges_comparison(by_relevance, scorer, embedder),
+    }
+    for judge in RELEVANCE_JUDGES:
+        for name, scores in result["judges"][judge]["per_set"].items():
+            print(
+                f"{judge} on {name}: agreement {scores['agreement']['value']:.1%}, pass precision "
+                f"{scores['pass_precision']['value']:.1%}, pass recall {scores['pass_recall']['value']:.1%}"
+            )
+        if judge != "contrast":
+            cv = result["judges"][judge]["cross_validation"]
+            print(
+                f"    threshold {cv['threshold_on_all']} (folds {cv['thresholds_per_fold']}); held out: agreement "
+                f"{cv['held_out']['agreement']['value']:.1%}, precision {cv['held_out']['pass_precision']['value']:.1%}"
+            )
+    if args.fresh is not None:
+        result["fresh_audit"] = fresh_audit(args.fresh, scorer, embedder)
     write_json(args.out, result)
 
     for name, table in tabled.items():

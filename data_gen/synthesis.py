@@ -25,7 +25,7 @@ import random
 import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from data_gen.user_turns import TOPIC_KEYWORDS, UserTurn, on_topic_check
 from gatt.checks import Check, Constraint, passes_all
 from gatt.config import REQUIRED, arg
 from gatt.distributed import my_items, process_state
+from gatt.embedding import EMBEDDING_JUDGE
 from gatt.events import (
     KINDS,
     Event,
@@ -50,7 +51,16 @@ from gatt.events import (
     withdrawn,
 )
 from gatt.files import write_text
-from gatt.gate import REASONS, AnswerGate, GateConfig, GateItem, GateTurn
+from gatt.gate import (
+    REASONS,
+    RELEVANCE_JUDGE_HELP,
+    RELEVANCE_JUDGES,
+    AnswerGate,
+    GateConfig,
+    GateItem,
+    GateTurn,
+    relevance_embedder,
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,7 @@ class SynthesisConfig:
         "the answer gate for a real chat model (gatt.evaluate --strict-gate): --strict-repeats, and a reply to a turn "
         "with topic words must pass the likelihood contrast too",
     )
+    relevance_judge: str | None = arg(None, RELEVANCE_JUDGE_HELP, choices=RELEVANCE_JUDGES)
     demonstration: bool = arg(
         False,
         "open the teacher's prompt with one exchange of each constraint whose reply passed the checks and the gate "
@@ -276,7 +287,10 @@ def synthesize_shard(
     `progress` (a tqdm bar) advances by one for each dialogue as it ends; its postfix shows the turn, the
     dialogues still active, and the run's kept and dropped dialogues so far (`tally`, shared across shards)."""
     k = config.samples_per_turn
-    gate = AnswerGate(gate_config(config.strict_repeats, config.strict_gate), scorer=teacher.scorer)
+    gate_settings = gate_config(config.strict_repeats, config.strict_gate, config.relevance_judge)
+    gate = AnswerGate(
+        gate_settings, teacher.scorer, relevance_embedder(gate_settings, getattr(teacher, "device", "cpu"))
+    )
     tally = Counter() if tally is None else tally
     while active := [d for d in dialogues if d.ended is None]:
         turn = len(active[0].replies) + 1
@@ -361,9 +375,13 @@ def to_record(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -
     return record
 
 
-def gate_config(strict_repeats: bool = False, strict_gate: bool = False) -> GateConfig:
-    """The teacher's answer gate: the default, without the topic-change exemption, or the real-model gate."""
-    return GateConfig.strict() if strict_gate else GateConfig(topic_change_exempts=not strict_repeats)
+def gate_config(
+    strict_repeats: bool = False, strict_gate: bool = False, relevance_judge: str | None = None
+) -> GateConfig:
+    """The teacher's answer gate: the default, without the topic-change exemption, or the real-model gate; judging
+    relevance by `relevance_judge` where given (else the gate's own default)."""
+    gate = GateConfig.strict() if strict_gate else GateConfig(topic_change_exempts=not strict_repeats)
+    return gate if relevance_judge is None else replace(gate, relevance_judge=relevance_judge)
 
 
 def synthesize(
@@ -384,12 +402,16 @@ def synthesize(
     out_dir = Path(out_dir)
     shard_dir = out_dir / f"{name}.shards"
     shard_dir.mkdir(parents=True, exist_ok=True)
+    # relevance_judge left at the gate's default stays out: shards written before the setting existed resume
+    judge = {} if config.relevance_judge is None else {"relevance_judge": config.relevance_judge}
     settings = {
-        "config": asdict(config),
+        "config": {**{k: v for k, v in asdict(config).items() if k != "relevance_judge"}, **judge},
         "teacher": teacher.name,
         "constraints": [c.name for c in constraints],
         "user_pool": len(user_pool),
     }
+    if gate_config(config.strict_repeats, config.strict_gate, config.relevance_judge).uses_embedding:
+        settings["embedding_judge"] = EMBEDDING_JUDGE
     settings = json.loads(json.dumps(settings))  # as settings.json reads back (tuples as lists)
     _check_settings(shard_dir / "settings.json", settings)
     demonstrations = _demonstrations(shard_dir / "demonstrations.json", demonstrate) if config.demonstration else {}

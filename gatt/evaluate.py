@@ -35,6 +35,7 @@ from gatt.cli import exit_on_bad_input
 from gatt.config import REQUIRED, arg, config_parser, parse_config
 from gatt.distributed import end_job, process_state
 from gatt.embedded import model_path
+from gatt.embedding import EMBEDDING_JUDGE
 from gatt.eval.cache import RolloutCache, fingerprint
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.judge import apply_gate
@@ -43,7 +44,14 @@ from gatt.eval.report import NOT_MODELS, build_report, summary_tables, write_rep
 from gatt.eval.rollout import RolloutConfig, distributed_rollout
 from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
 from gatt.events import KINDS, kinds_help
-from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
+from gatt.gate import (
+    RELEVANCE_JUDGE_HELP,
+    RELEVANCE_JUDGES,
+    AnswerGate,
+    GateConfig,
+    RelevanceScorer,
+    relevance_embedder,
+)
 from gatt.generation import (
     DECODERS,
     FLAG_GIVEN,
@@ -215,12 +223,15 @@ def judge(
     numerics: Numerics | str = "exact",
     gate: GateConfig = GateConfig(),
 ) -> None:
-    """Apply the answer gate to every transcript, loading the relevance scorer (in `numerics`) only where a turn needs it."""
+    """Apply the answer gate to every transcript, loading the relevance judges `gate` names only where a turn needs
+    them: the likelihood contrast's chat model `relevance_model` (in `numerics`), the embedding model."""
+    needed = gate.relevance_both or needs_relevance_model(dialogues)
     scorer = None
-    if relevance_model is not None and (gate.relevance_both or needs_relevance_model(dialogues)):
+    if needed and gate.uses_contrast and relevance_model is not None:
         model, tokenizer = load_chat_model(relevance_model, device=device, numerics=numerics)
         scorer = RelevanceScorer(model, tokenizer, progress=True)
-    apply_gate(transcripts, dialogues, AnswerGate(gate, scorer), seed=seed, others=others)
+    embedder = relevance_embedder(gate, device or process_state().device) if needed else None
+    apply_gate(transcripts, dialogues, AnswerGate(gate, scorer, embedder), seed=seed, others=others)
 
 
 @dataclass(kw_only=True)
@@ -341,6 +352,7 @@ class EvalConfig(sampler_flags("the first --model's")):
         "earlier reply is a repeat even where its topic word changed, and a reply to a turn with on-topic checks "
         "must also pass the likelihood contrast (a topic word in word salad is not an answer)",
     )
+    relevance_judge: str | None = arg(None, RELEVANCE_JUDGE_HELP, choices=RELEVANCE_JUDGES)
     relevance_others: int = arg(3, "other questions each reply is contrasted with in the relevance test")
     device: str | None = arg(
         None,
@@ -425,6 +437,7 @@ def run(args: EvalConfig) -> dict[str, Any]:
     if not process_state().is_main_process:
         return {}  # every process rolled out its share and has every transcript; process 0 judges and reports
     gate = GateConfig.strict() if args.strict_gate else GateConfig()
+    gate = gate if args.relevance_judge is None else replace(gate, relevance_judge=args.relevance_judge)
     judge(
         transcripts,
         dialogues,
@@ -435,10 +448,18 @@ def run(args: EvalConfig) -> dict[str, Any]:
         numerics=args.relevance_numerics,
         gate=gate,
     )
-    contrast = (
-        f"likelihood contrast under {relevance_model} with {args.relevance_others} other questions "
-        f"(>= {gate.relevance_sum} nats and >= {gate.relevance_mean} nats/token)"
-    )
+    judges = [
+        *(
+            [
+                f"likelihood contrast under {relevance_model} with {args.relevance_others} other questions "
+                f"(>= {gate.relevance_sum} nats and >= {gate.relevance_mean} nats/token)"
+            ]
+            if gate.uses_contrast and relevance_model
+            else []
+        ),
+        *([f"similarity under all-MiniLM-L6-v2 (>= {gate.embedding_min})"] if gate.uses_embedding else []),
+    ]
+    judged_by = " and ".join(judges)
     settings = {
         "models": models,
         "repeat_instruction": repeat,
@@ -468,10 +489,15 @@ def run(args: EvalConfig) -> dict[str, Any]:
             "repeat_share": gate.repeat_share,
             "loop_distinct": gate.loop_distinct,
             "relevance": (
-                f"on-topic checks and {contrast}"
-                if gate.relevance_both and relevance_model
+                f"on-topic checks and {judged_by}"
+                if gate.relevance_both and judges
                 else "on-topic checks; without them "
-                + (contrast if relevance_model and needs_relevance_model(dialogues) else "not judged")
+                + (judged_by if judges and needs_relevance_model(dialogues) else "not judged")
+            ),
+            **(
+                {"relevance_judge": gate.relevance_judge, "embedding_judge": EMBEDDING_JUDGE}
+                if gate.uses_embedding
+                else {}
             ),
             **({} if gate.topic_change_exempts else {"near_copies_with_a_new_topic_word": "repeats"}),
         },

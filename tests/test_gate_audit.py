@@ -58,3 +58,48 @@ def test_the_second_audit_counts_the_readers_answers_per_gate_outcome():
     assert [d["id"] for d in audit["disagreements"]] == ["data.4.2"]
     assert audit["per_reason"]["echo"] == {"agreement": 0.0, "n": 1}
     assert audit["per_reason"]["template"] == {"agreement": 1.0, "n": 1}
+
+
+ANSWERS = [True] * 6 + [False] * 6
+SIMILARITY = [0.7, 0.6, 0.55, 0.5, 0.45, 0.3] + [0.42, 0.35, 0.3, 0.2, 0.1, 0.0]
+
+
+def test_the_embedding_threshold_is_the_one_that_agrees_most_with_the_reader():
+    verdicts = [Verdict(similarity=s) for s in SIMILARITY]
+    assert bench_gate.best_threshold(ANSWERS, verdicts) == 0.44  # between the 0.42 non-answer and the 0.45 answer
+    passed = bench_gate.passes(verdicts, 0.44)
+    assert passed == [True] * 5 + [False] * 7
+    scores = bench_gate.judged_scores(ANSWERS, passed)
+    assert scores["agreement"]["k"] == 11 and scores["agreement"]["value"] == round(11 / 12, 4)
+    assert scores["pass_precision"]["value"] == 1.0 and scores["pass_recall"]["value"] == round(5 / 6, 4)
+    assert scores["pass_precision"]["ci95"][1] == 1.0 and scores["pass_precision"]["ci95"][0] < 1.0  # Wilson
+    # a reply failed for another reason stays failed, one the embedding did not judge keeps its verdict
+    assert bench_gate.passes([Verdict(("loop",), similarity=0.9), Verdict(), Verdict(("echo",))], 0.2) == [
+        False,
+        True,
+        False,
+    ]
+    assert bench_gate.judged_scores([False], [False])["pass_precision"] == {"value": None, "ci95": None, "k": 0, "n": 0}
+
+
+def test_cross_validation_scores_each_reply_with_a_threshold_chosen_without_it():
+    verdicts = [Verdict(similarity=s) for s in SIMILARITY * 2]
+    answers, groups = ANSWERS * 2, ["builtin"] * 12 + ["own"] * 12
+    cv = bench_gate.cross_validated(answers, verdicts, groups, folds=3)
+    assert cv["threshold_on_all"] == 0.44 and len(cv["thresholds_per_fold"]) == 3
+    assert cv["held_out"]["agreement"]["n"] == 24 and set(cv["held_out_per_set"]) == {"builtin", "own"}
+    assert all(0.3 < t <= 0.46 for t in cv["thresholds_per_fold"])  # each fold's, from the replies outside it
+
+
+def test_the_expected_language_of_a_constraint_of_your_own_is_its_language_checks():
+    from types import SimpleNamespace
+
+    from gatt.checks import Constraint
+
+    def own(checks):
+        spec = {"name": "x", "instruction": "Reply in it.", "short": "x", "checks": checks}
+        return SimpleNamespace(constraint=Constraint.from_dict(spec))
+
+    assert gate_audit_draw.expected_language(own([{"type": "language", "code": "it"}])) == "Italian"
+    assert gate_audit_draw.expected_language(own([{"type": "max_words", "n": 30}])) == "English"
+    assert gate_audit_draw.expected_language(SimpleNamespace(constraint=None)) == "English"

