@@ -180,7 +180,7 @@ def judged_scores(answers: Sequence[bool], passed: Sequence[bool]) -> dict[str, 
 def unthresholded(items: Sequence[GateItem], judge: str, scorer: Any, embedder: Any) -> list[Verdict]:
     """The strict gate judging relevance by `judge`, its embedding threshold at the floor: every other reason is
     decided, and each reply the embedding judges carries its similarity, for `passes` to threshold."""
-    config = replace(GateConfig.strict(), relevance_judge=judge, embedding_min=-1.0)
+    config = replace(GateConfig.strict().judged_by(judge), embedding_min=-1.0)
     return AnswerGate(config, scorer, embedder).judge(items)
 
 
@@ -281,7 +281,7 @@ def fresh_audit(path: Path, scorer: Any, embedder: Any) -> dict[str, Any]:
     answers = [row["label"] == "answer" for row in rows]
     out: dict[str, Any] = {"labelled": path.name, "n": len(rows), "messages": len({row["user"] for row in rows})}
     for judge in RELEVANCE_JUDGES:
-        config = replace(GateConfig.strict(), relevance_judge=judge)
+        config = GateConfig.strict().judged_by(judge)
         passed = [v.passed for v in AnswerGate(config, scorer, embedder).judge(items)]
         subsets = {
             "all": [True] * len(rows),
@@ -322,7 +322,10 @@ def main() -> None:
         "likelihood_only": (GateConfig(topic_change_exempts=False), likelihood_items),
         "topic_words_strict_repeats": (GateConfig(topic_change_exempts=False), items),
     }
-    judged = {name: AnswerGate(config, scorer).judge(judge_items) for name, (config, judge_items) in gates.items()}
+    embedder = sentence_embedder()
+    judged = {
+        name: AnswerGate(config, scorer, embedder).judge(judge_items) for name, (config, judge_items) in gates.items()
+    }
     tabled = {name: tables(rows, verdicts) for name, verdicts in judged.items()}
     result: dict[str, Any] = {
         "labelled": args.labelled.name,
@@ -342,7 +345,7 @@ def main() -> None:
         "disagreements": [],
     }
     for threshold in (0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 15.0):
-        swept = AnswerGate(replace(strict, relevance_sum=threshold), scorer).judge(items)
+        swept = AnswerGate(replace(strict, relevance_sum=threshold), scorer, embedder).judge(items)
         result["relevance_sum_sweep"][str(threshold)] = agreement(rows, swept)["agreement"]
     for row, verdict in zip(rows, judged["strict"]):
         if verdict.passed != (row["label"] == "answer"):
@@ -357,7 +360,7 @@ def main() -> None:
             )
     if args.own.exists():
         own_rows, own_items = load_items(args.own)
-        result["own_messages"] = own_messages_audit(own_rows, AnswerGate(strict, scorer).judge(own_items))
+        result["own_messages"] = own_messages_audit(own_rows, AnswerGate(strict, scorer, embedder).judge(own_items))
         own = result["own_messages"]
         print(
             f"own messages: agreement {100 * own['agreement']:.1f}% of {own['n']}; passed replies that are answers "
@@ -368,7 +371,6 @@ def main() -> None:
             "    per gate outcome (answers / n):",
             {k: (v["answers"], v["n"]) for k, v in own["per_gate_outcome"].items()},
         )
-    embedder = sentence_embedder()
     by_relevance = {"builtin_messages": load_items(args.labelled, likelihood_only=True)}
     if args.own.exists():
         by_relevance["own_messages"] = load_items(args.own, likelihood_only=True)

@@ -25,7 +25,7 @@ import random
 import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -381,7 +381,7 @@ def gate_config(
     """The teacher's answer gate: the default, without the topic-change exemption, or the real-model gate; judging
     relevance by `relevance_judge` where given (else the gate's own default)."""
     gate = GateConfig.strict() if strict_gate else GateConfig(topic_change_exempts=not strict_repeats)
-    return gate if relevance_judge is None else replace(gate, relevance_judge=relevance_judge)
+    return gate if relevance_judge is None else gate.judged_by(relevance_judge)
 
 
 def synthesize(

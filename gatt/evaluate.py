@@ -212,6 +212,11 @@ def needs_relevance_model(dialogues: list[EvalDialogue]) -> bool:
     return any(turn.kind == "chat" and not turn.on_topic for d in dialogues for turn in d.turns)
 
 
+def has_topic_words(dialogues: list[EvalDialogue]) -> bool:
+    """Whether some chat turn has on-topic checks (which the strict gate judges by a relevance judge too)."""
+    return any(turn.kind == "chat" and turn.on_topic for d in dialogues for turn in d.turns)
+
+
 def judge(
     transcripts: list[dict[str, Any]],
     dialogues: list[EvalDialogue],
@@ -225,12 +230,12 @@ def judge(
 ) -> None:
     """Apply the answer gate to every transcript, loading the relevance judges `gate` names only where a turn needs
     them: the likelihood contrast's chat model `relevance_model` (in `numerics`), the embedding model."""
-    needed = gate.relevance_both or needs_relevance_model(dialogues)
+    models = gate.models(has_topic_words(dialogues), needs_relevance_model(dialogues))
     scorer = None
-    if needed and gate.uses_contrast and relevance_model is not None:
+    if "contrast" in models and relevance_model is not None:
         model, tokenizer = load_chat_model(relevance_model, device=device, numerics=numerics)
         scorer = RelevanceScorer(model, tokenizer, progress=True)
-    embedder = relevance_embedder(gate, device or process_state().device) if needed else None
+    embedder = relevance_embedder(gate, device or process_state().device) if "embedding" in models else None
     apply_gate(transcripts, dialogues, AnswerGate(gate, scorer, embedder), seed=seed, others=others)
 
 
@@ -437,7 +442,7 @@ def run(args: EvalConfig) -> dict[str, Any]:
     if not process_state().is_main_process:
         return {}  # every process rolled out its share and has every transcript; process 0 judges and reports
     gate = GateConfig.strict() if args.strict_gate else GateConfig()
-    gate = gate if args.relevance_judge is None else replace(gate, relevance_judge=args.relevance_judge)
+    gate = gate if args.relevance_judge is None else gate.judged_by(args.relevance_judge)
     judge(
         transcripts,
         dialogues,
@@ -448,18 +453,20 @@ def run(args: EvalConfig) -> dict[str, Any]:
         numerics=args.relevance_numerics,
         gate=gate,
     )
-    judges = [
-        *(
-            [
-                f"likelihood contrast under {relevance_model} with {args.relevance_others} other questions "
-                f"(>= {gate.relevance_sum} nats and >= {gate.relevance_mean} nats/token)"
-            ]
-            if gate.uses_contrast and relevance_model
-            else []
-        ),
-        *([f"similarity under all-MiniLM-L6-v2 (>= {gate.embedding_min})"] if gate.uses_embedding else []),
-    ]
-    judged_by = " and ".join(judges)
+    contrast = (
+        f"likelihood contrast under {relevance_model} with {args.relevance_others} other questions "
+        f"(>= {gate.relevance_sum} nats and >= {gate.relevance_mean} nats/token)"
+    )
+    embedding = f"similarity under all-MiniLM-L6-v2 (>= {gate.embedding_min})"
+
+    def described(judge: str | None) -> str | None:
+        parts = [
+            *([contrast] if judge in ("contrast", "both") and relevance_model else []),
+            *([embedding] if judge in ("embedding", "both") else []),
+        ]
+        return " and ".join(parts) or None
+
+    without = described(gate.judge_for(False)) if needs_relevance_model(dialogues) else None
     settings = {
         "models": models,
         "repeat_instruction": repeat,
@@ -489,13 +496,17 @@ def run(args: EvalConfig) -> dict[str, Any]:
             "repeat_share": gate.repeat_share,
             "loop_distinct": gate.loop_distinct,
             "relevance": (
-                f"on-topic checks and {judged_by}"
-                if gate.relevance_both and judges
-                else "on-topic checks; without them "
-                + (judged_by if judges and needs_relevance_model(dialogues) else "not judged")
-            ),
+                f"on-topic checks and {described(gate.judge_for(True))}"
+                if gate.relevance_both and described(gate.judge_for(True))
+                else "on-topic checks"
+            )
+            + f"; without them {without or 'not judged'}",
             **(
-                {"relevance_judge": gate.relevance_judge, "embedding_judge": EMBEDDING_JUDGE}
+                {
+                    "relevance_judge": gate.relevance_judge,
+                    "topic_words_judge": gate.topic_words_judge,
+                    "embedding_judge": EMBEDDING_JUDGE,
+                }
                 if gate.uses_embedding
                 else {}
             ),

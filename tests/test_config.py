@@ -128,17 +128,18 @@ def test_data_gen_gatt_from_a_yaml_file_equals_the_same_command_line(tmp_path: P
 
 
 def test_every_data_gen_flag_of_the_old_parsers_is_kept() -> None:
-    """The flags each subcommand had before its parser was made from configs (a flag is the docs' contract)."""
+    """The flags each subcommand had before its parser was made from configs (a flag is the docs' contract), and
+    those added since (--relevance-judge)."""
     before = {
         "base": "num-dialogues seed out short-prob heldout-families max-turns",
         "gatt": "num-dialogues seed out short-prob heldout-families min-turns max-turns samples-per-turn redraws "
-        "user-turns on-error shard-size strict-repeats strict-gate teacher temperature top-p repetition-penalty "
+        "user-turns on-error shard-size strict-repeats strict-gate relevance-judge teacher temperature top-p repetition-penalty "
         "no-repeat-ngram-size max-new-tokens batch-size device teacher-dtype teacher-numerics teacher-device-map "
         "constraints round demonstration kinds values-per-family trained-families",
         "replay": "num-dialogues seed out short-prob heldout-families min-turns max-turns samples-per-turn redraws "
-        "user-turns on-error shard-size strict-repeats strict-gate teacher temperature top-p repetition-penalty "
+        "user-turns on-error shard-size strict-repeats strict-gate relevance-judge teacher temperature top-p repetition-penalty "
         "no-repeat-ngram-size max-new-tokens batch-size device teacher-dtype teacher-numerics teacher-device-map",
-        "pass-rate": "out constraints values-per-family prompts samples seed strict-gate demonstration "
+        "pass-rate": "out constraints values-per-family prompts samples seed strict-gate relevance-judge demonstration "
         "without-instruction user-turns on-error teacher temperature top-p repetition-penalty no-repeat-ngram-size "
         "max-new-tokens batch-size device teacher-dtype teacher-numerics teacher-device-map",
         "constraints": "out constraints families heldout-families",

@@ -117,7 +117,7 @@ def test_with_relevance_both_a_reply_that_names_the_topic_word_is_judged_by_embe
     item = GateItem(GateTurn(BEES, reply, on_topic=honey), (), OTHERS)
     [default] = AnswerGate(GateConfig(relevance_judge="embedding"), embedder=embedder).judge([item])
     assert default.failed == () and default.similarity is None  # the topic word decides
-    [strict] = AnswerGate(replace(GateConfig.strict(), relevance_judge="embedding"), embedder=embedder).judge([item])
+    [strict] = AnswerGate(GateConfig.strict().judged_by("embedding"), embedder=embedder).judge([item])
     assert strict.similarity == pytest.approx(embedder.similarity([(BEES, reply)])[0], abs=1e-6)
     assert ("off_topic" in strict.failed) == (strict.similarity < GateConfig().embedding_min)
 
