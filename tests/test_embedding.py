@@ -3,7 +3,6 @@ gate judging relevance by it (alone or with the likelihood contrast)."""
 
 import json
 import zipfile
-from dataclasses import replace
 
 import pytest
 import torch
