@@ -208,7 +208,7 @@ def parse_split(specs: list[str], models: dict[str, str]) -> dict[str, list[floa
 
 
 def needs_relevance_model(dialogues: list[EvalDialogue]) -> bool:
-    """Whether some chat turn has no on-topic checks, so the gate judges its topic by likelihood."""
+    """Whether some chat turn has no on-topic checks, so a relevance judge decides whether a reply is on its topic."""
     return any(turn.kind == "chat" and not turn.on_topic for d in dialogues for turn in d.turns)
 
 
