@@ -457,7 +457,7 @@ def run(args: EvalConfig) -> dict[str, Any]:
         f"likelihood contrast under {relevance_model} with {args.relevance_others} other questions "
         f"(>= {gate.relevance_sum} nats and >= {gate.relevance_mean} nats/token)"
     )
-    embedding = f"similarity under all-MiniLM-L6-v2 (>= {gate.embedding_min})"
+    embedding = f"similarity under all-MiniLM-L6-v2 (>= {gate.embedding_min}; a reply not in English: the contrast)"
 
     def described(judge: str | None) -> str | None:
         parts = [

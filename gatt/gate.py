@@ -62,7 +62,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from gatt.cache import cache_kwargs
-from gatt.checks import Check, passes_all, unknown_word_share
+from gatt.checks import Check, detect_language, passes_all, unknown_word_share
 from gatt.embedding import SentenceEmbedder, sentence_embedder
 
 REASONS = ("empty", "loop", "repeat", "off_topic", "echo", "template", "salad")
@@ -122,7 +122,10 @@ class GateConfig:
         """The judges' models ("contrast", "embedding") that messages of these kinds need."""
         kinds = [True] * with_topic_words + [False] * without_topic_words
         judges = {self.judge_for(topic_words) for topic_words in kinds} - {None}
-        return {model for judge in judges for model in (("contrast", "embedding") if judge == "both" else (judge,))}
+        # the embedding judge leaves replies not in English to the contrast: it needs the contrast's model too
+        return {
+            model for judge in judges for model in (("contrast",) if judge == "contrast" else ("contrast", "embedding"))
+        }
 
     @property
     def uses_contrast(self) -> bool:
@@ -495,13 +498,18 @@ class AnswerGate:
         by_judge = not turn.on_topic or (self.config.relevance_both and passes_all(turn.reply, turn.on_topic))
         return turn.kind == "chat" and by_judge and not is_empty(turn.reply)
 
+    def _judge(self, item: GateItem) -> str | None:
+        """The judge of this reply's relevance. all-MiniLM-L6-v2 is English: an English message and a reply in another
+        language score low whatever the reply says (the fresh audit's Italian and French answers: 0 of 16 passed), so a
+        reply not in English is judged by the contrast alone."""
+        judge = self.config.judge_for(bool(item.turn.on_topic))
+        if judge in ("embedding", "both") and detect_language(item.turn.reply) not in ("en", None):
+            return "contrast"
+        return judge
+
     def judge(self, items: Sequence[GateItem]) -> list[Verdict]:
         """One verdict per item; the replies judged by relevance are scored together, in batches."""
-        judges = {
-            i: self.config.judge_for(bool(item.turn.on_topic))
-            for i, item in enumerate(items)
-            if self._needs_relevance(item)
-        }
+        judges = {i: self._judge(item) for i, item in enumerate(items) if self._needs_relevance(item)}
         relevance = self._relevance(
             [i for i, j in judges.items() if j in ("contrast", "both") and items[i].others], items
         )

@@ -11,7 +11,7 @@ from test_user_constraints import TENNIS, model_dir  # noqa: F401  (the tiny cha
 from transformers import AutoModel, AutoTokenizer
 
 import gatt.embedding
-from gatt.checks import Check
+from gatt.checks import Check, detect_language
 from gatt.embedding import MINILM_SHA256, SentenceEmbedder, minilm_zip, sentence_embedder
 from gatt.gate import AnswerGate, GateConfig, GateItem, GateTurn
 
@@ -209,12 +209,23 @@ def test_the_report_judges_relevance_by_embedding_and_records_the_model(model_di
     report = evaluate_main(args)
     gate = report["settings"]["answer_gate"]
     assert gate["relevance_judge"] == "embedding" and gate["embedding_judge"]["weights_sha256"] == MINILM_SHA256
-    assert "likelihood contrast" not in gate["relevance"] and "all-MiniLM-L6-v2" in gate["relevance"]
+    assert "all-MiniLM-L6-v2" in gate["relevance"] and "not in English: the contrast" in gate["relevance"]
     transcripts = [json.loads(line) for line in (tmp_path / "out" / "transcripts.jsonl").read_text().splitlines()]
     chat = [turn for t in transcripts for turn in t["turns"] if turn["kind"] == "chat" and turn["reply"].strip()]
-    assert chat and all(turn["gate"]["relevance"] is None for turn in chat)  # no contrast model was loaded
-    assert all(
-        turn["gate"]["similarity"] is not None
-        and ("off_topic" in turn["gate"]["failed"]) == (turn["gate"]["similarity"] < GateConfig.strict().embedding_min)
-        for turn in chat
-    )
+    assert chat
+    for turn in chat:  # English replies by the embedding, the others by the contrast (the tiny model writes both)
+        verdict = turn["gate"]
+        english = detect_language(turn["reply"]) in ("en", None)
+        assert (verdict.get("similarity") is not None, verdict["relevance"] is not None) == (english, not english)
+        if english:
+            assert ("off_topic" in verdict["failed"]) == (verdict["similarity"] < GateConfig.strict().embedding_min)
+
+
+def test_a_reply_not_in_english_is_left_to_the_contrast(embedder):
+    italian = "Le api raccolgono il nettare dai fiori e nell'alveare lo trasformano in miele."
+    items = [GateItem(GateTurn(BEES, reply), (), OTHERS) for reply in (italian, FILLER)]
+    verdicts = AnswerGate(GateConfig(relevance_judge="embedding"), ConstantScorer(), embedder).judge(items)
+    assert verdicts[0].failed == () and verdicts[0].similarity is None and verdicts[0].relevance == 100.0
+    assert verdicts[1].failed == ("off_topic",) and verdicts[1].similarity is not None  # English: the embedding
+    assert GateConfig(relevance_judge="embedding").models() == {"contrast", "embedding"}
+    assert embedder.similarity([(BEES, italian)])[0] < GateConfig().embedding_min  # what the fallback is for
