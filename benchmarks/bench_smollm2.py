@@ -437,8 +437,9 @@ def teacher_row(
                 kept = json.loads(progress.read_text())
                 if kept.get("settings") == state["settings"]:
                     state = kept
+            drawn = {side: draw(config) for side in ("ours", "theirs")}  # each side appends replies to its own
             for first in starts[len(state["batches"]) :]:
-                dialogues = {side: draw(config)[first : first + batch] for side in ("ours", "theirs")}
+                dialogues = {side: drawn[side][first : first + batch] for side in drawn}
                 gflops = matmul_gflops(torch.float32)
                 seconds = {
                     "ours": synthesise(teacher, ours_turn, dialogues["ours"], config.seed + first, f"ours {first}"),

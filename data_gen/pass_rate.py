@@ -17,14 +17,14 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from data_gen.constraints import instruction_text
-from data_gen.synthesis import _key, gate_config, gate_turn, turn_checks
+from data_gen.synthesis import _key, gate_config, gate_turn, teacher_gate, turn_checks
 from data_gen.teacher import Teacher, TurnRequest
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import UserTurn
 from gatt.checks import Constraint, passes_all
 from gatt.config import arg
 from gatt.embedding import EMBEDDING_JUDGE
-from gatt.gate import RELEVANCE_JUDGE_HELP, RELEVANCE_JUDGES, AnswerGate, GateItem, relevance_embedder
+from gatt.gate import RELEVANCE_JUDGE_HELP, RELEVANCE_JUDGES, GateItem
 
 
 @dataclass(frozen=True)
@@ -121,10 +121,7 @@ def _sample_and_judge(
             progress.set_postfix(constraint=cases[start][0].name, refresh=False)
             sampled += teacher.sample(requests[start:end], config.samples)
             progress.update(end - start)
-    gate_settings = gate_config(strict_gate=config.strict_gate, relevance_judge=config.relevance_judge)
-    gate = AnswerGate(
-        gate_settings, teacher.scorer, relevance_embedder(gate_settings, getattr(teacher, "device", "cpu"))
-    )
+    gate = teacher_gate(gate_config(strict_gate=config.strict_gate, relevance_judge=config.relevance_judge), teacher)
     items, owners = [], []
     checked = [
         [passes_all(candidate, turn_checks([c], turn)) for candidate in candidates]

@@ -287,10 +287,7 @@ def synthesize_shard(
     `progress` (a tqdm bar) advances by one for each dialogue as it ends; its postfix shows the turn, the
     dialogues still active, and the run's kept and dropped dialogues so far (`tally`, shared across shards)."""
     k = config.samples_per_turn
-    gate_settings = gate_config(config.strict_repeats, config.strict_gate, config.relevance_judge)
-    gate = AnswerGate(
-        gate_settings, teacher.scorer, relevance_embedder(gate_settings, getattr(teacher, "device", "cpu"))
-    )
+    gate = teacher_gate(gate_config(config.strict_repeats, config.strict_gate, config.relevance_judge), teacher)
     tally = Counter() if tally is None else tally
     while active := [d for d in dialogues if d.ended is None]:
         turn = len(active[0].replies) + 1
@@ -382,6 +379,12 @@ def gate_config(
     relevance by `relevance_judge` where given (else the gate's own default)."""
     gate = GateConfig.strict() if strict_gate else GateConfig(topic_change_exempts=not strict_repeats)
     return gate if relevance_judge is None else gate.judged_by(relevance_judge)
+
+
+def teacher_gate(settings: GateConfig, teacher: Teacher) -> AnswerGate:
+    """The answer gate of `settings` with the teacher's judges: its likelihood contrast, and the embedding model on
+    its device where `settings` name that judge."""
+    return AnswerGate(settings, teacher.scorer, relevance_embedder(settings, getattr(teacher, "device", "cpu")))
 
 
 def synthesize(
