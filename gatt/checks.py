@@ -132,8 +132,10 @@ def unknown_word_share(text: str, min_words: int = 4) -> float | None:
     return sum(not known(word) for word in spelled) / len(spelled)
 
 
+@functools.lru_cache(maxsize=4096)
 def detect_language(text: str) -> str | None:
-    """ISO 639-1 code (lower case) of the text's language, or None if undecidable."""
+    """ISO 639-1 code (lower case) of the text's language, or None if undecidable. Cached: a reply's language is
+    asked for by its `language` check, the gate's word-salad test and the embedding judge's fallback."""
     if not text.strip():
         return None
     # Detection quality depends on letter case; lower case keeps ALL-CAPS replies detectable.
