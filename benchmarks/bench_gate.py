@@ -18,6 +18,11 @@ the file (every line, checks dropped). Writes the strict gate's agreement (the o
 uses: `python -m gatt.evaluate --strict-gate`) overall, per family, per language and per reason, the
 other gates' for comparison, the disagreements, and a sweep of the relevance threshold.
 
+`judges`: each relevance judge (`JUDGES`: contrast, embedding, both, and the embedding ones that leave a reply not in
+English to the contrast), its threshold cross-validated on the built-in and own-message labels. `fresh_audit`: every
+judge at the gate's defaults on the third audit (`--fresh`: 204 replies to 47 new messages, labelled blind by two
+readers before any verdict; the readers' agreement beside it).
+
   python benchmarks/bench_gate.py [--out results/gate_agreement.json]
 """
 
@@ -46,6 +51,14 @@ OWN = Path(__file__).parent / "data" / "gate_labelled_own.jsonl"
 # The third audit (issue 59): replies to new messages without topic words, labelled blind before any verdict
 FRESH = Path(__file__).parent / "data" / "gate_labelled_fresh.jsonl"
 THRESHOLDS = [round(0.2 + 0.02 * i, 2) for i in range(21)]  # the embedding judge's cosine thresholds tried: 0.2-0.6
+# the strict gate's relevance judges, and the embedding ones leaving replies not in English to the contrast
+JUDGES = (*RELEVANCE_JUDGES, "embedding_fallback", "both_fallback")
+
+
+def judge_config(name: str) -> GateConfig:
+    """The strict gate judging relevance by the judge `name` of JUDGES."""
+    judge, _, fallback = name.partition("_")
+    return replace(GateConfig.strict().judged_by(judge), not_english_judge="contrast" if fallback else "embedding")
 
 
 REASONS = (
@@ -180,7 +193,7 @@ def judged_scores(answers: Sequence[bool], passed: Sequence[bool]) -> dict[str, 
 def unthresholded(items: Sequence[GateItem], judge: str, scorer: Any, embedder: Any) -> list[Verdict]:
     """The strict gate judging relevance by `judge`, its embedding threshold at the floor: every other reason is
     decided, and each reply the embedding judges carries its similarity, for `passes` to threshold."""
-    config = replace(GateConfig.strict().judged_by(judge), embedding_min=-1.0)
+    config = replace(judge_config(judge), embedding_min=-1.0)
     return AnswerGate(config, scorer, embedder).judge(items)
 
 
@@ -239,7 +252,7 @@ def judges_comparison(
     items = [item for name in labelled for item in labelled[name][1]]
     answers = [row["label"] == "answer" for row in rows]
     out: dict[str, Any] = {"sets": {name: len(labelled[name][0]) for name in labelled}, "thresholds": THRESHOLDS}
-    for judge in RELEVANCE_JUDGES:
+    for judge in JUDGES:
         verdicts = unthresholded(items, judge, scorer, embedder)
         entry: dict[str, Any] = {}
         threshold = -1.0
@@ -280,8 +293,12 @@ def fresh_audit(path: Path, scorer: Any, embedder: Any) -> dict[str, Any]:
     rows, items = load_items(path)
     answers = [row["label"] == "answer" for row in rows]
     out: dict[str, Any] = {"labelled": path.name, "n": len(rows), "messages": len({row["user"] for row in rows})}
-    for judge in RELEVANCE_JUDGES:
-        config = GateConfig.strict().judged_by(judge)
+    readers = [row["readers"] for row in rows if "readers" in row]  # two readers' labels; the rest adjudicated
+    if readers:
+        out["readers_agreement"] = proportion(sum(a == b for a, b in readers), len(readers))
+        out["adjudicated"] = sum(bool(row.get("adjudicated")) for row in rows)
+    for judge in JUDGES:
+        config = judge_config(judge)
         passed = [v.passed for v in AnswerGate(config, scorer, embedder).judge(items)]
         subsets = {
             "all": [True] * len(rows),
@@ -380,7 +397,7 @@ def main() -> None:
         "embedding_judge": EMBEDDING_JUDGE,
         **judges_comparison(by_relevance, scorer, embedder),
     }
-    for judge in RELEVANCE_JUDGES:
+    for judge in JUDGES:
         for name, scores in result["judges"][judge]["per_set"].items():
             print(
                 f"{judge} on {name}: agreement {scores['agreement']['value']:.1%}, pass precision "

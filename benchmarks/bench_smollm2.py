@@ -18,11 +18,14 @@ held-out user turns, N dialogues x T turns, probes every 6th turn.
   held-out values; goal within 2 points).
 - `smollm2_report_scorer_share`: the relevance scorer's share of a report's wall time (the exact rollouts
   above plus the answer gate over their transcripts, judged as replies to a user's own messages: no
-  topic-word checks, so every chat reply's relevance is the likelihood contrast), goal <= 15%. Three
+  topic-word checks, so every chat reply's relevance is judged), goal <= 15%. Three contrast
   scorers judge the same replies: `before` (each question and reply through the model whole), the
-  library's (`value`: each question's prompt encoded once, its replies scored on that cache) and the
+  library's (each question's prompt encoded once, its replies scored on that cache) and the
   same in bf16 (`--relevance-numerics bf16`); each with its share, seconds, and agreement with the
-  library's exact scorer (identical verdicts, largest and mean contrast difference in nats).
+  library's exact scorer (identical verdicts, largest and mean contrast difference in nats). `judges`: each
+  `--relevance-judge` (contrast: the library's scorer; embedding: all-MiniLM-L6-v2, the contrast for replies not
+  in English; both) with its share and the share of its verdicts equal to the contrast's; `value` is the share of
+  the strict gate's judge (`judge`).
 - `smollm2_rollout_vs_hf_generate`: ours (exact, batched, KV reuse; greedy without penalty or probe, so
   that `generate()` writes the same replies) over `generate()` per turn on the re-encoded history
   (`gatt.eval.rollout.reference_rollout`) on the first R of the same dialogues (theirs takes about a
@@ -37,7 +40,8 @@ held-out user turns, N dialogues x T turns, probes every 6th turn.
   runs both), and its cost grows with the square of the turns (about 50 minutes at 64 x 20 on 2 CPU cores).
 - `smollm2_teacher_vs_hf_generate_batched`: the teacher row below, theirs one `generate(num_return_sequences=k)`
   per turn over each batch of B dialogues (left-padded), goal >= 2.5; each batch on both sides back to back, its
-  seconds and the GEMM rate before it kept in runs/bench/smollm2_teacher_batched.progress.json at full size, so
+  seconds and the GEMM rate before it kept in results/progress/smollm2_teacher_batched.json at full size (committed:
+  the row takes about 6 hours on 2 CPU cores and spans sessions), so
   that a stopped run resumes at the next batch.
 - `smollm2_teacher_vs_hf_generate`: our batched teacher (`ModelTeacher`, k = 4 candidates per turn,
   dialogues in batches of B, one batch's 20 turns after another) vs a `generate(num_return_sequences=4)`
@@ -74,6 +78,8 @@ from transformers.generation import TopPLogitsWarper
 
 from data_gen.synthesis import SynthesisConfig, _Dialogue
 from data_gen.teacher import ModelTeacher
+from gatt.checks import detect_language
+from gatt.embedding import SentenceEmbedder, sentence_embedder
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.judge import apply_gate
 from gatt.eval.plan import EvalDialogue, plan_dialogues
@@ -87,7 +93,7 @@ from gatt.numerics import bf16_is_native, for_inference
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "recipes" / "data" / "smollm2_constraints.yaml"
 # the full-size batched teacher row's finished batch pairs: a stopped run resumes there (delete it to start over)
-TEACHER_PROGRESS = ROOT / "runs" / "bench" / "smollm2_teacher_batched.progress.json"
+TEACHER_PROGRESS = ROOT / "results" / "progress" / "smollm2_teacher_batched.json"
 FULL = {
     "dialogues": 64,
     "turns": 20,
@@ -186,24 +192,39 @@ def adherence_per_turn(transcripts: Sequence[dict]) -> dict[int, float]:
 
 
 def gate_verdicts(
-    transcripts: Sequence[dict], plan: list[EvalDialogue], scorer: RelevanceScorer
+    transcripts: Sequence[dict],
+    plan: list[EvalDialogue],
+    scorer: RelevanceScorer,
+    judge: str = "contrast",
+    embedder: SentenceEmbedder | None = None,
 ) -> tuple[list[dict], float]:
-    """The gate's verdict on every reply of (a copy of) `transcripts`, and the seconds judging took."""
+    """The gate's verdict (relevance judged by `judge`) on every reply of (a copy of) `transcripts`, and the seconds
+    judging took, with nothing cached (the language detector's cache cleared)."""
     judged = copy.deepcopy(list(transcripts))
-    _, seconds = timed(apply_gate, judged, plan, AnswerGate(GateConfig(), scorer))
+    detect_language.cache_clear()
+    gate = AnswerGate(GateConfig().judged_by(judge), scorer, embedder)
+    _, seconds = timed(apply_gate, judged, plan, gate)
     return [turn["gate"] for t in judged for turn in t["turns"]], seconds
 
 
 def rollout_rows(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: list[EvalDialogue], size: dict[str, Any]
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    plan: list[EvalDialogue],
+    size: dict[str, Any],
+    numerics: bool = True,
 ) -> dict[str, dict[str, Any]]:
-    """The report rollouts in three modes (all dialogues in one batch each), the gate over them, the scorer's share."""
+    """The report rollouts in three modes (all dialogues in one batch each), the gate over them, the scorer's share.
+    Without `numerics`, the scorer's share alone: the exact rollouts and each judge, no `before` or bf16 mode or
+    scorer (about half the time)."""
     config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=len(plan), **REPORT)
-    modes = {
-        "before": (model, replace(config, shrink=False)),
-        "exact": (model, config),
-        "bf16": (for_inference(copy.deepcopy(model), "bf16"), config),
-    }
+    modes = {"exact": (model, config)}
+    if numerics:
+        modes = {
+            "before": (model, replace(config, shrink=False)),
+            **modes,
+            "bf16": (for_inference(copy.deepcopy(model), "bf16"), config),
+        }
     for side, side_config in modes.values():
         rollout(side, tokenizer, plan[:1], side_config, progress=False)  # warm-up: kernels, lingua's models
     transcripts, seconds = {}, {}
@@ -220,17 +241,21 @@ def rollout_rows(
     # check, so the gate judges relevance by the likelihood contrast (the built-in turns never need it). Each scorer
     # starts with nothing cached.
     own_messages = [replace(d, turns=tuple(replace(t, on_topic=()) for t in d.turns)) for d in plan]
-    scorers = {
-        "before": OnePassScorer(model, tokenizer),
-        "exact": RelevanceScorer(model, tokenizer),
-        "bf16": RelevanceScorer(for_inference(copy.deepcopy(model), "bf16"), tokenizer),
-    }
+    scorers: dict[str, RelevanceScorer] = {"exact": RelevanceScorer(model, tokenizer)}
+    if numerics:
+        scorers = {
+            "before": OnePassScorer(model, tokenizer),
+            **scorers,
+            "bf16": RelevanceScorer(for_inference(copy.deepcopy(model), "bf16"), tokenizer),
+        }
     verdicts, judge_seconds = {}, {}
     for name, scorer in scorers.items():
         verdicts[name], judge_seconds[name] = gate_verdicts(transcripts["exact"], own_messages, scorer)
-    adherence = {name: adherence_per_turn(transcripts[name]) for name in ("exact", "bf16")}
-    fp32_gflops, fp32_ceiling = gemm_ceiling(model, torch.float32)
-    bf16_gflops, bf16_ceiling = gemm_ceiling(model, torch.bfloat16)
+    embedder = sentence_embedder()  # loaded before the clock starts, as the scorers' model is
+    for judge in ("embedding", "both"):  # each with a fresh contrast scorer, for the replies not in English
+        verdicts[judge], judge_seconds[judge] = gate_verdicts(
+            transcripts["exact"], own_messages, RelevanceScorer(model, tokenizer), judge, embedder
+        )
     settings = {
         "dialogues": len(plan),
         "turns": size["turns"],
@@ -240,10 +265,60 @@ def rollout_rows(
         "greedy": True,
         "constraints": CONSTRAINTS.name,
         "user_turns": "built-in held-out pool",
-        "order": "before, exact, bf16, one after another",
+        "order": ", ".join(transcripts) + ", one after another",
         "bf16_is_native": bf16_is_native(),
         "threads": torch.get_num_threads(),
     }
+    share = {name: judge_seconds[name] / (seconds["exact"] + judge_seconds[name]) for name in judge_seconds}
+    relevance = {name: [v["relevance"] for v in verdicts[name] if v["relevance"] is not None] for name in verdicts}
+    # each judge's share (the contrast is the library's exact scorer), and the share of its verdicts that the
+    # contrast's equal; the row's value is the strict gate's judge of messages without topic words
+    judges = {
+        judge: {
+            "share": round(share[name], 4),
+            "seconds": round(judge_seconds[name], 6),
+            "verdicts_identical_to_contrast": round(
+                sum(a["failed"] == b["failed"] for a, b in zip(verdicts["exact"], verdicts[name]))
+                / max(len(verdicts["exact"]), 1),
+                4,
+            ),
+        }
+        for judge, name in (("contrast", "exact"), ("embedding", "embedding"), ("both", "both"))
+    }
+    default = GateConfig.strict().relevance_judge
+    scorer_row = {
+        "value": judges[default]["share"],
+        "unit": "share of wall time",
+        "higher_is_better": False,
+        "goal": 0.15,
+        "met": judges[default]["share"] <= 0.15,
+        "judge": default,
+        "judges": judges,
+        "settings": settings,
+        "replies_scored": len(relevance["exact"]),
+        "seconds": {"rollouts": round(seconds["exact"], 6), "answer_gate": round(judge_seconds["exact"], 6)},
+    }
+    if not numerics:
+        return {"smollm2_report_scorer_share": scorer_row}
+
+    def against_exact(name: str) -> dict[str, float]:
+        """How `name`'s verdicts and contrasts compare with the exact scorer's, and its share of the report."""
+        same = sum(a["failed"] == b["failed"] for a, b in zip(verdicts["exact"], verdicts[name]))
+        diffs = [abs(a - b) for a, b in zip(relevance["exact"], relevance[name])]
+        return {
+            "share": round(share[name], 4),
+            "seconds": round(judge_seconds[name], 6),
+            "verdicts_identical": round(same / max(len(verdicts["exact"]), 1), 4),
+            "relevance_max_abs_diff": round(max(diffs, default=0.0), 4),
+            "relevance_mean_abs_diff": round(sum(diffs) / max(len(diffs), 1), 4),
+        }
+
+    scorer_row["before"] = against_exact("before")
+    scorer_row["bf16"] = against_exact("bf16")
+    scorer_row["ratio_over_before"] = round(judge_seconds["before"] / judge_seconds["exact"], 3)
+    adherence = {name: adherence_per_turn(transcripts[name]) for name in ("exact", "bf16")}
+    fp32_gflops, fp32_ceiling = gemm_ceiling(model, torch.float32)
+    bf16_gflops, bf16_ceiling = gemm_ceiling(model, torch.bfloat16)
     rollout_row = comparison(
         rate["bf16"],
         rate["before"],
@@ -278,34 +353,6 @@ def rollout_rows(
         tokens=tokens,
         seconds={name: round(s, 6) for name, s in seconds.items()},
     )
-    share = {name: judge_seconds[name] / (seconds["exact"] + judge_seconds[name]) for name in judge_seconds}
-    relevance = {name: [v["relevance"] for v in verdicts[name] if v["relevance"] is not None] for name in verdicts}
-
-    def against_exact(name: str) -> dict[str, float]:
-        """How `name`'s verdicts and contrasts compare with the exact scorer's, and its share of the report."""
-        same = sum(a["failed"] == b["failed"] for a, b in zip(verdicts["exact"], verdicts[name]))
-        diffs = [abs(a - b) for a, b in zip(relevance["exact"], relevance[name])]
-        return {
-            "share": round(share[name], 4),
-            "seconds": round(judge_seconds[name], 6),
-            "verdicts_identical": round(same / max(len(verdicts["exact"]), 1), 4),
-            "relevance_max_abs_diff": round(max(diffs, default=0.0), 4),
-            "relevance_mean_abs_diff": round(sum(diffs) / max(len(diffs), 1), 4),
-        }
-
-    scorer_row = {
-        "value": round(share["exact"], 4),
-        "unit": "share of wall time",
-        "higher_is_better": False,
-        "goal": 0.15,
-        "met": share["exact"] <= 0.15,
-        "settings": settings,
-        "before": against_exact("before"),
-        "bf16": against_exact("bf16"),
-        "ratio_over_before": round(judge_seconds["before"] / judge_seconds["exact"], 3),
-        "replies_scored": len(relevance["exact"]),
-        "seconds": {"rollouts": round(seconds["exact"], 6), "answer_gate": round(judge_seconds["exact"], 6)},
-    }
     return {"smollm2_rollout_tokens_per_s": rollout_row, "smollm2_report_scorer_share": scorer_row}
 
 
@@ -516,7 +563,7 @@ def run(quick: bool, device: str, load: Loader = load_model, only: Sequence[str]
     )
     results: dict[str, dict[str, Any]] = {}
     if {"smollm2_rollout_tokens_per_s", "smollm2_report_scorer_share"} & set(only):
-        results.update(rollout_rows(model, tokenizer, plan, size))
+        results.update(rollout_rows(model, tokenizer, plan, size, numerics="smollm2_rollout_tokens_per_s" in only))
     if "smollm2_rollout_vs_hf_generate" in only:
         results["smollm2_rollout_vs_hf_generate"] = generate_row(model, tokenizer, plan, size)
     if "smollm2_teacher_vs_hf_generate" in only:

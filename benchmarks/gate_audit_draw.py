@@ -13,7 +13,7 @@ turn as [user, reply, on-topic checks]; `bench_gate.py` judges them again.
   python benchmarks/gate_audit_draw.py runs/audit/gen --constraints recipes/data/smollm2_constraints.yaml \\
       --turns 8 --dialogues 64 --seed 7 --out runs/audit/unlabelled.jsonl
 
-The third audit (issue 59) draws `--blind`: per (family, language, model), so that no verdict decides the sample.
+The third audit (issue 59) draws `--blind`: per (constraint, language, model), so that no verdict decides the sample.
 
 The second audit (messages without topic words, issue 44) draws from reports on your own `--user-turns`
 (`--probe-every` as the run had it) and adds `--records N` replies of GAtt data (`--records-file`, the
@@ -26,6 +26,7 @@ import argparse
 import json
 import random
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,20 +40,31 @@ SOURCES = {
 }
 
 
-def expected_language(dialogue: EvalDialogue) -> str:
-    """The language a reply should be in: the language family's value, the language a `language` check asks for (a
-    constraint of your own), else English."""
-    constraint = dialogue.constraint
-    if constraint is None:
-        return "English"
-    if constraint.family == "language":
-        return constraint.value
-    codes = [check.args["code"] for check in constraint.checks if check.type == "language"]
+def expected_language(family: str, value: str, checks: Sequence[dict[str, Any]]) -> str:
+    """The language a reply to a constraint should be in: the language family's value, the language a `language`
+    check asks for (a constraint of your own), else English."""
+    if family == "language":
+        return value
+    codes = [check["code"] for check in checks if check["type"] == "language"]
     if not codes:
         return "English"
     import lingua
 
     return lingua.Language.from_iso_code_639_1(getattr(lingua.IsoCode639_1, codes[0].upper())).name.title()
+
+
+def dialogue_language(dialogue: EvalDialogue) -> str:
+    constraint = dialogue.constraint
+    if constraint is None:
+        return "English"
+    return expected_language(constraint.family, constraint.value, [check.to_dict() for check in constraint.checks])
+
+
+def record_language(record: dict[str, Any]) -> str:
+    """The language a GAtt record's replies should be in (of its first constraint that asks for one)."""
+    languages = [expected_language(c.get("family", ""), c.get("value", ""), c.get("checks", [])) for c in
+                 record.get("constraints", [])]  # fmt: skip
+    return next((language for language in languages if language != "English"), "English")
 
 
 def outcome(turn: dict[str, Any]) -> str:
@@ -63,9 +75,8 @@ def outcome(turn: dict[str, Any]) -> str:
 def candidate_rows(
     transcripts: list[dict[str, Any]], dialogues: list[EvalDialogue], prefix: str = "", blind: bool = False
 ) -> list[tuple[str, dict[str, Any]]]:
-    """(cell, row) for every chat reply of the transcripts (of dialogues with an instruction); a cell is the family,
-    the expected language and the gate's outcome, or (`blind`) the model, the family and the language: a draw that
-    no verdict decides."""
+    """(cell, row) for every chat reply of the transcripts; a cell is the family, the expected language and the gate's
+    outcome, or (`blind`) the constraint's name, the language and the model: a draw that no verdict decides."""
     by_id = {d.id: d for d in dialogues}
     rows = []
     for transcript in (t for t in transcripts if t["id"] in by_id):
@@ -78,7 +89,7 @@ def candidate_rows(
                     "give the run's --constraints, --user-turns, --turns, --dialogues, --seed and --probe-every"
                 )
             family = dialogue.constraint.family if dialogue.constraint is not None else "none"
-            language = expected_language(dialogue)
+            language = dialogue_language(dialogue)
             row = {
                 "id": f"{prefix}{transcript['model']}.{dialogue.id}.{number}",
                 "source": SOURCES.get(transcript["model"], transcript["model"]),
@@ -94,8 +105,11 @@ def candidate_rows(
             }
             earlier.append([planned.user, turn["reply"], row["on_topic"]])
             if planned.kind == "chat":
-                last = transcript["model"] if blind else outcome(turn)
-                rows.append((f"{family}|{language}|{last}", row))
+                if blind:  # per instruction (a constraint of your own has the family `custom`), no verdict
+                    name = dialogue.constraint.name if dialogue.constraint is not None else "none"
+                    rows.append((f"{name}|{language}|{transcript['model']}", row))
+                else:
+                    rows.append((f"{family}|{language}|{outcome(turn)}", row))
     return rows
 
 
@@ -116,7 +130,7 @@ def record_rows(path: Path, n: int, seed: int, prefix: str = "data.") -> list[di
                     "instruction": record["instruction_short"] if record.get("use_short") else record["instruction"],
                     "family": ",".join(sorted({c.get("family", "custom") for c in record.get("constraints", [])}))
                     or "none",
-                    "language": "English",
+                    "language": record_language(record),
                     "user": user,
                     "reply": reply,
                     "earlier": list(earlier),
@@ -154,7 +168,7 @@ def main() -> None:
     parser.add_argument(
         "--blind",
         action="store_true",
-        help="cells of (family, language, model), no gate outcome: the sample does not depend on any verdict "
+        help="cells of (constraint, language, model), no gate outcome: the sample does not depend on any verdict "
         "(the third audit, issue 59)",
     )
     parser.add_argument("--id-prefix", default="", help="prefix of every drawn row's id (a second run's rows)")

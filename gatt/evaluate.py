@@ -457,7 +457,8 @@ def run(args: EvalConfig) -> dict[str, Any]:
         f"likelihood contrast under {relevance_model} with {args.relevance_others} other questions "
         f"(>= {gate.relevance_sum} nats and >= {gate.relevance_mean} nats/token)"
     )
-    embedding = f"similarity under all-MiniLM-L6-v2 (>= {gate.embedding_min}; a reply not in English: the contrast)"
+    not_english = "the contrast" if gate.not_english_judge == "contrast" else "the same (it scores low)"
+    embedding = f"similarity under all-MiniLM-L6-v2 (>= {gate.embedding_min}; a reply not in English: {not_english})"
 
     def described(judge: str | None) -> str | None:
         parts = [

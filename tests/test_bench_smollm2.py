@@ -41,16 +41,33 @@ def test_rollout_row_compares_bf16_and_the_exact_path_with_the_path_before(resul
 
 def test_scorer_share_is_the_gates_part_of_the_report(results):
     row = results["smollm2_report_scorer_share"]
-    seconds = row["seconds"]
-    assert row["value"] == pytest.approx(
-        seconds["answer_gate"] / (seconds["answer_gate"] + seconds["rollouts"]), abs=2e-3
-    )
+    seconds, judges = row["seconds"], row["judges"]
+    assert set(judges) == {"contrast", "embedding", "both"}
+    for judge in judges.values():  # each judge's seconds over the report's: the rollouts and that judge's gate
+        assert judge["share"] == pytest.approx(judge["seconds"] / (judge["seconds"] + seconds["rollouts"]), abs=2e-3)
+        assert 0 <= judge["verdicts_identical_to_contrast"] <= 1
+    assert judges["contrast"]["seconds"] == pytest.approx(seconds["answer_gate"], rel=1e-3)
+    assert judges["contrast"]["verdicts_identical_to_contrast"] == 1.0
+    # the headline is the strict gate's judge of messages without topic words
+    assert row["judge"] == "embedding" and row["value"] == judges["embedding"]["share"]
     assert row["met"] == (row["value"] <= 0.15) and row["higher_is_better"] is False
     # the shared-prompt scorer gives the one-pass scorer's numbers, so the same verdicts
     assert row["replies_scored"] > 0 and row["before"]["verdicts_identical"] == 1.0
     assert row["before"]["relevance_max_abs_diff"] < 1e-3
     assert row["ratio_over_before"] == pytest.approx(row["before"]["seconds"] / seconds["answer_gate"], rel=1e-2)
     assert 0 <= row["bf16"]["verdicts_identical"] <= 1 and row["bf16"]["relevance_max_abs_diff"] > 0  # rounding shows
+
+
+def test_the_scorer_share_alone_times_the_exact_rollouts_and_each_judge(model, tokenizer):
+    only = bench_smollm2.run(
+        quick=True, device="cpu", load=lambda: (model, tokenizer), only=["smollm2_report_scorer_share"]
+    )
+    assert set(only) == {"smollm2_report_scorer_share"}
+    row = only["smollm2_report_scorer_share"]
+    assert row["settings"]["order"] == "exact, one after another" and "before" not in row and "bf16" not in row
+    assert (
+        set(row["judges"]) == {"contrast", "embedding", "both"} and row["value"] == row["judges"]["embedding"]["share"]
+    )
 
 
 def test_generate_and_teacher_rows_time_the_same_work_on_both_sides(results):

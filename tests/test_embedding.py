@@ -11,7 +11,7 @@ from test_user_constraints import TENNIS, model_dir  # noqa: F401  (the tiny cha
 from transformers import AutoModel, AutoTokenizer
 
 import gatt.embedding
-from gatt.checks import Check, detect_language
+from gatt.checks import Check
 from gatt.embedding import MINILM_SHA256, SentenceEmbedder, minilm_zip, sentence_embedder
 from gatt.gate import AnswerGate, GateConfig, GateItem, GateTurn
 
@@ -209,23 +209,29 @@ def test_the_report_judges_relevance_by_embedding_and_records_the_model(model_di
     report = evaluate_main(args)
     gate = report["settings"]["answer_gate"]
     assert gate["relevance_judge"] == "embedding" and gate["embedding_judge"]["weights_sha256"] == MINILM_SHA256
-    assert "all-MiniLM-L6-v2" in gate["relevance"] and "not in English: the contrast" in gate["relevance"]
+    assert "all-MiniLM-L6-v2" in gate["relevance"] and "not in English: the same" in gate["relevance"]
     transcripts = [json.loads(line) for line in (tmp_path / "out" / "transcripts.jsonl").read_text().splitlines()]
     chat = [turn for t in transcripts for turn in t["turns"] if turn["kind"] == "chat" and turn["reply"].strip()]
-    assert chat
-    for turn in chat:  # English replies by the embedding, the others by the contrast (the tiny model writes both)
-        verdict = turn["gate"]
-        english = detect_language(turn["reply"]) in ("en", None)
-        assert (verdict.get("similarity") is not None, verdict["relevance"] is not None) == (english, not english)
-        if english:
-            assert ("off_topic" in verdict["failed"]) == (verdict["similarity"] < GateConfig.strict().embedding_min)
+    judged = [turn["gate"] for turn in chat if turn["gate"].get("similarity") is not None]
+    assert judged  # replies in any language by the embedding alone: no contrast is computed
+    assert all(turn["gate"]["relevance"] is None for turn in chat)
+    for verdict in judged:
+        assert ("off_topic" in verdict["failed"]) == (verdict["similarity"] < GateConfig.strict().embedding_min)
 
 
-def test_a_reply_not_in_english_is_left_to_the_contrast(embedder):
+def test_a_reply_not_in_english_fails_the_embedding_or_is_left_to_the_contrast(embedder):
     italian = "Le api raccolgono il nettare dai fiori e nell'alveare lo trasformano in miele."
     items = [GateItem(GateTurn(BEES, reply), (), OTHERS) for reply in (italian, FILLER)]
-    verdicts = AnswerGate(GateConfig(relevance_judge="embedding"), ConstantScorer(), embedder).judge(items)
+    # by default MiniLM judges it: an English message and an Italian answer score low, so it fails
+    strict = GateConfig(relevance_judge="embedding")
+    verdicts = AnswerGate(strict, ConstantScorer(), embedder).judge(items)
+    assert verdicts[0].failed == ("off_topic",) and verdicts[0].similarity < strict.embedding_min
+    assert verdicts[0].relevance is None and strict.models() == {"embedding"}
+    # not_english_judge="contrast": the contrast judges it, the English filler still the embedding
+    fallback = GateConfig(relevance_judge="embedding", not_english_judge="contrast")
+    verdicts = AnswerGate(fallback, ConstantScorer(), embedder).judge(items)
     assert verdicts[0].failed == () and verdicts[0].similarity is None and verdicts[0].relevance == 100.0
-    assert verdicts[1].failed == ("off_topic",) and verdicts[1].similarity is not None  # English: the embedding
-    assert GateConfig(relevance_judge="embedding").models() == {"contrast", "embedding"}
-    assert embedder.similarity([(BEES, italian)])[0] < GateConfig().embedding_min  # what the fallback is for
+    assert verdicts[1].failed == ("off_topic",) and verdicts[1].similarity is not None
+    assert fallback.models() == {"contrast", "embedding"}
+    with pytest.raises(ValueError, match="not_english_judge must be embedding or contrast"):
+        GateConfig(not_english_judge="french")

@@ -11,7 +11,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_gate  # noqa: E402
 import gate_audit_draw  # noqa: E402
 
-from gatt.gate import Verdict  # noqa: E402
+from gatt.gate import GateConfig, Verdict  # noqa: E402
 
 
 def test_gatt_data_replies_are_drawn_with_their_earlier_turns_and_the_instruction_in_view(tmp_path):
@@ -95,11 +95,24 @@ def test_the_expected_language_of_a_constraint_of_your_own_is_its_language_check
     from types import SimpleNamespace
 
     from gatt.checks import Constraint
+    from gatt.events import constraint_entry
 
     def own(checks):
         spec = {"name": "x", "instruction": "Reply in it.", "short": "x", "checks": checks}
-        return SimpleNamespace(constraint=Constraint.from_dict(spec))
+        return Constraint.from_dict(spec)
 
-    assert gate_audit_draw.expected_language(own([{"type": "language", "code": "it"}])) == "Italian"
-    assert gate_audit_draw.expected_language(own([{"type": "max_words", "n": 30}])) == "English"
-    assert gate_audit_draw.expected_language(SimpleNamespace(constraint=None)) == "English"
+    italian, short = own([{"type": "language", "code": "it"}]), own([{"type": "max_words", "n": 30}])
+    assert gate_audit_draw.dialogue_language(SimpleNamespace(constraint=italian)) == "Italian"
+    assert gate_audit_draw.dialogue_language(SimpleNamespace(constraint=short)) == "English"
+    assert gate_audit_draw.dialogue_language(SimpleNamespace(constraint=None)) == "English"
+    # a GAtt record's replies: the language of whichever of its constraints asks for one
+    record = {"constraints": [constraint_entry(short), constraint_entry(italian)]}
+    assert gate_audit_draw.record_language(record) == "Italian"
+    assert gate_audit_draw.record_language({"constraints": [constraint_entry(short)]}) == "English"
+
+
+def test_each_judge_compared_is_the_strict_gate_with_its_judge_and_its_treatment_of_replies_not_in_english():
+    assert bench_gate.judge_config("contrast") == GateConfig.strict().judged_by("contrast")
+    assert bench_gate.judge_config("embedding").not_english_judge == "embedding"
+    fallback = bench_gate.judge_config("both_fallback")
+    assert fallback.relevance_judge == fallback.topic_words_judge == "both" and fallback.not_english_judge == "contrast"
