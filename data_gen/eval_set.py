@@ -22,6 +22,7 @@ import yaml
 from data_gen.constraints import catalogue, family_table
 from data_gen.user_turns import on_topic_check, split_user_turns
 from gatt.checks import dump_constraints
+from gatt.eval.inputs import EvalTurn
 from gatt.files import atomic_path, write_text
 
 
@@ -48,3 +49,10 @@ def write_eval_set(out_dir: Path, *, seed: int = 0) -> dict:
         "topics": len({turn.topic for turn in heldout}),
         "out": str(out_dir),
     }
+
+
+def training_turns(seed: int = 0) -> list[EvalTurn]:
+    """The training side of the same split, as the evaluation reads turns (topic and on-topic check): the messages of
+    GRPO's prompts (recipes/grpo_gatt.py), so that the report's held-out messages are never trained on."""
+    train, _ = split_user_turns(seed=seed)
+    return [EvalTurn(turn.text, (on_topic_check(turn.topic),), turn.topic) for turn in train if turn.topic is not None]

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 import yaml
@@ -314,7 +314,16 @@ def build_model(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> torc
     return model
 
 
-def lora_config(config: TrainConfig) -> LoraConfig:
+class LoraSettings(Protocol):
+    """The LoRA fields a config carries (TrainConfig, gatt.grpo.GRPOGattConfig)."""
+
+    lora_r: int
+    lora_alpha: int
+    lora_dropout: float
+    lora_targets: list[str]
+
+
+def lora_config(config: LoraSettings) -> LoraConfig:
     """The LoRA adapters a config asks for (`lora_r` > 0): rank, alpha, dropout and target modules."""
     return LoraConfig(
         r=config.lora_r,

@@ -3,6 +3,7 @@
   python recipes/demo.py --config recipes/configs/demo.yaml [key=value ...]          (make demo)
   python recipes/demo.py --config recipes/configs/base_model.yaml                    (make base-model)
   python recipes/demo.py --config recipes/configs/demo_smollm2.yaml [key=value ...]  (make demo-smollm2)
+  python recipes/demo.py --config recipes/configs/grpo_smollm2.yaml                  (make grpo-smollm2)
 
 The config holds the demo's own keys (DemoConfig) and one section per stage: the settings of the command that runs
 it, its flags' names with underscores (`data.gatt.max_turns=10` overrides one). Each stage runs its command on
@@ -13,6 +14,7 @@ the teacher); `seed`, `constraints`, `user_turns` and `heldout_families` go to e
   data.replay  python -m data_gen replay   smollm2: its own instruction-free answers (over data.gatt's settings)
   train.base   recipes/train_gatt.py       rebuild_base: the chat model from scratch (`config: FILE`, then keys)
   train.gatt   recipes/train_gatt.py       the GAtt fine-tune, the base corpus (or the replay data) replayed
+  train.grpo   recipes/grpo_gatt.py        optional: RL on the checks (TRL's GRPO) from the GAtt model: gatt+grpo
   eval         python -m gatt.evaluate     base, gatt and the base+repeat upper bound
 GAtt starts from the chat model shipped in the package (gatt/embedded.py), or with `rebuild_base: true` (make demo
 BASE=rebuild) from one trained first; `rounds: 0` with it is make base-model (its report and OUT/embedded, the
@@ -47,6 +49,7 @@ from gatt.eval.report import add_rounds, summary_tables
 from gatt.eval.rounds import gatt_data_dir, gatt_dir, round_entries, round_suffix, student_name
 from gatt.evaluate import EvalConfig
 from gatt.events import KINDS
+from gatt.grpo import GRPOGattConfig
 from gatt.machine import REFERENCE_GFLOPS, available_cpus, machine_calibration
 from gatt.numerics import resolve_auto
 from gatt.stages import Stage, run_stages, stage_timings
@@ -65,7 +68,7 @@ def stages(config: DemoConfig) -> list[Stage]:
     precision = resolve_auto(config.mixed_precision, device, "bf16", "no", "mixed_precision")
     launch = ["-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1"]
     launch += ["--mixed_precision", precision, "--dynamo_backend", "no"]
-    train_script = [*python, *(launch if config.launcher == "accelerate" else []), str(ROOT / "recipes/train_gatt.py")]
+    train_launch = [*python, *(launch if config.launcher == "accelerate" else [])]
     gatt = section(config, "data.gatt")
     gatt = {**({"shard_size": gatt["batch_size"]} if "batch_size" in gatt else {}), **gatt}  # a shard: one batch
 
@@ -78,10 +81,11 @@ def stages(config: DemoConfig) -> list[Stage]:
         settings = {**shared, **settings, **({"teacher": teacher} if teacher else {}), "out": folder}
         return stage(name, [*python, "-m", "data_gen", subcommand], settings, folder, subcommand != "base")
 
-    def train(name: str, settings: Section, files: dict[str, Any], folder: Path) -> Stage:
+    def train(name: str, settings: Section, files: dict[str, Any], folder: Path, script: str = "train_gatt") -> Stage:
         settings = dict(settings)
         base = read_yaml_config(ROOT / settings.pop("config")) if "config" in settings else {}
-        return stage(name, [*train_script, "--resume"], {**base, **settings, **files, "output_dir": folder}, folder)
+        command = [*train_launch, str(ROOT / "recipes" / f"{script}.py"), "--resume"]
+        return stage(name, command, {**base, **settings, **files, "output_dir": folder}, folder)
 
     def gatt_model(name: str, settings: Section, start: Path, data_files: list[str], folder: Path) -> Stage:
         files = {"model": start, "train_file": data_files[0] if len(data_files) == 1 else data_files}
@@ -115,8 +119,14 @@ def stages(config: DemoConfig) -> list[Stage]:
         train_section = {**section(config, "train.gatt"), **section(config, "any_turn.train")}
         any_files = [str(any_data / "gatt.jsonl")]
         plan.append(gatt_model("gatt-any-model", train_section, base_model_dir(config), any_files, any_gatt))
+    grpo = "grpo" in (config.train or {})
+    if grpo:  # RL on the checks from the last round's GAtt model (gatt/grpo.py)
+        settings = {**inputs(config, config_keys(GRPOGattConfig)), **section(config, "train.grpo")}
+        files = {"model": gatt_dir(out, config.rounds) / "final", "seed": config.seed}
+        plan.append(train("grpo-model", settings, files, out / "grpo", script="grpo_gatt"))
     models = [f"base={base_model_dir(config)}"] if config.baselines else []
     models += [f"{student_name(r, config.rounds)}={gatt_dir(out, r) / 'final'}" for r in range(1, config.rounds + 1)]
+    models += [f"{student_name(config.rounds, config.rounds)}+grpo={out / 'grpo' / 'final'}"] if grpo else []
     models += [f"gatt-any={out / 'any' / 'gatt' / 'final'}"] if config.any_turn is not None else []
     report = {**inputs(config, config_keys(EvalConfig)), **section(config, "eval"), "model": models}
     report |= {"out": out / "report", **({"repeat_instruction": ["base"]} if config.baselines else {})}

@@ -13,6 +13,7 @@ from typing import Any
 from data_gen.__main__ import command_keys
 from gatt.config import check_section, config_keys, dataclass_from_dict, read_yaml_config
 from gatt.evaluate import EvalConfig
+from gatt.grpo import GRPOGattConfig
 from gatt.train import TrainConfig
 
 Section = dict[str, Any]
@@ -32,7 +33,7 @@ class DemoConfig:
     user_turns: str = ""  # your user messages for the teacher, the replay data and the report (default: built-in)
     heldout_families: list[str] = field(default_factory=list)  # kept out of the GAtt data, reported as held out
     data: dict[str, Section] = field(default_factory=dict)  # base, gatt, replay
-    train: dict[str, Section] = field(default_factory=dict)  # base, gatt
+    train: dict[str, Section] = field(default_factory=dict)  # base, gatt, grpo (RL on the checks after GAtt)
     eval: Section = field(default_factory=dict)
     any_turn: dict[str, Section] | None = None  # data, train: over data.gatt's and train.gatt's settings
     launcher: str = "accelerate"  # "accelerate" (accelerate launch) or "python"
@@ -48,6 +49,7 @@ SECTIONS: dict[str, tuple[list[str], tuple[str, ...]]] = {
     "data.replay": (command_keys("replay"), ("out", "teacher", "seed")),
     "train.base": (TRAIN_KEYS, ("train_file", "output_dir", "seed")),
     "train.gatt": (TRAIN_KEYS, ("model", "train_file", "replay_file", "output_dir", "seed")),
+    "train.grpo": (["config", *config_keys(GRPOGattConfig)], ("model", "output_dir", "seed")),
     "eval": (config_keys(EvalConfig), ("model", "out", "repeat_instruction", "seed")),
 }
 SECTIONS |= {"any_turn.data": SECTIONS["data.gatt"], "any_turn.train": SECTIONS["train.gatt"]}
@@ -112,7 +114,7 @@ CHOICES = {
     "launcher": ("accelerate", "python"),
     "mixed_precision": ("no", "bf16", "fp16", "auto"),
 }
-PARTS = {"data": ("base", "gatt", "replay"), "train": ("base", "gatt"), "any_turn": ("data", "train")}
+PARTS = {"data": ("base", "gatt", "replay"), "train": ("base", "gatt", "grpo"), "any_turn": ("data", "train")}
 
 
 def validate(config: DemoConfig) -> None:

@@ -1,0 +1,148 @@
+"""GAtt followed by GRPO on the checks (gatt/grpo.py, recipes/grpo_gatt.py): the prompts, the reward and a run."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
+from demo import load_config, stages  # noqa: E402
+
+from data_gen.eval_set import training_turns  # noqa: E402
+from gatt.checks import Check  # noqa: E402
+from gatt.eval.inputs import load_eval_turns  # noqa: E402
+from gatt.gate import GateConfig  # noqa: E402
+from gatt.grpo import (  # noqa: E402
+    ChecksAndGateReward,
+    GRPOGattConfig,
+    prompt_dialogues,
+    prompt_records,
+    reward_gate,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fake_transcripts(dialogues):
+    """A transcript per dialogue whose reply at turn t says which turn it is."""
+    return [
+        {"id": d.id, "turns": [{"user": turn.user, "reply": f"reply {t}"} for t, turn in enumerate(d.turns, start=1)]}
+        for d in dialogues
+    ]
+
+
+def test_prompts_cut_the_start_models_dialogues_with_the_instruction_in_turn_one_only():
+    config = GRPOGattConfig(
+        model="embedded", output_dir="unused", prompt_dialogues=6, prompt_turns=8, prompts_per_dialogue=3
+    )
+    turns = training_turns()
+    dialogues = prompt_dialogues(config, turns)
+    assert {d.stratum for d in dialogues} == {"train"} and all(d.constraint.split == "train" for d in dialogues)
+    held_out = {t.text for t in load_eval_turns()}  # the report's messages are never a prompt's
+    assert not held_out & {turn.user for d in dialogues for turn in d.turns}
+    records = prompt_records(fake_transcripts(dialogues), dialogues, config)
+    assert len(records) == 6 * 3
+    by_dialogue: dict[str, list[int]] = {}
+    for record in records:
+        by_dialogue.setdefault(record["dialogue"], []).append(record["turn"])
+    assert all(len(set(cuts)) == 3 and all(2 <= t <= 8 for t in cuts) for cuts in by_dialogue.values())
+    dialogue = {d.id: d for d in dialogues}[records[0]["dialogue"]]
+    record, t = records[0], records[0]["turn"]
+    messages = record["prompt"]
+    assert messages[0] == {"role": "system", "content": dialogue.instruction}
+    assert [m["role"] for m in messages[1:]] == ["user", "assistant"] * (t - 1) + ["user"]
+    assert [m["content"] for m in messages[2::2]] == [f"reply {i}" for i in range(1, t)]
+    assert messages[-1]["content"] == dialogue.turns[t - 1].user == record["user"]
+    assert all(dialogue.instruction not in m["content"] for m in messages[1:])  # given once, in turn one
+    assert json.loads(record["checks"]) == [c.to_dict() for c in dialogue.turns[t - 1].checks]
+    assert [e["reply"] for e in json.loads(record["earlier"])] == [f"reply {i}" for i in range(1, t)]
+
+
+def reward_inputs(reply, checks, earlier=(), user="How do bees make honey?"):
+    on_topic = [Check("contains_any", {"words": ["bees", "honey"]}).to_dict()]
+    return {
+        "prompts": [[]],
+        "completions": [[{"role": "assistant", "content": reply}]],
+        "checks": [json.dumps([c.to_dict() for c in checks])],
+        "on_topic": [json.dumps(on_topic)],
+        "earlier": [json.dumps([{"user": u, "reply": r, "kind": "chat", "on_topic": on_topic} for u, r in earlier])],
+        "user": [user],
+        "kind": ["chat"],
+        "instruction": ["End every reply with 'Cheers!'"],
+    }
+
+
+def test_the_reward_is_the_share_of_checks_passed_and_nothing_for_a_reply_the_gate_fails():
+    reward = ChecksAndGateReward(GateConfig())
+    cheers = Check("endswith", {"text": "Cheers!"})
+    caps = Check("all_caps", {})
+    answer = "Bees gather nectar, store it in wax cells and fan it with their wings until it becomes honey. Cheers!"
+    logged = {}
+    assert reward(**reward_inputs(answer, [cheers]), log_metric=logged.__setitem__) == [1.0]
+    assert logged == {"checks": 1.0, "real_answer": 1.0, "words": 19.0}
+    assert reward(**reward_inputs(answer, [cheers, caps])) == [0.5]
+    off_topic = "I like trains and the colour blue very much, they are nice. Cheers!"  # passes its check
+    assert reward(**reward_inputs(off_topic, [cheers])) == [0.0]
+    assert reward(**reward_inputs("Cheers!", [cheers])) == [0.0]  # no answer: only the sign-off
+    repeat = reward_inputs(answer, [cheers], earlier=[("Tell me about honey bees.", answer)])
+    assert reward(**repeat, log_metric=logged.__setitem__) == [0.0]  # a copy of an earlier reply
+    assert logged["checks"] == 1.0 and logged["real_answer"] == 0.0
+
+
+def test_the_reward_never_asks_the_model_being_trained_whether_a_reply_is_on_topic():
+    for strict in (False, True):
+        gate = reward_gate(GRPOGattConfig(model="m", output_dir="o", strict_gate=strict))
+        assert not gate.uses_contrast and gate.judge_for(False) == "embedding"
+        assert gate.relevance_both == strict and gate.judge_for(True) == ("embedding" if strict else None)
+
+
+def test_a_bad_config_is_refused_naming_what_is_wrong():
+    with pytest.raises(ValueError, match="my.yaml: num_generations must be >= 2 and divide batch_size"):
+        GRPOGattConfig(model="m", output_dir="o", batch_size=10, num_generations=4).validate("my.yaml")
+    with pytest.raises(ValueError, match="prompts_per_dialogue must be at most prompt_turns - 1 = 3"):
+        GRPOGattConfig(model="m", output_dir="o", prompt_turns=4, prompts_per_dialogue=4).validate()
+
+
+def test_the_grpo_demos_train_gatt_then_grpo_from_it_and_report_gatt_grpo_beside_gatt(tmp_path):
+    for name, start in (("grpo_embedded", "round-1"), ("grpo_smollm2", "round-1")):
+        plan = {
+            s.name: s for s in stages(load_config(ROOT / "recipes" / "configs" / f"{name}.yaml", [f"out={tmp_path}"]))
+        }
+        grpo = plan["grpo-model"]
+        assert grpo.command[-4:-2] == [str(ROOT / "recipes" / "grpo_gatt.py"), "--resume"]
+        assert grpo.settings["model"] == str(tmp_path / start / "gatt" / "final")
+        assert grpo.settings["output_dir"] == str(tmp_path / "grpo")
+        GRPOGattConfig(**grpo.settings).validate()  # every key of its section and of grpo_gatt.yaml is a field
+        report = plan["report"].settings
+        assert report["model"][-2:] == [
+            f"gatt={tmp_path / start / 'gatt' / 'final'}",
+            f"gatt+grpo={tmp_path / 'grpo' / 'final'}",
+        ]
+        assert report["paired_baseline"] == ["gatt"]
+    with pytest.raises(ValueError, match=r"train.grpo: unknown key\(s\) lora; the keys are config, "):
+        stages(load_config(ROOT / "recipes" / "configs" / "grpo_embedded.yaml", ["train.grpo.lora=3"]))
+
+
+def test_grpo_trains_from_the_embedded_model_and_resumes_from_its_checkpoint(tmp_path):
+    out = tmp_path / "grpo"
+    config = {"model": "embedded", "output_dir": str(out), "prompt_dialogues": 2, "prompt_turns": 3}
+    config |= {"prompts_per_dialogue": 2, "max_new_tokens": 8, "batch_size": 4, "num_generations": 2}
+    config |= {"lora_r": 0, "save_steps": 1, "max_steps": 2}
+    (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(config))
+    command = [sys.executable, str(ROOT / "recipes" / "grpo_gatt.py"), "--config", str(tmp_path / "grpo.yaml")]
+    subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
+    summary = json.loads((out / "grpo.json").read_text())
+    assert summary["steps"] == 2 and summary["prompts"] == 4 and len(summary["curve"]) == 2
+    assert 0 < summary["generation_share"] < 1 and summary["seconds_per_step"] > 0
+    assert all(0.0 <= point["reward"] <= 1.0 and 0.0 <= point["real_answer"] <= 1.0 for point in summary["curve"])
+    assert (out / "final" / "config.json").exists() and (out / "checkpoints" / "checkpoint-2").exists()
+    prompts = (out / "prompts.jsonl").read_text()
+    subprocess.run([*command, "--resume", "max_steps=3"], check=True, capture_output=True, cwd=ROOT)
+    assert (out / "prompts.jsonl").read_text() == prompts  # made once
+    resumed = json.loads((out / "grpo.json").read_text())
+    assert resumed["steps"] == 3 and resumed["curve"][:2] == summary["curve"]  # steps 1 and 2 were not redone
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps[:3] == [1, 2, 2] and steps.count(3) >= 1  # step 2's summary line, then the resumed step 3
