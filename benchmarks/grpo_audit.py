@@ -4,8 +4,8 @@ From a `make grpo-*` report (its transcripts.jsonl), per model: the answer gate'
 dialogues with an instruction and of those without, the mean reply length in words, and the on-topic share without
 an instruction (replies to built-in messages that pass their topic words). `--draw N` writes N chat replies of
 `--model`, drawn at random from dialogues with an instruction, for readers who see the message, the two turns before
-it and the reply, and neither the reward nor the gate's verdict; `--labels FILE` (those rows with `label`
-"answer" or "not") adds how many are real answers and how often the gate agrees with the readers.
+it, the instruction and the reply, and neither the reward nor the gate's verdict (benchmarks/data/fresh_audit/
+labelling_guide.md); `--labels FILE` (those rows with `label` "answer" or "not_answer") adds how many are real answers and how often the gate agrees with the readers.
 
   python benchmarks/grpo_audit.py runs/grpo-smollm2/report --draw 40 --model gatt+grpo --out runs/grpo-audit.jsonl
   python benchmarks/grpo_audit.py runs/grpo-smollm2/report --labels results/grpo/smollm2/audit_labels.jsonl \\
@@ -51,18 +51,20 @@ def model_figures(turns: dict[str, list[tuple[dict, dict]]]) -> dict[str, Any]:
             sum(turn["gate"]["passed"] for _, turn in turns["none"]), len(turns["none"])
         ),
         "on_topic_no_instruction": share(sum(on_topic), len(on_topic)),
-        "mean_words": round(sum(len(words(turn["reply"])) for turn in everything) / len(everything), 1),
+        "mean_words": round(sum(len(words(turn["reply"])) for turn in everything) / len(everything), 2),
     }
 
 
 def draw(turns: list[tuple[dict, dict]], n: int, seed: int) -> list[dict[str, Any]]:
-    """`n` replies for blind readers: the message, the two turns before it, the reply; no reward, no verdict."""
+    """`n` replies for blind readers: the instruction, the message, the two turns before it, the reply; no reward, no
+    verdict."""
     rows = []
     for transcript, turn in random.Random(seed).sample(turns, min(n, len(turns))):
         before = [t for t in transcript["turns"] if t["turn"] < turn["turn"]][-2:]
         rows.append(
             {
                 "id": f"{transcript['id']}-t{turn['turn']}",
+                "instruction": transcript["instruction"],
                 "earlier": [[t["user"], t["reply"]] for t in before],
                 "user": turn["user"],
                 "reply": turn["reply"],
@@ -76,9 +78,11 @@ def draw(turns: list[tuple[dict, dict]], n: int, seed: int) -> list[dict[str, An
 def labelled(rows: list[dict[str, Any]], turns: list[tuple[dict, dict]]) -> dict[str, Any]:
     """The readers' real-answer count, and the gate's agreement with them on the same replies."""
     verdicts = {f"{t['id']}-t{turn['turn']}": turn["gate"]["passed"] for t, turn in turns}
-    bad = [row["id"] for row in rows if row.get("label") not in ("answer", "not") or row["id"] not in verdicts]
+    bad = [row["id"] for row in rows if row.get("label") not in ("answer", "not_answer") or row["id"] not in verdicts]
     if bad:
-        raise ValueError(f"labels: rows without an 'answer'/'not' label or not in the report: {', '.join(bad[:5])}")
+        raise ValueError(
+            f"labels: rows without an 'answer'/'not_answer' label or not in the report: {', '.join(bad[:5])}"
+        )
     answers = [row["label"] == "answer" for row in rows]
     agree = [verdicts[row["id"]] == answer for row, answer in zip(rows, answers, strict=True)]
     passed = [answer for row, answer in zip(rows, answers, strict=True) if verdicts[row["id"]]]

@@ -93,6 +93,7 @@ LABELS = {
     "teacher_vs_hf_generate": "batched teacher vs generate() loop, one dialogue at a time",
     "teacher_vs_hf_generate_batched": "batched teacher vs generate() batched over the dialogues",
     "teacher_batched_vs_single": "teacher batched vs one dialogue at a time",
+    "grpo_completions_vs_trl_generate": "GRPO's k completions a prompt vs TRL GRPOTrainer's generate()",
     "smollm2_rollout_tokens_per_s": "SmolLM2 report rollouts: bf16 vs the path before",
     "smollm2_report_scorer_share": "SmolLM2 report: the relevance scorer's share",
     "smollm2_rollout_vs_hf_generate": "SmolLM2 rollouts vs generate() per turn, one dialogue at a time",

@@ -26,6 +26,7 @@ CONTRACT = [
     "rollout_vs_hf_generate_batched",
     "teacher_vs_hf_generate",
     "teacher_vs_hf_generate_batched",
+    "grpo_completions_vs_trl_generate",
     "smollm2_rollout_tokens_per_s",
     "smollm2_report_scorer_share",
     "smollm2_rollout_vs_hf_generate",

@@ -13,8 +13,9 @@ from data_gen.__main__ import build_parser as data_gen_parser
 from data_gen.__main__ import parse as data_gen_parse
 from data_gen.synthesis import SynthesisConfig
 from data_gen.teacher import TeacherConfig
-from gatt.config import REQUIRED, arg, config_from, config_parser, parse_config
+from gatt.config import REQUIRED, arg, config_from, config_parser, dataclass_from_dict, parse_config
 from gatt.evaluate import EvalConfig, build_parser
+from gatt.grpo import GRPOGattConfig
 from gatt.train import TrainConfig
 
 ROOT = Path(__file__).parents[1]
@@ -175,6 +176,10 @@ def test_every_committed_demo_config_writes_stage_configs_that_their_commands_pa
                 name, configs = data_gen_parse([stage.command[stage.command.index("data_gen") + 1], *argv])
                 if name == "gatt":
                     assert configs[0].max_turns == config.data["gatt"]["max_turns"], path
+            elif "recipes/grpo_gatt.py" in " ".join(stage.command):
+                grpo = dataclass_from_dict(GRPOGattConfig, yaml.safe_load(stage.config.read_text()), str(stage.config))
+                grpo.validate(str(stage.config))
+                assert grpo.output_dir == str(stage.output), path
             elif stage.config:
                 trained = TrainConfig.from_dict(yaml.safe_load(stage.config.read_text()), str(stage.config))
                 assert trained.output_dir == str(stage.output), path

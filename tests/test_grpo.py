@@ -146,3 +146,35 @@ def test_grpo_trains_from_the_embedded_model_and_resumes_from_its_checkpoint(tmp
     assert resumed["steps"] == 3 and resumed["curve"][:2] == summary["curve"]  # steps 1 and 2 were not redone
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps[:3] == [1, 2, 2] and steps.count(3) >= 1  # step 2's summary line, then the resumed step 3
+
+
+def test_the_audit_counts_real_answers_length_and_on_topic_share_and_draws_replies_blind(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import grpo_audit
+
+    def turn(n, reply, passed, on_topic=None, kind="chat"):
+        gate = {"passed": passed, "failed": [] if passed else ["off_topic"]}
+        return {"turn": n, "kind": kind, "user": f"q{n}", "reply": reply, "gate": gate, "on_topic": on_topic}
+
+    transcripts = [
+        {"model": "gatt+grpo", "id": "e-1", "stratum": "train", "instruction": "Be brief.",
+         "turns": [turn(1, "one two", True), turn(2, "three", False), turn(3, "a b c d", True, kind="probe")]},
+        {"model": "gatt+grpo", "id": "e-2", "stratum": "none", "instruction": None,
+         "turns": [turn(1, "five six seven", True, True), turn(2, "eight", False, False)]},
+    ]  # fmt: skip
+    (tmp_path / "transcripts.jsonl").write_text("".join(json.dumps(t) + "\n" for t in transcripts))
+    audit = grpo_audit.main([str(tmp_path), "--draw", "5", "--out", str(tmp_path / "draw.jsonl")])
+    figures = audit["models"]["gatt+grpo"]
+    assert figures["real_answer_instructed"]["share"] == 0.5 and figures["real_answer_no_instruction"]["n"] == 2
+    assert figures["on_topic_no_instruction"]["share"] == 0.5 and figures["mean_words"] == 7 / 4  # chat replies only
+    rows = [json.loads(line) for line in (tmp_path / "draw.jsonl").read_text().splitlines()]
+    assert sorted(row["id"] for row in rows) == ["e-1-t1", "e-1-t2"]  # instructed chat replies, no probe
+    assert all("gate" not in row and "passed" not in row for row in rows)  # the readers see no verdict
+    second = next(row for row in rows if row["id"] == "e-1-t2")
+    assert second["earlier"] == [["q1", "one two"]] and second["instruction"] == "Be brief."
+    for row in rows:
+        row["label"] = "answer"
+    (tmp_path / "labels.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    readers = grpo_audit.main([str(tmp_path), "--labels", str(tmp_path / "labels.jsonl")])["readers"]
+    assert readers["real_answers"]["share"] == 1.0 and readers["gate_agreement"]["share"] == 0.5
+    assert readers["gate_pass_precision"]["share"] == 1.0
