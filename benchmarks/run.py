@@ -294,4 +294,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(available_cpus())  # every CPU, as the machine record says, whatever OMP_NUM_THREADS is
     main()

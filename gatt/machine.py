@@ -50,16 +50,24 @@ def package_versions() -> dict[str, str | None]:
 REFERENCE_GFLOPS = 150.0
 
 
-def matmul_gflops(dtype: torch.dtype = torch.float32, size: int = 1024, seconds: float = 1.0) -> float:
-    """GFLOP/s of size^3 matrix products in `dtype` on torch's threads now (median over `seconds`)."""
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    for _ in range(3):
-        a @ b  # warm-up
-    times: list[float] = []
-    while sum(times) < seconds:
-        begin = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - begin)
+def matmul_gflops(
+    dtype: torch.dtype = torch.float32, size: int = 1024, seconds: float = 1.0, threads: int | None = None
+) -> float:
+    """GFLOP/s of size^3 matrix products in `dtype` (median over `seconds`) on `threads` threads (default: torch's
+    now). torch's thread count is left as it was: a reading must not change what runs after it in the process."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+        for _ in range(3):
+            a @ b  # warm-up
+        times: list[float] = []
+        while sum(times) < seconds:
+            begin = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - begin)
+    finally:
+        torch.set_num_threads(before)
     return round(2 * size**3 / statistics.median(times) / 1e9, 1)
 
 
@@ -68,9 +76,8 @@ def machine_calibration(threads: int | None = None, size: int = 1024, seconds: f
     available CPU), with the CPU, the thread count, the torch version and the versions of every package a
     result depends on (`versions`)."""
     threads = threads or available_cpus()
-    torch.set_num_threads(threads)
     return {
-        "fp32_matmul_gflops": matmul_gflops(torch.float32, size, seconds),
+        "fp32_matmul_gflops": matmul_gflops(torch.float32, size, seconds, threads),
         "threads": threads,
         "cpu": cpu_name(),
         "torch": torch.__version__,

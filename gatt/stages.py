@@ -195,7 +195,7 @@ def stage_timings(
     if len(skipped) == len(timings) and path.exists():
         calibration = json.loads(path.read_text()).get("machine", calibration)
     elif len(skipped) < len(timings):
-        readings = [calibration["fp32_matmul_gflops"], matmul_gflops(torch.float32)]
+        readings = [calibration["fp32_matmul_gflops"], matmul_gflops(torch.float32, threads=calibration["threads"])]
         calibration = {**calibration, "fp32_matmul_gflops": max(readings), "fp32_matmul_gflops_start_end": readings}
     total = sum(timings.values())
     summary = {

@@ -2,12 +2,15 @@
 
 - SmolLM2-135M-Instruct, loaded once from its GGUF file (transformers parses the file for ~10 s a load): as
   transformers' own Llama, and converted to the library's model (sharing its weights) with its tokenizer.
+- Under pytest-xdist (`make test` runs `-n auto`), each worker gets its share of the CPUs for torch and for the
+  processes its tests start (OMP_NUM_THREADS), so that two workers do not each run two threads on two cores.
 - The suite ends by printing the machine it ran on and its time at the project's reference speed, so that suite
   times from different machines compare: pytest's seconds x this machine's fp32 GFLOP/s / 150.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -36,6 +39,14 @@ def smollm2(smollm2_llama: LlamaForCausalLM) -> tuple[GattForCausalLM, PreTraine
     return GattForCausalLM.from_llama(smollm2_llama).eval(), tokenizer
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, available_cpus() // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[STARTED] = time.perf_counter()
 
@@ -45,13 +56,10 @@ STARTED = pytest.StashKey[float]()
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     seconds = time.perf_counter() - config.stash.get(STARTED, time.perf_counter())
-    threads = torch.get_num_threads()
-    torch.set_num_threads(available_cpus())
-    try:
-        fp32 = matmul_gflops(torch.float32, seconds=2.0)
-        bf16 = matmul_gflops(torch.bfloat16, size=256, seconds=0.5)  # small: without bf16 instructions it crawls
-    finally:
-        torch.set_num_threads(threads)
+    cpus = available_cpus()
+    fp32 = matmul_gflops(torch.float32, seconds=2.0, threads=cpus)
+    # bf16 small: without bf16 instructions it crawls
+    bf16 = matmul_gflops(torch.bfloat16, size=256, seconds=0.5, threads=cpus)
     at_reference = seconds * fp32 / REFERENCE_GFLOPS
     terminalreporter.write_sep("=", "machine calibration")
     terminalreporter.write_line(

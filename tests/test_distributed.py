@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_data_gen import gatt_args, read_jsonl, tiny_teacher_dir
+from test_data_gen import catalogue_without_language, gatt_args, read_jsonl, tiny_teacher_dir
 
 from data_gen.__main__ import main as data_gen_main
 from data_gen.teacher import ModelTeacher, TurnRequest
@@ -76,8 +76,9 @@ def compare_synthesis(one: Path, two: Path, num_dialogues: int, shard_size: int)
 
 
 def test_oracle_synthesis_on_two_processes_writes_the_one_process_bytes(tmp_path):
-    data_gen_main(gatt_args(tmp_path / "one", n=44))
-    output = finish(torchrun(tmp_path, "data_gen", *gatt_args(tmp_path / "two", n=44)))
+    constraints = ("--constraints", str(catalogue_without_language(tmp_path)))
+    data_gen_main(gatt_args(tmp_path / "one", *constraints, n=44))
+    output = finish(torchrun(tmp_path, "data_gen", *gatt_args(tmp_path / "two", *constraints, n=44)))
     assert output.count('"per_rank"') == 1  # one summary for the job, from process 0
     compare_synthesis(tmp_path / "one", tmp_path / "two", 44, 8)
 
@@ -121,7 +122,8 @@ def test_model_teacher_synthesis_on_two_processes_writes_the_one_process_bytes(t
 
 
 def test_killed_two_process_synthesis_resumes_without_duplicates_or_losses(tmp_path):
-    args = gatt_args(tmp_path / "killed", n=320)
+    constraints = ("--constraints", str(catalogue_without_language(tmp_path)))
+    args = gatt_args(tmp_path / "killed", *constraints, n=320)
     tree = torchrun(tmp_path, "data_gen", *args)
     shards = tmp_path / "killed" / "gatt.shards"
     deadline = time.time() + 120
@@ -132,7 +134,7 @@ def test_killed_two_process_synthesis_resumes_without_duplicates_or_losses(tmp_p
     done = len(list(shards.glob("shard-*.jsonl")))
     assert 4 <= done < 40 and not (tmp_path / "killed" / "gatt.jsonl").exists(), "killed part-way"
     finish(torchrun(tmp_path, "data_gen", *args))  # the same command resumes
-    data_gen_main(gatt_args(tmp_path / "whole", n=320))
+    data_gen_main(gatt_args(tmp_path / "whole", *constraints, n=320))
     assert (tmp_path / "killed" / "gatt.jsonl").read_bytes() == (tmp_path / "whole" / "gatt.jsonl").read_bytes()
     ids = [r["id"] for r in read_jsonl(tmp_path / "killed" / "gatt.jsonl")]
     assert len(ids) == len(set(ids)) == 320
