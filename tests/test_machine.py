@@ -28,6 +28,18 @@ def test_the_calibration_carries_the_versions() -> None:
     assert record["versions"] == package_versions() and record["fp32_matmul_gflops"] > 0
 
 
+def test_a_reading_leaves_torchs_thread_count_as_it_found_it() -> None:
+    """The demo reads the calibration in its own process; a reading that kept its threads would oversubscribe the
+    cores of whatever runs after it there (a test worker with its share of the CPUs ran 2-4x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        record = machine_calibration(threads=2, size=64, seconds=0.01)
+        assert record["threads"] == 2 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
 def machine_records(value: Any) -> list[dict[str, Any]]:
     """Every mapping that holds a machine record (a `machine` key, or a top-level torch + device)."""
     found = []
