@@ -55,12 +55,13 @@ def gatt_args(out: Path, *extra: str, n: int = 40, seed: int = 0) -> list[str]:
     ]
 
 
-def catalogue_without_language(folder: Path) -> Path:
-    """The built-in catalogue less its `language` family, as a constraint file: the process tests of the synthesis
-    machinery (sharding, resuming) then never load the language detector, ~9 s and ~1 GB a process."""
+def catalogue_without_language(folder: Path) -> tuple[str, str]:
+    """`--constraints FILE`, FILE the built-in catalogue less its `language` family (written in `folder`): the
+    process tests of the synthesis machinery (sharding, resuming) then never load the language detector, ~9 s and
+    ~1 GB a process."""
     path = folder / "catalogue-without-language.yaml"
     main(["constraints", "--families", *sorted({c.family for c in catalogue()} - {"language"}), "--out", str(path)])
-    return path
+    return "--constraints", str(path)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -318,7 +319,7 @@ def test_same_seed_gives_byte_identical_output(tmp_path, gatt_run):
 
 
 def test_killed_generation_resumes_without_duplicates_or_losses(tmp_path):
-    constraints = ("--constraints", str(catalogue_without_language(tmp_path)))
+    constraints = catalogue_without_language(tmp_path)
     command = [sys.executable, "-m", "data_gen", *gatt_args(tmp_path / "killed", *constraints, n=240)]
     process = ProcessTree(command, tmp_path / "killed.log", cwd=ROOT)
     shards = tmp_path / "killed" / "gatt.shards"

@@ -76,7 +76,7 @@ def compare_synthesis(one: Path, two: Path, num_dialogues: int, shard_size: int)
 
 
 def test_oracle_synthesis_on_two_processes_writes_the_one_process_bytes(tmp_path):
-    constraints = ("--constraints", str(catalogue_without_language(tmp_path)))
+    constraints = catalogue_without_language(tmp_path)
     data_gen_main(gatt_args(tmp_path / "one", *constraints, n=44))
     output = finish(torchrun(tmp_path, "data_gen", *gatt_args(tmp_path / "two", *constraints, n=44)))
     assert output.count('"per_rank"') == 1  # one summary for the job, from process 0
@@ -122,7 +122,7 @@ def test_model_teacher_synthesis_on_two_processes_writes_the_one_process_bytes(t
 
 
 def test_killed_two_process_synthesis_resumes_without_duplicates_or_losses(tmp_path):
-    constraints = ("--constraints", str(catalogue_without_language(tmp_path)))
+    constraints = catalogue_without_language(tmp_path)
     args = gatt_args(tmp_path / "killed", *constraints, n=320)
     tree = torchrun(tmp_path, "data_gen", *args)
     shards = tmp_path / "killed" / "gatt.shards"
