@@ -38,11 +38,14 @@ held-out user turns, N dialogues x T turns, probes every 6th turn.
   `ceiling_share_at_most`: ours' tokens/s (at most M a turn) over the fp32 GEMM ceiling. At full size the
   baseline carries its cache only: re-encoding was 2.5x slower than carrying at 32 dialogues x 8 turns (`--quick`
   runs both), and its cost grows with the square of the turns (about 50 minutes at 64 x 20 on 2 CPU cores).
-- `smollm2_teacher_vs_hf_generate_batched`: the teacher row below, theirs one `generate(num_return_sequences=k)`
-  per turn over each batch of B dialogues (left-padded), goal >= 2.5; each batch on both sides back to back, its
-  seconds and the GEMM rate before it kept in results/progress/smollm2_teacher_batched.json at full size (committed:
-  the row takes about 6 hours on 2 CPU cores and spans sessions), so
-  that a stopped run resumes at the next batch.
+- `smollm2_teacher_vs_hf_generate_batched`: the teacher row below against the faster of two batches a user would
+  write over each batch of B dialogues (left-padded): one `generate(num_return_sequences=k)` per turn re-encoding
+  each history (`--quick` only: at full size its prefill of B*k rows of up to ~2,000 tokens a turn takes about 2 hours
+  a batch on 2 CPU cores, measured 2026-11-29 over its first 4 turns), and one `generate()` per turn over the B*k rows
+  carrying the batch's KV cache (`bench_teacher.CarriedGenerateTurn`); goal >= 2.5. Each batch runs on every side
+  back to back, ours first (about 22 minutes a batch at full size), its seconds and the GEMM rate before it kept in
+  results/progress/smollm2_teacher_batched.json at full size (committed: the row spans sessions), so that a stopped
+  run resumes at the next batch. Run it alone: a second process on the 2 cores slows a side by half.
 - `smollm2_teacher_vs_hf_generate`: our batched teacher (`ModelTeacher`, k = 4 candidates per turn,
   dialogues in batches of B, one batch's 20 turns after another) vs a `generate(num_return_sequences=4)`
   call per dialogue and turn on the first R' dialogues; every candidate exactly M tokens on both sides (as
@@ -71,7 +74,15 @@ from typing import Any
 import torch
 from bench_common import comparison, main, rollout_vs_batched_generate
 from bench_eval import check_identical, hugging_face_llama, identical_share
-from bench_teacher import SAMPLING, Turn, batched_generate_turn, draw, generate_turn, no_end_of_turn
+from bench_teacher import (
+    SAMPLING,
+    CarriedGenerateTurn,
+    Turn,
+    batched_generate_turn,
+    draw,
+    generate_turn,
+    no_end_of_turn,
+)
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation import TopPLogitsWarper
@@ -475,29 +486,33 @@ def teacher_row(
     batch = size["teacher_batch"]
     starts = range(0, config.num_dialogues, batch)
     with no_end_of_turn():
-        if batched:  # theirs on Hugging Face's own Llama holding the same weights
+        if batched:  # theirs on Hugging Face's own Llama holding the same weights, each cache of `generate_caches`
             theirs = copy.copy(teacher)
             theirs.model = hugging_face_llama(teacher.model)
+            baselines: dict[str, Turn] = {
+                f"generate_{cache}": {"none": batched_generate_turn, "carry": CarriedGenerateTurn()}[cache]
+                for cache in size["generate_caches"]
+            }
             state = {"settings": {**size, "device": device}, "batches": []}
             state = json.loads(json.dumps(state))  # as the file holds it (tuples as lists)
             if progress is not None and progress.exists():
                 kept = json.loads(progress.read_text())
                 if kept.get("settings") == state["settings"]:
                     state = kept
-            drawn = {side: draw(config) for side in ("ours", "theirs")}  # each side appends replies to its own
+            drawn = {side: draw(config) for side in ("ours", *baselines)}  # each side appends replies to its own
             for first in starts[len(state["batches"]) :]:
                 dialogues = {side: drawn[side][first : first + batch] for side in drawn}
                 gflops = matmul_gflops(torch.float32)
-                seconds = {
-                    "ours": synthesise(teacher, ours_turn, dialogues["ours"], config.seed + first, f"ours {first}"),
-                    "theirs": synthesise(
-                        theirs, batched_generate_turn, dialogues["theirs"], config.seed + first, f"theirs {first}"
-                    ),
-                }
+                seed = config.seed + first
+                seconds = {"ours": synthesise(teacher, ours_turn, dialogues["ours"], seed, f"ours {first}")}
+                for name, turn in baselines.items():
+                    seconds[name] = synthesise(theirs, turn, dialogues[name], seed, f"{name} {first}")
                 state["batches"].append({"first": first, "fp32_matmul_gflops": round(gflops, 1), **seconds})
                 if progress is not None:
                     write_json(progress, state)
-            seconds = {side: sum(b[side] for b in state["batches"]) for side in ("ours", "theirs")}
+            totals = {side: sum(b[side] for b in state["batches"]) for side in ("ours", *baselines)}
+            best = min(baselines, key=totals.__getitem__)  # the fastest baseline
+            seconds = {**totals, "theirs": totals[best]}
             theirs_dialogues = config.num_dialogues
         else:
             dialogues = draw(config)
@@ -511,7 +526,7 @@ def teacher_row(
                 ),
             }
             theirs_dialogues = size["teacher_reference_dialogues"]
-    extra = {"batches": state["batches"]} if batched else {}
+    extra = {"batches": state["batches"], "best_baseline": best} if batched else {}
     return comparison(
         config.num_dialogues * config.max_turns / seconds["ours"],
         theirs_dialogues * config.max_turns / seconds["theirs"],
@@ -527,7 +542,13 @@ def teacher_row(
             **SAMPLING,
             "dialogues_per_batch": batch,
             "theirs": "model.generate(num_return_sequences=k, do_sample=True, top_k=0, min_new_tokens=max_new_tokens) "
-            + ("per turn over a batch of B dialogues, left-padded" if batched else "per dialogue and turn"),
+            + (
+                f"per turn over a batch of B dialogues, left-padded, cache {best[len('generate_') :]!r} (the fastest "
+                f"of {', '.join(size['generate_caches'])}: none re-encodes each history, carry keeps the batch's "
+                "KV cache from turn to turn)"
+                if batched
+                else "per dialogue and turn"
+            ),
         },
         seconds={side: round(value, 1) for side, value in seconds.items()},
         **extra,

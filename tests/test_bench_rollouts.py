@@ -140,10 +140,42 @@ def test_teacher_sides_synthesise_every_turn(teacher_dir):
     config = SynthesisConfig(num_dialogues=2, min_turns=3, max_turns=3, samples_per_turn=2)
     teacher = ModelTeacher(teacher_dir, max_new_tokens=4, device="cpu", **bench_teacher.SAMPLING)
     with bench_teacher.no_end_of_turn():
-        for turn in (bench_teacher.batched_turn, bench_teacher.generate_turn, bench_teacher.batched_generate_turn):
+        for turn in (
+            bench_teacher.batched_turn,
+            bench_teacher.generate_turn,
+            bench_teacher.batched_generate_turn,
+            bench_teacher.CarriedGenerateTurn(),
+        ):
             seconds, _, dialogues = bench_teacher.synthesis(teacher, turn, config)
             assert seconds > 0 and [len(d.replies) for d in dialogues] == [3, 3]
             assert all(isinstance(r, str) for d in dialogues for r in d.replies)
+
+
+def test_carried_cache_turn_writes_what_re_encoding_each_history_writes(teacher_dir):
+    """The batched baseline that carries its KV cache from turn to turn feeds generate() exactly the re-encoded
+    histories: from the same seed it samples the replies that re-encoding every history samples, over 3 turns of 3
+    dialogues (prompts of different lengths, replies re-tokenised when rendered), on Hugging Face's Llama as in the
+    benchmark, and its cache holds the kept candidate's keys."""
+    config = SynthesisConfig(num_dialogues=3, min_turns=3, max_turns=3, samples_per_turn=2)
+    teacher = ModelTeacher(teacher_dir, max_new_tokens=5, device="cpu")
+    teacher.model = bench_eval.hugging_face_llama(teacher.model)
+    replies = {}
+    carried = bench_teacher.CarriedGenerateTurn()
+    with bench_teacher.no_end_of_turn():
+        for name, turn in (("re-encoded", bench_teacher.batched_generate_turn), ("carried", carried)):
+            replies[name] = [d.replies for d in bench_teacher.synthesis(teacher, turn, config)[2]]
+    assert replies["carried"] == replies["re-encoded"]  # the same seed: the same draws from the same logits
+    assert [len(r) for r in replies["carried"]] == [3, 3, 3] and len({r[0] for r in replies["carried"]}) > 1
+    # the cache carried on holds the kept (first) candidate's keys: those of encoding the batch's real tokens afresh
+    # (all but the last drawn token, which generate() never feeds)
+    tokens, mask = carried.sequences[:, :-1], carried.mask[:, :-1]  # (B, L - 1)
+    with torch.no_grad():
+        fresh = teacher.model(
+            input_ids=tokens, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True
+        ).past_key_values
+    real = mask.bool()[:, None, :, None].expand_as(fresh.layers[0].keys)  # (B, H_kv, L - 1, D)
+    for ours, theirs in zip(carried.cache.layers, fresh.layers):
+        torch.testing.assert_close(ours.keys[real], theirs.keys[real], rtol=1e-4, atol=1e-5)
 
 
 def test_teacher_run_returns_the_cpu_comparison(monkeypatch):
