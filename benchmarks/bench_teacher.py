@@ -21,7 +21,7 @@ ours over theirs (median round), goal >= 4, theirs one dialogue per call; `teach
 over the faster of two batches a user would write, on Hugging Face's Llama holding the same weights: one
 `generate(num_return_sequences=k)` per turn over all N dialogues (left-padded, each history re-encoded), and one
 `generate()` per turn over the N*k rows with the batch's KV cache carried from turn to turn (`CarriedGenerateTurn`);
-goal >= 2.5. Full: N=32, T=8, k=4, M=32, 3 rounds each, about 6 minutes
+goal >= 2.5. Full: N=32, T=8, k=4, M=32, 3 rounds each, about 14 minutes
 on 2 otherwise idle CPU cores; `--quick`: N=8, T=4, 2 rounds each, about 30 s.
 
 With `--device cuda`, also `teacher_batched_vs_single`: the same teacher batched across the N dialogues vs
