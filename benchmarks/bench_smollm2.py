@@ -541,13 +541,14 @@ def teacher_row(
             "every_candidate": "exactly max_new_tokens tokens",
             **SAMPLING,
             "dialogues_per_batch": batch,
-            "theirs": "model.generate(num_return_sequences=k, do_sample=True, top_k=0, min_new_tokens=max_new_tokens) "
-            + (
-                f"per turn over a batch of B dialogues, left-padded, cache {best[len('generate_') :]!r} (the fastest "
-                f"of {', '.join(size['generate_caches'])}: none re-encodes each history, carry keeps the batch's "
-                "KV cache from turn to turn)"
+            "theirs": (
+                "model.generate(do_sample=True, top_k=0, min_new_tokens=max_new_tokens) per turn over a batch of B "
+                f"dialogues, left-padded, cache {best[len('generate_') :]!r} (the fastest of "
+                f"{', '.join(size['generate_caches'])}: none re-encodes each history with num_return_sequences=k, "
+                "carry feeds the B*k rows only what is new, the batch's KV cache kept from turn to turn)"
                 if batched
-                else "per dialogue and turn"
+                else "model.generate(num_return_sequences=k, do_sample=True, top_k=0, "
+                "min_new_tokens=max_new_tokens) per dialogue and turn"
             ),
         },
         seconds={side: round(value, 1) for side, value in seconds.items()},
