@@ -54,7 +54,7 @@ from data_gen.synthesis import SynthesisConfig, _Dialogue, draw_dialogue
 from data_gen.teacher import ModelTeacher
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import split_user_turns
-from gatt.generation import SAMPLER_DEFAULTS, common_prefix
+from gatt.generation import SAMPLER_DEFAULTS, left_padded, new_tokens
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
 
@@ -167,11 +167,8 @@ def batched_generate_turn(teacher: ModelTeacher, dialogues: list[_Dialogue], k: 
         )
         for d in dialogues
     ]
-    width = max(len(ids) for ids in prompts)
-    input_ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for i, ids in enumerate(prompts):
-        input_ids[i, width - len(ids) :], attention_mask[i, width - len(ids) :] = torch.tensor(ids), 1
+    input_ids, attention_mask = left_padded(prompts, tokenizer.pad_token_id)
+    width = input_ids.shape[1]
     output = sample_k(teacher, input_ids, attention_mask, k)
     texts = tokenizer.batch_decode(output[::k, width:], skip_special_tokens=True)  # each dialogue's first candidate
     for dialogue, text in zip(dialogues, texts):
@@ -203,20 +200,20 @@ class CarriedGenerateTurn:
         tokenizer, device = teacher.tokenizer, teacher.model.device
         if dialogues is not self.dialogues:
             self.start(dialogues, device)
-        segments = []
-        for i, dialogue in enumerate(dialogues):
-            ids = tokenizer.apply_chat_template(
-                dialogue.request().messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        segments = [
+            new_tokens(
+                self.fed[i],
+                self.columns[i],
+                self.mask[i],
+                tokenizer.apply_chat_template(
+                    dialogue.request().messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                ),
             )
-            same = common_prefix(self.fed[i], ids)
-            self.mask[i, self.columns[i][same:]] = 0  # rendered differently now: masked out
-            del self.fed[i][same:], self.columns[i][same:]
-            segments.append(ids[same:])
-        width, base = max(len(s) for s in segments), self.sequences.shape[1]
-        block = torch.full((len(dialogues), width), tokenizer.pad_token_id, dtype=torch.long)  # (B, width)
-        block_mask = torch.zeros(len(dialogues), width, dtype=torch.long)
+            for i, dialogue in enumerate(dialogues)
+        ]
+        block, block_mask = left_padded(segments, tokenizer.pad_token_id)  # (B, width) each
+        width, base = block.shape[1], self.sequences.shape[1]
         for i, segment in enumerate(segments):
-            block[i, width - len(segment) :], block_mask[i, width - len(segment) :] = torch.tensor(segment), 1
             self.fed[i] += segment
             self.columns[i] += range(base + width - len(segment), base + width)
         input_ids = torch.cat([self.sequences, block.to(device)], dim=1)  # (B, L + width)

@@ -381,12 +381,10 @@ class ChatBatch:
         segments = []
         for i, key in enumerate(self.keys):
             row, ids = self.rows[i], list(prompts[key])
-            same = common_prefix(row.fed, ids)
-            self.mask[i, row.columns[same:]] = 0  # the template rendered something else here: mask it out
-            del row.fed[same:], row.columns[same:]
+            segment = new_tokens(row.fed, row.columns, self.mask[i], ids)
             if not row.fed and marked and key in marked:
                 row.marked = list(marked[key])  # prompt indices for now; cache columns once fed
-            segments.append(ids[same:])
+            segments.append(segment)
         logits = self._prefill(segments)
         if k > 1:  # encode each prompt once, then one cache row per candidate
             self.cache.batch_repeat_interleave(k)
@@ -698,3 +696,24 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """The length of the longest common prefix of two token lists."""
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def new_tokens(fed: list[int], columns: list[int], mask: Tensor, ids: Sequence[int]) -> list[int]:
+    """The tokens of `ids` (a history as rendered now) past those a cache row already holds (`fed`, at cache
+    `columns`): the cached tokens `ids` no longer starts with (the template rendered something else there) are
+    masked out of the row's `mask` (columns,) and dropped from `fed` and `columns`."""
+    same = common_prefix(fed, ids)
+    mask[columns[same:]] = 0
+    del fed[same:], columns[same:]
+    return list(ids[same:])
+
+
+def left_padded(segments: Sequence[Sequence[int]], pad: int) -> tuple[Tensor, Tensor]:
+    """Token lists as one left-padded block: (ids, mask), (B, longest) each, mask 1 on the real tokens."""
+    width = max(len(segment) for segment in segments)
+    ids = torch.full((len(segments), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(segments), width, dtype=torch.long)
+    for i, segment in enumerate(segments):
+        if segment:
+            ids[i, width - len(segment) :], mask[i, width - len(segment) :] = torch.tensor(segment), 1
+    return ids, mask

@@ -23,7 +23,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gatt.collator import Placement, append_instruction, place_instruction
 from gatt.distributed import gather_items, my_items
 from gatt.eval.plan import EvalDialogue, PlannedTurn
-from gatt.generation import ChatBatch, Sampler, common_prefix, decoder_options, stop_token_ids
+from gatt.generation import (
+    ChatBatch,
+    Sampler,
+    decoder_options,
+    left_padded,
+    new_tokens,
+    stop_token_ids,
+)
 
 
 @dataclass(frozen=True)
@@ -345,27 +352,16 @@ def generate_rollout(
             if not prompts:
                 break
             if cache == "carry":  # every row stays in the batch; a finished one gets no new tokens
-                segments = []
-                for i in range(len(rows)):
-                    ids = prompts.get(i, fed[i])
-                    same = common_prefix(fed[i], ids)
-                    mask[i, columns[i][same:]] = 0
-                    del fed[i][same:], columns[i][same:]
-                    segments.append(ids[same:])
+                segments = [new_tokens(fed[i], columns[i], mask[i], prompts.get(i, fed[i])) for i in range(len(rows))]
                 order = list(range(len(rows)))
             else:
                 order = sorted(prompts)
                 segments = [prompts[i] for i in order]
                 sequences = mask = torch.zeros(len(order), 0, dtype=torch.long, device=device)  # re-encoded
-            width = max(len(s) for s in segments)
-            block = torch.full((len(order), width), pad, dtype=torch.long)
-            block_mask = torch.zeros(len(order), width, dtype=torch.long)
-            base = sequences.shape[1]
-            for j, (i, segment) in enumerate(zip(order, segments)):
-                if segment:
-                    block[j, width - len(segment) :] = torch.tensor(segment)
-                    block_mask[j, width - len(segment) :] = 1
-                if cache == "carry":
+            block, block_mask = left_padded(segments, pad)
+            base, width = sequences.shape[1], block.shape[1]
+            if cache == "carry":
+                for i, segment in zip(order, segments):
                     fed[i] += segment
                     columns[i] += range(base + width - len(segment), base + width)
             input_ids = torch.cat([sequences, block.to(device)], dim=1)
