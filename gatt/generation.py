@@ -18,8 +18,13 @@ mask column and the attention probe's sums stay on the device (tests/test_genera
 `static=True` (or `compile_step`) a reply decodes over preallocated buffers, one capturable step a token, for
 `torch.compile` and CUDA graphs (gatt/static_decode.py; `decoder_options` picks the path for a device).
 
-With `k > 1` the prompt is encoded once and the cache repeated for k sampled candidates; `keep` then
-keeps one candidate per dialogue (rejection sampling) and drops the others' cache rows.
+With `k > 1` the prompt is encoded once for k sampled candidates, and `keep` then keeps one candidate per dialogue
+(rejection sampling). On the library's model the k candidates decode as k queries of their dialogue's one cache row
+(`_decode_candidates`): each step writes their k tokens to k new columns of that row, and a mask lets each candidate
+see the history and its own columns only. Every candidate's query reads the history's keys once for all k, not k
+copies of them, and no cache row is repeated; `keep` gathers the kept candidate's columns to the end of the
+history. Elsewhere (another model, the static decoder, the attention probe or split-softmax) the cache rows are
+repeated k times and the unkept ones dropped.
 With `split_softmax=STRENGTH`, every forward call boosts each row's attention on its marked tokens (the
 instruction) by split-softmax (gatt/split_softmax.py): the cache columns of those tokens are known here.
 The attention probe (`measure_attention=True`, for attention that returns its weights: the library's,
@@ -109,6 +114,19 @@ class GrowingLayer(DynamicLayer):
         self.keys, self.values = keys[..., :end, :], values[..., :end, :]
         self._filled = self.keys
 
+    def gather_columns(self, start: int, index: Tensor) -> None:
+        """Columns `start`, `start` + 1, ... of each row take that row's columns `index` (B, W) (each >= `start`), in
+        order; the cache ends at `start` + W. In place: a kept candidate's reply moves next to its history."""
+        if self._buffers is None or self.keys is not self._filled:
+            self.assign(self.keys, self.values, 0)  # into buffers of its own
+        assert self._buffers is not None
+        width = index.shape[1]
+        for buffer in self._buffers:  # (B, H_kv, capacity, D)
+            picked = index[:, None, :, None].expand(-1, buffer.shape[1], -1, buffer.shape[-1])  # (B, H_kv, W, D)
+            buffer[..., start : start + width, :] = buffer.gather(2, picked)
+        self.keys, self.values = (buffer[..., : start + width, :] for buffer in self._buffers)
+        self._filled = self.keys
+
     def assign(self, keys: Tensor, values: Tensor, spare: int) -> None:
         """Hold `keys` / `values` (B, H_kv, T, D) from now on, in buffers with room for `spare` more columns."""
         buffers = tuple(t.new_empty(*t.shape[:2], t.shape[-2] + spare, t.shape[-1]) for t in (keys, values))
@@ -124,6 +142,16 @@ class Candidate:
     text: str  # decoded, special tokens skipped, stripped
     tokens: list[int]  # generated ids, the end-of-turn token included when one was produced
     attention: list[list[float]] | None  # (layers, heads): mean share on the marked prompt tokens (None: not measured)
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """The k candidates of each row decoded by `_decode_candidates`, until `keep` chooses: token `s` of candidate `c`
+    of a row sits at cache column `start + s * k + c`."""
+
+    start: int  # the first reply column
+    k: int
+    fed: list[list[int]]  # (B * k): each candidate's tokens in the cache (its stop token not fed), row-major
 
 
 @dataclass
@@ -355,6 +383,7 @@ class ChatBatch:
         self.keys: list[Hashable] = []  # the dialogue in each cache row, in cache order
         self.rows: list[_Row] = []
         self.k = 1  # candidates per dialogue in the cache now
+        self.candidates: _Candidates | None = None  # candidates sharing their row, until `keep`
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.keys
@@ -386,16 +415,22 @@ class ChatBatch:
                 row.marked = list(marked[key])  # prompt indices for now; cache columns once fed
             segments.append(segment)
         logits = self._prefill(segments)
-        if k > 1:  # encode each prompt once, then one cache row per candidate
+        keys = [key for key in self.keys for _ in range(k)]  # each candidate's dialogue
+        if k > 1 and self._shares_rows():
+            replies, attention = self._decode_candidates(logits, k), [None] * len(keys)
+            self.k = k
+        elif k > 1:  # encode each prompt once, then one cache row per candidate
             self.cache.batch_repeat_interleave(k)
             self.mask = self.mask.repeat_interleave(k, dim=0)
             self.keys = [key for key in self.keys for _ in range(k)]
             self.rows = [row.copy() for row in self.rows for _ in range(k)]
             logits = logits.repeat_interleave(k, dim=0)
             self.k = k
-        replies, attention = self._decode(logits)
+            replies, attention = self._decode(logits)
+        else:
+            replies, attention = self._decode(logits)
         out: dict[Hashable, list[Candidate]] = {}
-        for key, tokens, heads in zip(self.keys, replies, attention):
+        for key, tokens, heads in zip(keys, replies, attention):
             content = tokens[:-1] if tokens and tokens[-1] in self.stops else tokens
             text = self.tokenizer.decode(content, skip_special_tokens=True).strip()
             out.setdefault(key, []).append(Candidate(text, tokens, heads))
@@ -403,9 +438,23 @@ class ChatBatch:
 
     def keep(self, chosen: Mapping[Hashable, int]) -> None:
         """Keep candidate `chosen[key]` of each dialogue; dialogues left out are dropped."""
-        keep = [i for i, key in enumerate(self.keys) if key in chosen and i % self.k == chosen[key]]
-        self._select(keep)
+        if self.candidates is not None:
+            self._keep_candidates(chosen)
+        else:
+            self._select([i for i, key in enumerate(self.keys) if key in chosen and i % self.k == chosen[key]])
         self.k = 1
+
+    def _shares_rows(self) -> bool:
+        """Whether k candidates decode in their dialogue's one cache row (`_decode_candidates`): the library's model
+        (a 4-D mask used as is) on the growing decoder, without the probe or split-softmax."""
+        config = self.model.config
+        return (
+            config.model_type == "gatt"
+            and config.attention_window is None
+            and not self.static
+            and not self.measure_attention
+            and self.split_softmax is None
+        )
 
     def _add_row(self, key: Hashable) -> None:
         if self.cache.get_seq_length() > 0:
@@ -589,6 +638,77 @@ class ChatBatch:
         else:
             self.mask = mask
         return replies, probe.means() if probe is not None else [None] * batch
+
+    def _decode_candidates(self, logits: Tensor, k: int) -> list[list[int]]:
+        """k candidates of every row (B * k, row-major), from its prompt's logits (B, V): the k candidates are k
+        queries of their row, each step's k tokens written to k new columns of it, a (B, 1, k, columns) mask showing
+        each candidate the history and its own columns. One token per candidate and step until every candidate has
+        stopped; a stopped one feeds masked padding and keeps its last logits (drawn from, not written), so a seeded
+        sampler draws what it draws over k repeated rows (tested). One device read a step, as `_decode_growing`."""
+        device = self.model.device
+        batch, start, steps = len(self.rows), self.mask.shape[1], self.max_new_tokens
+        count = batch * k
+        replies: list[list[int]] = [[] for _ in range(count)]
+        finished = [False] * count
+        fed: list[list[int]] = [[] for _ in range(count)]
+        stops = torch.tensor(sorted(self.stops), device=device)  # (S,)
+        stopped = torch.zeros(count, dtype=torch.bool, device=device)  # (B * k,)
+        visible = torch.zeros(batch, k, start + k * steps, dtype=torch.bool, device=device)  # (B, k, columns)
+        visible[:, :, :start] = self.mask.bool()[:, None, :]  # the history, holes masked
+        own = torch.eye(k, dtype=torch.bool, device=device)  # (k, k): a step's column c is candidate c's
+        positions = torch.tensor([len(row.fed) for row in self.rows], device=device)[:, None].expand(batch, k)
+        logits = logits.repeat_interleave(k, dim=0)  # (B * k, V)
+        reply = torch.zeros(count, steps, dtype=torch.long, device=device)  # (B * k, steps): every draw
+        for step in range(steps):
+            drawn, tokens = self._draw(logits, reply, step, replies, finished)
+            if all(finished) or step == steps - 1:
+                break
+            stopped |= torch.isin(drawn, stops)
+            feeding = ~stopped  # (B * k,)
+            for i in range(count):
+                if not finished[i]:
+                    fed[i].append(tokens[i])
+            end = start + k * (step + 1)
+            visible[:, :, end - k : end] = own & feeding.view(batch, k)[:, :, None]
+            output = self.model(
+                input_ids=torch.where(feeding, drawn, self.pad).view(batch, k),  # (B, k)
+                attention_mask=visible[:, None, :, :end],  # (B, 1, k, end)
+                position_ids=positions + step,  # (B, k)
+                **cache_kwargs(self.cache),
+                use_cache=True,
+            )
+            logits = torch.where(feeding[:, None], output.logits.reshape(count, -1), logits)  # (B * k, V)
+        self.candidates = _Candidates(start, k, fed)
+        return replies
+
+    def _keep_candidates(self, chosen: Mapping[Hashable, int]) -> None:
+        """`keep` after `_decode_candidates`: each kept dialogue's chosen candidate's columns gathered, in order, to
+        follow its history; the other candidates' columns are dropped (a shorter reply's last columns are holes)."""
+        assert self.candidates is not None
+        start, k, fed = self.candidates.start, self.candidates.k, self.candidates.fed
+        self.candidates = None
+        rows = [d for d, key in enumerate(self.keys) if key in chosen]
+        picks = [d * k + chosen[self.keys[d]] for d in rows]
+        width = max((len(fed[i]) for i in picks), default=0)
+        device = self.model.device
+        index = torch.tensor([[start + s * k + i % k for s in range(width)] for i in picks], dtype=torch.long)
+        index = index.view(len(picks), width)  # (B', width), also for no row
+        kept = torch.tensor(rows, dtype=torch.long, device=device)
+        for layer in self.cache.layers:
+            if len(rows) < len(self.keys):
+                layer.keep_rows(kept)
+            layer.gather_columns(start, index.to(device))
+        lengths = torch.tensor([len(fed[i]) for i in picks], device=device)  # (B',)
+        written = (torch.arange(width, device=device) < lengths[:, None]).long()  # (B', width)
+        self.mask = torch.cat([self.mask[kept], written], dim=1)
+        self.keys = [self.keys[d] for d in rows]
+        self.rows = [self.rows[d] for d in rows]
+        for row, i in zip(self.rows, picks):
+            row.columns += range(start, start + len(fed[i]))
+            row.fed += fed[i]
+        holes = sum(self.mask.shape[1] - len(row.columns) for row in self.rows)
+        if self.shrink and self.rows and 4 * holes >= self.mask.numel():
+            self._compact([(list(range(len(self.rows))), self._cache_rows(None))])  # a quarter of the cache holes
 
     def _draw(
         self, logits: Tensor, reply: Tensor, step: int, replies: list[list[int]], finished: list[bool]

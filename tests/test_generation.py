@@ -211,6 +211,51 @@ def test_dropping_stopped_rows_writes_what_decoding_every_row_writes(model, toke
     assert torch.equal(lengths, plain_chat.mask.sum(1))
 
 
+def test_candidates_sharing_their_row_sample_what_repeated_rows_sample(model, tokenizer):
+    """k candidates as k queries of their dialogue's one cache row vs each candidate in a cache row of its own
+    (k copies of the prompt, re-encoded every turn): from the same seed, the same tokens, turn after turn, with
+    candidates that stop at different steps; the kept candidate's cache is its history's, holes compacted."""
+    k = 4
+    ours = ChatBatch(model, tokenizer, Sampler(do_sample=True, temperature=1.0, seed=7), max_new_tokens=12)
+    reference_sampler = Sampler(do_sample=True, temperature=1.0, seed=7)
+    stops = {t for t in range(len(tokenizer)) if t % 7 == 0}  # this random model's candidates stop at different steps
+    ours.stops = stops
+    histories = {key: [{"role": "user", "content": TEXTS[key]}] for key in range(5)}
+    lengths = set()
+    for turn in range(3):
+        prompts = {key: prompt(tokenizer, h) for key, h in histories.items()}
+        out = ours.generate(prompts, k=k)
+        assert ours.candidates is not None and ours.keys == list(prompts)  # one cache row per dialogue
+        reference = ChatBatch(model, tokenizer, reference_sampler, max_new_tokens=12)
+        reference.stops = stops
+        theirs = reference.generate({(key, c): prompts[key] for key in prompts for c in range(k)})
+        assert {key: [c.tokens for c in out[key]] for key in prompts} == {
+            key: [theirs[key, c][0].tokens for c in range(k)] for key in prompts
+        }
+        lengths |= {len(c.tokens) for key in prompts for c in out[key]}
+        chosen = {key: (key + turn) % k for key in prompts if key != turn}  # one dialogue dropped a turn
+        ours.keep(chosen)
+        histories = {
+            key: histories[key]
+            + [
+                {"role": "assistant", "content": out[key][chosen[key]].text},
+                {"role": "user", "content": TEXTS[key + turn + 40]},
+            ]
+            for key in chosen
+        }
+        assert ours.keys == list(chosen)
+        assert [row.fed for row in ours.rows] == [  # its prompt and the kept reply but its last draw (stop or 12th)
+            prompts[key] + out[key][chosen[key]].tokens[:-1] for key in chosen
+        ]
+    assert len(lengths) > 2  # replies of several lengths
+    fresh = ChatBatch(model, tokenizer, Sampler(do_sample=False), max_new_tokens=1)
+    fresh.generate({key: ours.rows[i].fed for i, key in enumerate(ours.keys)})
+    for layer, reference_layer in zip(ours.cache.layers, fresh.cache.layers):  # the same keys, holes aside
+        for i, row in enumerate(ours.rows):
+            real = reference_layer.keys[i][:, fresh.mask[i, : reference_layer.keys.shape[2]].bool()]
+            torch.testing.assert_close(layer.keys[i][:, row.columns], real[:, : len(row.columns)])
+
+
 def test_compaction_frees_each_old_layer_before_packing_the_next(model, tokenizer, monkeypatch):
     """Compacting the cache holds the old (K, V) of a layer or two beside the new cache, not a second whole cache:
     when layer n is assigned its packed rows, the old tensors of layers before n (the rows still decoding and
