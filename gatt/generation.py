@@ -418,17 +418,15 @@ class ChatBatch:
         keys = [key for key in self.keys for _ in range(k)]  # each candidate's dialogue
         if k > 1 and self._shares_rows():
             replies, attention = self._decode_candidates(logits, k), [None] * len(keys)
-            self.k = k
-        elif k > 1:  # encode each prompt once, then one cache row per candidate
-            self.cache.batch_repeat_interleave(k)
-            self.mask = self.mask.repeat_interleave(k, dim=0)
-            self.keys = [key for key in self.keys for _ in range(k)]
-            self.rows = [row.copy() for row in self.rows for _ in range(k)]
-            logits = logits.repeat_interleave(k, dim=0)
-            self.k = k
-            replies, attention = self._decode(logits)
         else:
+            if k > 1:  # encode each prompt once, then one cache row per candidate
+                self.cache.batch_repeat_interleave(k)
+                self.mask = self.mask.repeat_interleave(k, dim=0)
+                self.keys = keys
+                self.rows = [row.copy() for row in self.rows for _ in range(k)]
+                logits = logits.repeat_interleave(k, dim=0)
             replies, attention = self._decode(logits)
+        self.k = k
         out: dict[Hashable, list[Candidate]] = {}
         for key, tokens, heads in zip(keys, replies, attention):
             content = tokens[:-1] if tokens and tokens[-1] in self.stops else tokens
