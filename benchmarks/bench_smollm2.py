@@ -43,7 +43,7 @@ held-out user turns, N dialogues x T turns, probes every 6th turn.
   each history (`--quick` only: at full size its prefill of B*k rows of up to ~2,000 tokens a turn takes about 2 hours
   a batch on 2 CPU cores, measured 2026-11-29 over its first 4 turns), and one `generate()` per turn over the B*k rows
   carrying the batch's KV cache (`bench_teacher.CarriedGenerateTurn`); goal >= 2.5. Each batch runs on every side
-  back to back, ours first (about 22 minutes a batch at full size), its seconds and the GEMM rate before it kept in
+  back to back, ours first (about 15 minutes a batch at full size, the carried cache about 60), its seconds and the GEMM rate before it kept in
   results/progress/smollm2_teacher_batched.json at full size (committed: the row spans sessions), so that a stopped
   run resumes at the next batch. Run it alone: a second process on the 2 cores slows a side by half.
 - `smollm2_teacher_vs_hf_generate`: our batched teacher (`ModelTeacher`, k = 4 candidates per turn,

@@ -146,11 +146,10 @@ class Candidate:
 
 @dataclass(frozen=True)
 class _Candidates:
-    """The k candidates of each row decoded by `_decode_candidates`, until `keep` chooses: token `s` of candidate `c`
-    of a row sits at cache column `start + s * k + c`."""
+    """The k (`ChatBatch.k`) candidates of each row decoded by `_decode_candidates`, until `keep` chooses: token `s`
+    of candidate `c` of a row sits at cache column `start + s * k + c`."""
 
     start: int  # the first reply column
-    k: int
     fed: list[list[int]]  # (B * k): each candidate's tokens in the cache (its stop token not fed), row-major
 
 
@@ -676,14 +675,14 @@ class ChatBatch:
                 use_cache=True,
             )
             logits = torch.where(feeding[:, None], output.logits.reshape(count, -1), logits)  # (B * k, V)
-        self.candidates = _Candidates(start, k, fed)
+        self.candidates = _Candidates(start, fed)
         return replies
 
     def _keep_candidates(self, chosen: Mapping[Hashable, int]) -> None:
         """`keep` after `_decode_candidates`: each kept dialogue's chosen candidate's columns gathered, in order, to
         follow its history; the other candidates' columns are dropped (a shorter reply's last columns are holes)."""
         assert self.candidates is not None
-        start, k, fed = self.candidates.start, self.candidates.k, self.candidates.fed
+        start, k, fed = self.candidates.start, self.k, self.candidates.fed
         self.candidates = None
         rows = [d for d, key in enumerate(self.keys) if key in chosen]
         picks = [d * k + chosen[self.keys[d]] for d in rows]
