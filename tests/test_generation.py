@@ -244,9 +244,12 @@ def test_candidates_sharing_their_row_sample_what_repeated_rows_sample(model, to
             for key in chosen
         }
         assert ours.keys == list(chosen)
-        assert [row.fed for row in ours.rows] == [  # its prompt and the kept reply but its last draw (stop or 12th)
-            prompts[key] + out[key][chosen[key]].tokens[:-1] for key in chosen
-        ]
+        assert (
+            [row.fed for row in ours.rows]
+            == [  # its prompt and the kept reply but its last draw (stop or 12th)
+                prompts[key] + out[key][chosen[key]].tokens[:-1] for key in chosen
+            ]
+        )
     assert len(lengths) > 2  # replies of several lengths
     fresh = ChatBatch(model, tokenizer, Sampler(do_sample=False), max_new_tokens=1)
     fresh.generate({key: ours.rows[i].fed for i, key in enumerate(ours.keys)})
