@@ -11,7 +11,9 @@ dialogue boundary, so a packed row trains exactly like the separate rows.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +57,10 @@ class GattConfig(LlamaConfig):
 
     score_function: str = "scaled_dot"
     attention_window: int | None = None
+    # Not a field: TRL builds GRPO's reference model (beta > 0, no LoRA) with `create_model_from_path`, which reads
+    # `config.auto_map` for an architecture transformers does not define; empty, it loads the model with
+    # AutoModelForCausalLM, where "gatt" is registered (tests/test_grpo.py).
+    auto_map: ClassVar[Mapping[str, str]] = MappingProxyType({})
 
     def validate_architecture(self) -> None:
         """Refuse configurations the attention cannot build, naming the field."""

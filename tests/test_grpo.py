@@ -148,6 +148,20 @@ def test_grpo_trains_from_the_embedded_model_and_resumes_from_its_checkpoint(tmp
     assert steps[:3] == [1, 2, 2] and steps.count(3) >= 1  # step 2's summary line, then the resumed step 3
 
 
+def test_a_kl_term_on_a_full_fine_tune_builds_the_reference_model_from_the_start_model(tmp_path):
+    """beta > 0 without LoRA: TRL loads a reference copy of the start model (it read `config.auto_map`, which
+    GattConfig lacked, and crashed); the run trains and logs the KL against it."""
+    out = tmp_path / "grpo"
+    config = {"model": "embedded", "output_dir": str(out), "prompt_dialogues": 2, "prompt_turns": 3}
+    config |= {"prompts_per_dialogue": 2, "max_new_tokens": 8, "batch_size": 4, "num_generations": 2}
+    config |= {"lora_r": 0, "beta": 0.04, "save_steps": 1, "max_steps": 1}
+    (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(config))
+    command = [sys.executable, str(ROOT / "recipes" / "grpo_gatt.py"), "--config", str(tmp_path / "grpo.yaml")]
+    subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert logged[0]["step"] == 1 and logged[0]["kl"] == 0.0  # step 1's policy is the reference model itself
+
+
 def test_the_audit_counts_real_answers_length_and_on_topic_share_and_draws_replies_blind(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import grpo_audit
