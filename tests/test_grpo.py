@@ -126,13 +126,18 @@ def test_the_grpo_demos_train_gatt_then_grpo_from_it_and_report_gatt_grpo_beside
         stages(load_config(ROOT / "recipes" / "configs" / "grpo_embedded.yaml", ["train.grpo.lora=3"]))
 
 
+def tiny_grpo(tmp_path: Path, **settings) -> list[str]:
+    """The command of a tiny full fine-tune GRPO run from the embedded model (`settings` over it) into tmp_path/grpo."""
+    config = {"model": "embedded", "output_dir": str(tmp_path / "grpo"), "prompt_dialogues": 2, "prompt_turns": 3}
+    config |= {"prompts_per_dialogue": 2, "max_new_tokens": 8, "batch_size": 4, "num_generations": 2}
+    config |= {"lora_r": 0, "save_steps": 1, **settings}
+    (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(config))
+    return [sys.executable, str(ROOT / "recipes" / "grpo_gatt.py"), "--config", str(tmp_path / "grpo.yaml")]
+
+
 def test_grpo_trains_from_the_embedded_model_and_resumes_from_its_checkpoint(tmp_path):
     out = tmp_path / "grpo"
-    config = {"model": "embedded", "output_dir": str(out), "prompt_dialogues": 2, "prompt_turns": 3}
-    config |= {"prompts_per_dialogue": 2, "max_new_tokens": 8, "batch_size": 4, "num_generations": 2}
-    config |= {"lora_r": 0, "save_steps": 1, "max_steps": 2}
-    (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(config))
-    command = [sys.executable, str(ROOT / "recipes" / "grpo_gatt.py"), "--config", str(tmp_path / "grpo.yaml")]
+    command = tiny_grpo(tmp_path, max_steps=2)
     subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
     summary = json.loads((out / "grpo.json").read_text())
     assert summary["steps"] == 2 and summary["prompts"] == 4 and len(summary["curve"]) == 2
@@ -151,14 +156,8 @@ def test_grpo_trains_from_the_embedded_model_and_resumes_from_its_checkpoint(tmp
 def test_a_kl_term_on_a_full_fine_tune_builds_the_reference_model_from_the_start_model(tmp_path):
     """beta > 0 without LoRA: TRL loads a reference copy of the start model (it read `config.auto_map`, which
     GattConfig lacked, and crashed); the run trains and logs the KL against it."""
-    out = tmp_path / "grpo"
-    config = {"model": "embedded", "output_dir": str(out), "prompt_dialogues": 2, "prompt_turns": 3}
-    config |= {"prompts_per_dialogue": 2, "max_new_tokens": 8, "batch_size": 4, "num_generations": 2}
-    config |= {"lora_r": 0, "beta": 0.04, "save_steps": 1, "max_steps": 1}
-    (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(config))
-    command = [sys.executable, str(ROOT / "recipes" / "grpo_gatt.py"), "--config", str(tmp_path / "grpo.yaml")]
-    subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
-    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    subprocess.run(tiny_grpo(tmp_path, beta=0.04, max_steps=1), check=True, capture_output=True, cwd=ROOT)
+    logged = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert logged[0]["step"] == 1 and logged[0]["kl"] == 0.0  # step 1's policy is the reference model itself
 
 
