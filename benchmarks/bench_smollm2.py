@@ -98,7 +98,7 @@ from gatt.eval.rollout import RolloutConfig, reference_rollout, rollout
 from gatt.files import write_json
 from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
 from gatt.generation import NucleusWarper
-from gatt.machine import matmul_gflops
+from gatt.machine import cpu_name, matmul_gflops
 from gatt.numerics import bf16_is_native, for_inference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -451,7 +451,8 @@ def teacher_row(
 
     Both sides synthesise one batch of B dialogues after another (the caches of all 64 dialogues x 4 candidates at
     20 turns at once ran a 24 GB machine out of memory), each batch from its own seed. Batched, each batch runs on
-    both sides back to back, ours first, with the machine's fp32 GEMM rate measured before it; with `progress`
+    both sides back to back, ours first, with the machine's CPU and fp32 GEMM rate recorded before it (a row that
+    spans sessions may span machines: each batch's ratio is its own machine's); with `progress`
     (a JSON file), each finished batch pair is kept there and a run of the same settings that was stopped resumes at
     the next batch (the full-size row takes hours on 2 CPU cores)."""
     config = SynthesisConfig(
@@ -507,7 +508,9 @@ def teacher_row(
                 seconds = {"ours": synthesise(teacher, ours_turn, dialogues["ours"], seed, f"ours {first}")}
                 for name, turn in baselines.items():
                     seconds[name] = synthesise(theirs, turn, dialogues[name], seed, f"{name} {first}")
-                state["batches"].append({"first": first, "fp32_matmul_gflops": round(gflops, 1), **seconds})
+                state["batches"].append(
+                    {"first": first, "cpu": cpu_name(), "fp32_matmul_gflops": round(gflops, 1), **seconds}
+                )
                 if progress is not None:
                     write_json(progress, state)
             totals = {side: sum(b[side] for b in state["batches"]) for side in ("ours", *baselines)}

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from gatt.machine import cpu_name
+
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 
 import bench_smollm2  # noqa: E402
@@ -116,6 +118,7 @@ def test_batched_teacher_row_resumes_at_the_batch_after_the_last_it_kept(model, 
     first = bench_smollm2.teacher_row(model, tokenizer, size, batched=True, progress=progress)
     kept = json.loads(progress.read_text())
     assert [b["first"] for b in kept["batches"]] == [0, 2] and kept["batches"] == first["batches"]
+    assert all(b["cpu"] == cpu_name() for b in kept["batches"])  # each batch names the machine it ran on
     assert first["seconds"]["ours"] == pytest.approx(sum(b["ours"] for b in kept["batches"]), abs=0.06)
     # a run stopped after its first batch pair: the next one keeps that pair and runs the second batch only
     kept["batches"] = [{**kept["batches"][0], "ours": 1000.0, "generate_none": 3000.0, "generate_carry": 2000.0}]
