@@ -66,7 +66,7 @@ def rollout_vs_batched_generate(
 
     from gatt.eval.rollout import generate_rollout, rollout
 
-    config = replace(config, batch_size=len(plan))  # every dialogue in one batch, on every side
+    config = replace(config, batch_size=len(plan), decoder="engine")  # every dialogue in one batch; ours: the engine
     caches = [*caches, *(["static"] if llama.device.type == "cuda" else [])]
     sides: dict[str, Callable[[list[Any]], list[dict]]] = {
         "ours_probe_off": lambda dialogues: rollout(model, tokenizer, dialogues, config, progress=False),

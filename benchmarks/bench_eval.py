@@ -118,7 +118,7 @@ def run(quick: bool, device: str) -> dict[str, dict[str, Any]]:
     )
     batch = size["batch_size"]
     batches = [plan[i : i + batch] for i in range(0, len(plan), batch)]
-    config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=batch)
+    config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=batch, decoder="engine")
 
     # Warm-up, untimed: kernels and the allocator on both sides, and the language detector (lingua loads its models
     # lazily, per script and text length, on first use: seconds each). Ours over every dialogue, so that every model

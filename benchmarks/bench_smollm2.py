@@ -371,7 +371,7 @@ def generate_row(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: list[EvalDialogue], size: dict[str, Any]
 ) -> dict[str, Any]:
     """Ours over all dialogues (one batch) vs generate() per turn on the first R, greedy, identical replies."""
-    config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=len(plan))
+    config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=len(plan), decoder="engine")
     subset = plan[: size["reference_dialogues"]]
     ours, ours_seconds = timed(rollout, model, tokenizer, plan, config, progress=False)
     theirs, theirs_seconds = timed(reference_rollout, model, tokenizer, subset, config, progress=False)
@@ -404,7 +404,7 @@ def batched_generate_row(
 ) -> dict[str, Any]:
     """Ours over `generate()` batched per turn over all N dialogues (bench_common.rollout_vs_batched_generate), on
     Hugging Face's Llama; with our rollouts' share of the fp32 GEMM ceiling."""
-    config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=len(plan))
+    config = RolloutConfig(max_new_tokens=size["max_new_tokens"], batch_size=len(plan), decoder="engine")
     llama = hugging_face_llama(model)
     row = rollout_vs_batched_generate(
         model,

@@ -41,7 +41,7 @@ from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.judge import apply_gate
 from gatt.eval.plan import STRATA, EvalDialogue, plan_dialogues
 from gatt.eval.report import NOT_MODELS, build_report, summary_tables, write_report
-from gatt.eval.rollout import RolloutConfig, distributed_rollout
+from gatt.eval.rollout import DECODERS, GENERATE_AT_MOST, RolloutConfig, distributed_rollout
 from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
 from gatt.events import KINDS, kinds_help
 from gatt.gate import (
@@ -53,7 +53,6 @@ from gatt.gate import (
     relevance_embedder,
 )
 from gatt.generation import (
-    DECODERS,
     FLAG_GIVEN,
     folder_sampler_settings,
     sampler_flags,
@@ -327,7 +326,10 @@ class EvalConfig(sampler_flags("the first --model's")):
         "how replies are decoded: growing (a KV cache that grows, stopped rows leave the batch: fastest on a CPU), "
         "static (preallocated cache and mask), graphs (static, the step recorded as a CUDA graph a reply and replayed), "
         "compiled (static, torch.compile reduce-overhead: fused kernels after a compile of about 39 s per reply width); "
-        "auto: graphs on a GPU for the library's model, else growing. Greedy replies are the same up to float rounding",
+        "generate (Hugging Face generate() over the batch, its cache carried across turns; greedy, no penalty, no "
+        "probe); engine: graphs on a GPU for the library's model, else growing; auto: generate for a batch of at most "
+        f"{GENERATE_AT_MOST} dialogue-turns on a CPU where it writes the same replies (there the engine is under 1.2x "
+        "generate()), else engine. Greedy replies are the same up to float rounding",
         choices=DECODERS,
     )
     numerics: str = arg(

@@ -1,5 +1,6 @@
 """The rollout and teacher benchmarks (benchmarks/bench_eval.py, bench_teacher.py): both sides do the same work."""
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -9,10 +10,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 
 import bench_common  # noqa: E402
+import bench_crossover  # noqa: E402
 import bench_eval  # noqa: E402
 import bench_teacher  # noqa: E402
 from test_generation import model, tokenizer  # noqa: E402,F401  (the tiny model and tokenizer fixtures)
 
+import gatt.eval.rollout  # noqa: E402
 import gatt.generation  # noqa: E402
 from data_gen.synthesis import SynthesisConfig  # noqa: E402
 from data_gen.teacher import ModelTeacher  # noqa: E402
@@ -67,6 +70,26 @@ def test_batched_generate_row_runs_the_baselines_it_is_given(model, tokenizer):
     assert row["best_baseline"] == "generate_carry" and set(row["ratios"]) == {"generate_carry"}
     assert row["identical_replies"] == {"ours_probe_off": 1.0, "generate_carry": 1.0}
     assert "(the fastest of carry)" in row["settings"]["theirs"]
+
+
+def test_crossover_times_the_engine_against_generate_and_names_autos_choice(model, tokenizer, monkeypatch):
+    """bench_crossover: the engine side runs the engine (no generate_rollout inside `rollout`), both generate() sides
+    write its replies, the ratio is their medians', and auto's choice at the size is the library's."""
+    routed = []
+    monkeypatch.setattr(gatt.eval.rollout, "generate_rollout", lambda *a, **k: routed.append(a) or [])
+    plan = plan_dialogues(load_eval_constraints(), load_eval_turns(), dialogues=3, turns=3, seed=0)
+    row = bench_crossover.measure(model, tokenizer, plan, RolloutConfig(max_new_tokens=5, batch_size=3), repeats=3)
+    assert routed == []
+    assert row["dialogue_turns"] == 9 and row["auto_chooses"] == "generate"
+    assert row["identical_replies"] == {"generate_hugging_face": 1.0, "generate_model": 1.0}
+    assert all(len(runs) == 3 for runs in row["runs"].values())
+    faster = row["faster_generate"]
+    assert row["seconds"][faster] == min(row["seconds"]["generate_hugging_face"], row["seconds"]["generate_model"])
+    assert row["ratio"] == pytest.approx(row["seconds"][faster] / row["seconds"]["engine"], rel=0.01)
+    assert bench_crossover.parse_sizes("8x8,32x2") == [(8, 8), (32, 2)]
+    for bad in ("8x", "8x8x2", "0x4", "eight"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--sizes expects"):
+            bench_crossover.parse_sizes(bad)
 
 
 def test_eval_run_returns_one_comparison_with_identical_replies(monkeypatch):

@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,15 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from gatt.checks import Check, Constraint, Probe
 from gatt.eval.inputs import EvalTurn
 from gatt.eval.plan import EvalDialogue, PlannedTurn, plan_dialogues, stratify
-from gatt.eval.rollout import RolloutConfig, generate_rollout, reference_rollout, render, rollout
+from gatt.eval.rollout import (
+    GENERATE_AT_MOST,
+    RolloutConfig,
+    batch_decoder,
+    generate_rollout,
+    reference_rollout,
+    render,
+    rollout,
+)
 from gatt.evaluate import main as evaluate_main
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
@@ -133,7 +142,7 @@ def test_kv_reuse_masks_tokens_the_template_renders_differently(model, tokenizer
         "generation -%}{{- message['content']", "generation -%}{{- (message['content'] | upper)"
     )
     assert upper.chat_template != tokenizer.chat_template
-    config = RolloutConfig(max_new_tokens=12, batch_size=8)
+    config = RolloutConfig(max_new_tokens=12, batch_size=8, decoder="engine")
     fast, slow = (
         rollout(model, upper, plan, config, progress=False),
         reference_rollout(model, upper, plan, config, progress=False),
@@ -146,7 +155,7 @@ def test_hugging_face_llama_rolls_out_the_same(model, tokenizer, plan):
     torch.manual_seed(0)
     llama = LlamaForCausalLM(LlamaConfig(**tiny_config(tokenizer))).eval()
     llama.load_state_dict(model.state_dict())
-    config = RolloutConfig(max_new_tokens=12)
+    config = RolloutConfig(max_new_tokens=12, decoder="engine")
     assert replies(rollout(llama, tokenizer, plan, config, progress=False)) == replies(
         rollout(model, tokenizer, plan, config, progress=False)
     )
@@ -161,13 +170,49 @@ def test_batched_generate_writes_the_replies_of_the_engine(model, tokenizer, pla
     llama = LlamaForCausalLM(LlamaConfig(**tiny_config(tokenizer))).eval()
     llama.load_state_dict(model.state_dict())
     llama.generation_config.repetition_penalty = 1.3  # a folder's setting that generate() must not apply unasked
-    config = RolloutConfig(max_new_tokens=12, batch_size=8)
+    config = RolloutConfig(max_new_tokens=12, batch_size=8, decoder="engine")
     ours = rollout(model, tokenizer, plan, config, progress=False)
     sized = {"static_cache_len": 1024} if cache == "static" else {}  # one cache for every turn, as on a GPU
     theirs = generate_rollout(llama, tokenizer, plan, config, cache=cache, progress=False, **sized)
     assert replies(theirs) == replies(ours)
     assert theirs == ours  # every check result and stop reason too
     assert len({len(t["reply"]) for d in ours for t in d["turns"]}) > 3  # replies of different lengths
+
+
+def test_auto_rolls_small_greedy_batches_out_with_generate(model, tokenizer, plan, monkeypatch):
+    """Where the engine does not beat generate() by 1.2x (a CPU batch of at most GENERATE_AT_MOST dialogue-turns),
+    auto hands the batch to generate_rollout, which writes the engine's transcripts; elsewhere the engine decodes."""
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(len(args[2]))
+        return generate_rollout(*args, **kwargs)
+
+    monkeypatch.setattr("gatt.eval.rollout.generate_rollout", counted)
+    config = RolloutConfig(max_new_tokens=12, batch_size=3)
+    batches = [len(plan[i : i + 3]) for i in range(0, len(plan), 3)]  # 3, 3, 2 dialogues x 7 turns
+    assert len(plan) * 7 <= GENERATE_AT_MOST and batches == [3, 3, 2]
+    auto = rollout(model, tokenizer, plan, config, progress=False)
+    assert calls == batches
+    assert auto == rollout(model, tokenizer, plan, replace(config, decoder="engine"), progress=False)
+    assert calls == batches  # the engine: no generate() call
+
+    large = plan * (GENERATE_AT_MOST // (len(plan) * 7) + 1)  # more dialogue-turns than the threshold
+    assert batch_decoder(model, config, plan) == "generate" and batch_decoder(model, config, large) == "auto"
+    for other in (
+        {"measure_attention": True},
+        {"repetition_penalty": 1.2},
+        {"no_repeat_ngram_size": 3},
+        {"do_sample": True},
+        {"split_softmax": 2.0},
+    ):  # decoding that generate() would write other replies under, or cannot measure: the engine
+        assert batch_decoder(model, replace(config, **other), plan) == "auto"
+    assert batch_decoder(model, replace(config, decoder="generate"), large) == "generate"
+    assert batch_decoder(model, replace(config, decoder="static"), plan) == "static"
+    with pytest.raises(ValueError, match="only without the attention probe"):
+        batch_decoder(model, replace(config, decoder="generate", measure_attention=True), plan)
+    with pytest.raises(ValueError, match="decoder must be one of"):
+        batch_decoder(model, replace(config, decoder="fast"), plan)
 
 
 def test_batched_generate_refuses_what_it_does_not_measure(model, tokenizer, plan):
@@ -181,7 +226,7 @@ def test_context_limit_stops_the_dialogue_like_reencoding(tokenizer):
     torch.manual_seed(1)
     short = GattForCausalLM(GattConfig(**tiny_config(tokenizer, max_position_embeddings=160))).eval()
     plan = plan_dialogues(CONSTRAINTS, POOL, dialogues=3, turns=12, seed=0)
-    config = RolloutConfig(max_new_tokens=16)
+    config = RolloutConfig(max_new_tokens=16, decoder="engine")
     fast, slow = (
         rollout(short, tokenizer, plan, config, progress=False),
         reference_rollout(short, tokenizer, plan, config, progress=False),
@@ -191,7 +236,7 @@ def test_context_limit_stops_the_dialogue_like_reencoding(tokenizer):
 
 
 def test_repeat_instruction_appends_it_to_every_user_turn(model, tokenizer, plan):
-    config = RolloutConfig(max_new_tokens=8, repeat_instruction=True)
+    config = RolloutConfig(max_new_tokens=8, repeat_instruction=True, decoder="engine")
     fast = rollout(model, tokenizer, plan[:2], config, progress=False)
     assert all(turn["user"].endswith(" " + plan[0].instruction) for turn in fast[0]["turns"])
     assert fast == reference_rollout(model, tokenizer, plan[:2], config, progress=False)

@@ -23,6 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gatt.collator import Placement, append_instruction, place_instruction
 from gatt.distributed import gather_items, my_items
 from gatt.eval.plan import EvalDialogue, PlannedTurn
+from gatt.generation import DECODERS as CHAT_BATCH_DECODERS
 from gatt.generation import (
     ChatBatch,
     Sampler,
@@ -50,7 +51,8 @@ class RolloutConfig:
         None  # strength: boost every head's attention on the instruction (gatt/split_softmax.py)
     )
     shrink: bool = True  # stopped rows leave the decoding batch, holes compacted each turn (False: the older path)
-    # growing | static | graphs | compiled (gatt.generation.decoder_options); auto: graphs on a GPU for the library's model
+    # one of DECODERS: growing | static | graphs | compiled (gatt.generation.decoder_options), engine (ChatBatch's
+    # choice for the device), generate (`generate_rollout`, its cache carried); auto: `batch_decoder`
     decoder: str = "auto"
 
 
@@ -171,6 +173,48 @@ def next_prompts(
     return prompts, marked, users
 
 
+# The most dialogue-turns (dialogues x turns) a batch may have for `auto` to roll it out with Hugging Face
+# `generate()` instead of the engine. Measured on 2 CPUs (benchmarks/bench_crossover.py, results/crossover_*.json,
+# docs/benchmarks.md), SmolLM2-135M greedy without the probe: the engine 0.98x batched generate() carrying its cache at
+# 8 x 8 and 0.99x at 32 x 2, 1.12x at 32 x 4 (128), 1.27x at 32 x 8 (256). A step's arithmetic is the same on both
+# sides; the engine's edge (its packed cache, the rows it drops) grows with the turns.
+GENERATE_AT_MOST = 128
+# What `RolloutConfig.decoder` (and the eval CLI's --decoder) takes: ChatBatch's decoders, `engine` (ChatBatch's own
+# choice for the device, at every size) and `generate` (`generate_rollout`, its cache carried)
+DECODERS = ("auto", "engine", *(d for d in CHAT_BATCH_DECODERS if d != "auto"), "generate")
+
+
+def generate_mismatch(config: RolloutConfig) -> str | None:
+    """Why `generate_rollout` would not write `rollout`'s replies under `config` (None: it writes the same ones)."""
+    if config.do_sample:
+        return "sampling (its random draws differ)"
+    if config.measure_attention:
+        return "the attention probe (generate() gives no attention without eager attention)"
+    if config.split_softmax is not None:
+        return "split-softmax"
+    if config.repetition_penalty != 1.0 or config.no_repeat_ngram_size:
+        return "a repetition penalty or n-gram rule (generate() counts the prompt's tokens too)"
+    return None
+
+
+def batch_decoder(model: PreTrainedModel, config: RolloutConfig, batch: Sequence[EvalDialogue]) -> str:
+    """What rolls `batch` out: `generate`, or one of ChatBatch's decoders (`decoder_options`' names, auto included).
+
+    auto is `generate` where the engine does not beat generate() by 1.2x (on a CPU, a batch of at most
+    GENERATE_AT_MOST dialogue-turns) and generate() writes the same replies (`generate_mismatch`), else the engine's
+    own choice for the device; `engine` is that choice at every size."""
+    if config.decoder not in DECODERS:
+        raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {config.decoder!r}")
+    if config.decoder == "generate":
+        if (why := generate_mismatch(config)) is not None:
+            raise ValueError(f"decoder generate writes the engine's replies only without {why}: use decoder auto")
+        return "generate"
+    small = len(batch) * max((len(d.turns) for d in batch), default=0) <= GENERATE_AT_MOST
+    if config.decoder == "auto" and model.device.type == "cpu" and small and generate_mismatch(config) is None:
+        return "generate"
+    return "auto" if config.decoder == "engine" else config.decoder
+
+
 @torch.no_grad()
 def rollout(
     model: PreTrainedModel,
@@ -183,7 +227,9 @@ def rollout(
 ) -> list[dict[str, Any]]:
     """Transcripts of `dialogues` (same order), batched across dialogues, with the KV cache reused across turns.
 
-    `batches`: roll out only these batches (of `config.batch_size` dialogues, numbered from 0): a process's share."""
+    Each batch runs on the engine (`ChatBatch`) or, where `batch_decoder` says so, on `generate_rollout` (the same
+    replies). `batches`: roll out only these batches (of `config.batch_size` dialogues, numbered from 0): a
+    process's share."""
     if not tokenizer.chat_template:
         raise ValueError(
             f"{getattr(tokenizer, 'name_or_path', 'the tokenizer')} has no chat template: the evaluation needs a chat model"
@@ -207,7 +253,13 @@ def rollout(
         for start in starts:
             # Each batch samples from its own seed: its replies do not depend on which batches ran before it.
             sampler.generator.manual_seed(config.seed * 100_003 + start // config.batch_size)
-            rows = [_Rollout(d) for d in dialogues[start : start + config.batch_size]]
+            batch = dialogues[start : start + config.batch_size]
+            decoder = batch_decoder(model, config, batch)
+            if decoder == "generate":
+                transcripts += generate_rollout(model, tokenizer, batch, config, cache="carry", progress=False)
+                bar.update(sum(len(d.turns) for d in batch))
+                continue
+            rows = [_Rollout(d) for d in batch]
             chat = ChatBatch(
                 model,
                 tokenizer,
@@ -216,7 +268,7 @@ def rollout(
                 measure_attention=config.measure_attention,
                 split_softmax=config.split_softmax,
                 shrink=config.shrink,
-                **decoder_options(model, config.decoder),
+                **decoder_options(model, decoder),
             )
             for t in range(max(len(r.dialogue.turns) for r in rows)):
                 prompts, marked, users = next_prompts(model, tokenizer, rows, t, config, bar)
