@@ -35,7 +35,7 @@ from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.plan import EvalDialogue, plan_dialogues
 from gatt.eval.rollout import GENERATE_AT_MOST, RolloutConfig, batch_decoder, generate_rollout, rollout
 from gatt.files import write_json
-from gatt.machine import cpu_name, matmul_gflops
+from gatt.machine import machine_calibration, matmul_gflops
 
 Side = Callable[[list[EvalDialogue]], list[dict]]
 
@@ -133,11 +133,7 @@ def main() -> None:
     model.eval()
     result: dict[str, Any] = {
         "model": args.model,
-        "machine": {
-            "cpu": cpu_name(),
-            "threads": torch.get_num_threads(),
-            "fp32_matmul_gflops": round(matmul_gflops(), 1),
-        },
+        "machine": machine_calibration(torch.get_num_threads()),
         "settings": {
             "max_new_tokens": args.max_new_tokens,
             "greedy": True,
