@@ -328,7 +328,7 @@ class EvalConfig(sampler_flags("the first --model's")):
         "compiled (static, torch.compile reduce-overhead: fused kernels after a compile of about 39 s per reply width); "
         "generate (Hugging Face generate() over the batch, its cache carried across turns; greedy, no penalty, no "
         "probe); engine: graphs on a GPU for the library's model, else growing; auto: generate for a batch of at most "
-        f"{GENERATE_AT_MOST} dialogue-turns on a CPU where it writes the same replies (there the engine is under 1.2x "
+        f"{GENERATE_AT_MOST} dialogue-turns on a CPU in fp32 where it writes the same replies (there the engine is under 1.2x "
         "generate()), else engine. Greedy replies are the same up to float rounding",
         choices=DECODERS,
     )

@@ -5,6 +5,7 @@ import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -207,6 +208,8 @@ def test_auto_rolls_small_greedy_batches_out_with_generate(model, tokenizer, pla
         {"split_softmax": 2.0},
     ):  # decoding that generate() would write other replies under, or cannot measure: the engine
         assert batch_decoder(model, replace(config, **other), plan) == "auto"
+    bf16 = SimpleNamespace(device=model.device, dtype=torch.bfloat16)  # a fast numerics mode: not where it was measured
+    assert batch_decoder(bf16, config, plan) == "auto"
     assert batch_decoder(model, replace(config, decoder="generate"), large) == "generate"
     assert batch_decoder(model, replace(config, decoder="static"), plan) == "static"
     with pytest.raises(ValueError, match="only without the attention probe"):

@@ -200,7 +200,7 @@ def generate_mismatch(config: RolloutConfig) -> str | None:
 def batch_decoder(model: PreTrainedModel, config: RolloutConfig, batch: Sequence[EvalDialogue]) -> str:
     """What rolls `batch` out: `generate`, or one of ChatBatch's decoders (`decoder_options`' names, auto included).
 
-    auto is `generate` where the engine does not beat generate() by 1.2x (on a CPU, a batch of at most
+    auto is `generate` where the engine does not beat generate() by 1.2x (on a CPU in fp32, a batch of at most
     GENERATE_AT_MOST dialogue-turns) and generate() writes the same replies (`generate_mismatch`), else the engine's
     own choice for the device; `engine` is that choice at every size."""
     if config.decoder not in DECODERS:
@@ -210,7 +210,8 @@ def batch_decoder(model: PreTrainedModel, config: RolloutConfig, batch: Sequence
             raise ValueError(f"decoder generate writes the engine's replies only without {why}: use decoder auto")
         return "generate"
     small = len(batch) * max((len(d.turns) for d in batch), default=0) <= GENERATE_AT_MOST
-    if config.decoder == "auto" and model.device.type == "cpu" and small and generate_mismatch(config) is None:
+    exact = model.device.type == "cpu" and model.dtype == torch.float32  # where the same replies were measured
+    if config.decoder == "auto" and exact and small and generate_mismatch(config) is None:
         return "generate"
     return "auto" if config.decoder == "engine" else config.decoder
 
