@@ -70,13 +70,14 @@ def replies(transcripts: list[dict]) -> list[str]:
 
 def measure(
     model: PreTrainedModel,
+    llama: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     plan: list[EvalDialogue],
     config: RolloutConfig,
     repeats: int,
 ) -> dict[str, Any]:
-    """One size: each side's median seconds, the ratio and the identical-reply shares."""
-    llama = hugging_face_llama(model)
+    """One size: each side's median seconds, the ratio and the identical-reply shares (`llama`: Hugging Face's Llama
+    holding `model`'s weights)."""
     sides: dict[str, Side] = {
         "engine": lambda p: rollout(model, tokenizer, p, replace(config, decoder="engine"), progress=False),
         "generate_hugging_face": lambda p: generate_rollout(llama, tokenizer, p, config, cache="carry", progress=False),
@@ -94,6 +95,7 @@ def measure(
             seconds[name].append(time.perf_counter() - start)
     median = {name: statistics.median(s) for name, s in seconds.items()}
     generate = min(("generate_hugging_face", "generate_model"), key=median.__getitem__)
+    engine = replies(transcripts["engine"])
     return {
         "dialogues": len(plan),
         "turns": max(len(d.turns) for d in plan),
@@ -104,11 +106,7 @@ def measure(
         "faster_generate": generate,
         "auto_chooses": "generate" if batch_decoder(model, config, plan) == "generate" else "engine",
         "identical_replies": {
-            name: round(
-                sum(a == b for a, b in zip(replies(transcripts["engine"]), replies(t)))
-                / len(replies(transcripts["engine"])),
-                4,
-            )
+            name: round(sum(a == b for a, b in zip(engine, replies(t))) / len(engine), 4)
             for name, t in transcripts.items()
             if name != "engine"
         },
@@ -131,6 +129,7 @@ def main() -> None:
     torch.manual_seed(0)
     model, tokenizer, constraints = load(args.model)
     model.eval()
+    llama = hugging_face_llama(model)
     result: dict[str, Any] = {
         "model": args.model,
         "machine": machine_calibration(torch.get_num_threads()),
@@ -147,7 +146,7 @@ def main() -> None:
     for dialogues, turns in tqdm(args.sizes, desc="sizes", unit="size"):
         plan = plan_dialogues(constraints, load_eval_turns(), dialogues=dialogues, turns=turns, seed=0, probe_every=6)
         config = RolloutConfig(max_new_tokens=args.max_new_tokens, batch_size=dialogues)
-        row = measure(model, tokenizer, plan, config, args.repeats)
+        row = measure(model, llama, tokenizer, plan, config, args.repeats)
         result["sizes"].append(row)
         tqdm.write(
             f"{dialogues:>3} x {turns:<3} ({row['dialogue_turns']:>4} dialogue-turns): engine {row['seconds']['engine']:7.2f} s, "

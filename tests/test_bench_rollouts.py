@@ -78,7 +78,10 @@ def test_crossover_times_the_engine_against_generate_and_names_autos_choice(mode
     routed = []
     monkeypatch.setattr(gatt.eval.rollout, "generate_rollout", lambda *a, **k: routed.append(a) or [])
     plan = plan_dialogues(load_eval_constraints(), load_eval_turns(), dialogues=3, turns=3, seed=0)
-    row = bench_crossover.measure(model, tokenizer, plan, RolloutConfig(max_new_tokens=5, batch_size=3), repeats=3)
+    llama = bench_eval.hugging_face_llama(model)
+    row = bench_crossover.measure(
+        model, llama, tokenizer, plan, RolloutConfig(max_new_tokens=5, batch_size=3), repeats=3
+    )
     assert routed == []
     assert row["dialogue_turns"] == 9 and row["auto_chooses"] == "generate"
     assert row["identical_replies"] == {"generate_hugging_face": 1.0, "generate_model": 1.0}

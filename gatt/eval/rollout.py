@@ -184,14 +184,22 @@ GENERATE_AT_MOST = 128
 DECODERS = ("auto", "engine", *(d for d in CHAT_BATCH_DECODERS if d != "auto"), "generate")
 
 
-def generate_mismatch(config: RolloutConfig) -> str | None:
-    """Why `generate_rollout` would not write `rollout`'s replies under `config` (None: it writes the same ones)."""
+def beyond_generate(config: RolloutConfig) -> str | None:
+    """What of `config` the greedy `generate()` paths (`generate_rollout`, `reference_rollout`) cannot do (None:
+    nothing)."""
     if config.do_sample:
         return "sampling (its random draws differ)"
     if config.measure_attention:
         return "the attention probe (generate() gives no attention without eager attention)"
     if config.split_softmax is not None:
         return "split-softmax"
+    return None
+
+
+def generate_mismatch(config: RolloutConfig) -> str | None:
+    """Why `generate_rollout` would not write `rollout`'s replies under `config` (None: it writes the same ones)."""
+    if (why := beyond_generate(config)) is not None:
+        return why
     if config.repetition_penalty != 1.0 or config.no_repeat_ngram_size:
         return "a repetition penalty or n-gram rule (generate() counts the prompt's tokens too)"
     return None
@@ -311,8 +319,10 @@ def reference_rollout(
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """The same transcripts the slow way: Hugging Face `generate()` per turn on the re-encoded history, one dialogue at a time."""
-    if config.do_sample or config.measure_attention or config.split_softmax is not None:
-        raise ValueError("reference_rollout is the greedy reference: no sampling, no attention probe, no split-softmax")
+    if (why := beyond_generate(config)) is not None:
+        raise ValueError(
+            f"reference_rollout is the greedy reference: no sampling, no attention probe, no split-softmax (got {why})"
+        )
     model.eval()
     stops = sorted(stop_token_ids(model, tokenizer))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
@@ -369,8 +379,10 @@ def generate_rollout(
     cache grows and the step recompiles at each longer turn). The repetition
     penalty of `generate()` counts the prompt's tokens too (ours: the reply's only), so with a penalty the replies
     differ; without one they are the same replies."""
-    if config.do_sample or config.measure_attention or config.split_softmax is not None:
-        raise ValueError("generate_rollout is the greedy baseline: no sampling, no attention probe, no split-softmax")
+    if (why := beyond_generate(config)) is not None:
+        raise ValueError(
+            f"generate_rollout is the greedy baseline: no sampling, no attention probe, no split-softmax (got {why})"
+        )
     if cache not in ("none", "carry", "static"):
         raise ValueError(f"cache must be 'none', 'carry' or 'static', got {cache!r}")
     model.eval()
