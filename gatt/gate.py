@@ -240,9 +240,16 @@ def list_loops(reply: str) -> bool:
     return len(items) >= 2 and len(set(items)) < len(items)
 
 
+def _whole_words(text: str) -> set[str]:
+    return {w for w in words(text) if not (len(w) == 1 and w.isascii() and w.isalpha())}
+
+
 def echoes(reply: str, user: str, cover: float = 0.8, new: int = 2) -> bool:
-    """Whether the reply says the user's message back: most of its distinct words, and next to nothing else."""
-    mine, theirs = set(words(reply)), set(words(user))
+    """Whether the reply says the user's message back: most of its distinct words, and next to nothing else. Single
+    letters (the "s" of "what's", the "l" of "l'eau") are not words here, so a restated question that drops its
+    contraction ("The most surprising thing about castles..." after "What's the most surprising thing about
+    castles?") is still one."""
+    mine, theirs = _whole_words(reply), _whole_words(user)
     if not mine or not theirs:
         return False
     return len(mine & theirs) >= cover * len(theirs) and len(mine - theirs) <= new

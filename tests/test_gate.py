@@ -261,6 +261,11 @@ def test_an_echo_of_the_question_fails_and_a_terse_answer_passes():
     answer = GateItem(GateTurn(RUN, "Morning runs suit most people: cooler air, and the habit sticks."))
     assert failed([echo, terse, answer], STRICT) == [("echo",), (), ()]
     assert failed([echo]) == [()]  # the default gate (the embedded model's, topic words in every turn) keeps it
+    # a restated question that drops its contraction's "s" (a GRPO-trained SmolLM2's reply under "Word limit: 40")
+    castles = "What's the most surprising thing about castles?"
+    stub = GateItem(GateTurn(castles, "The most surprising thing about castles..."))
+    answered = GateItem(GateTurn(castles, "The most surprising thing about castles is how many were never attacked."))
+    assert failed([stub, answered], STRICT) == [("echo",), ()]
 
 
 def test_an_opening_kept_while_the_tail_changes_is_a_template_unless_the_instruction_asks_for_it():

@@ -92,6 +92,32 @@ def test_the_reward_is_the_share_of_checks_passed_and_nothing_for_a_reply_the_ga
     assert logged["checks"] == 1.0 and logged["real_answer"] == 0.0
 
 
+def test_the_reward_gives_nothing_for_a_frame_reused_with_the_topic_swapped():
+    """The 40 replies of the SmolLM2 GRPO demonstration that readers labelled (results/grpo/smollm2/audit_labels.jsonl),
+    each with the two turns before it: the reward's gate fails every reply they called a repeat or a template (an
+    earlier reply's frame with the topic word swapped: "The way airplanes can be so lifelike..." after "The way
+    islands can be so beautiful..."), and rewards real answers far more often than non-answers."""
+    rows = [json.loads(line) for line in (ROOT / "results/grpo/smollm2/audit_labels.jsonl").read_text().splitlines()]
+    reward = ChecksAndGateReward(reward_gate(GRPOGattConfig(model="m", output_dir="o", strict_gate=True)))
+    earned = reward(
+        prompts=[[]] * len(rows),
+        completions=[r["reply"] for r in rows],
+        checks=["[]"] * len(rows),
+        on_topic=["[]"] * len(rows),
+        earlier=[
+            json.dumps([{"user": u, "reply": e, "kind": "chat", "on_topic": []} for u, e in r["earlier"]]) for r in rows
+        ],
+        user=[r["user"] for r in rows],
+        kind=["chat"] * len(rows),
+        instruction=[r["instruction"] for r in rows],
+    )
+    reused = [e for r, e in zip(rows, earned, strict=True) if r["why"] in ("repeat", "template")]
+    answers = [e for r, e in zip(rows, earned, strict=True) if r["label"] == "answer"]
+    not_answers = [e for r, e in zip(rows, earned, strict=True) if r["label"] != "answer"]
+    assert len(reused) == 20 and set(reused) == {0.0}
+    assert sum(answers) / len(answers) > sum(not_answers) / len(not_answers) + 0.5
+
+
 def test_the_reward_never_asks_the_model_being_trained_whether_a_reply_is_on_topic():
     for strict in (False, True):
         gate = reward_gate(GRPOGattConfig(model="m", output_dir="o", strict_gate=strict))
