@@ -38,6 +38,7 @@ from gatt.chat_model import load_chat_model
 from gatt.checks import Check, Constraint, hold_out_families, load_constraints
 from gatt.config import REQUIRED, arg
 from gatt.embedded import model_path
+from gatt.eval.cache import weight_files
 from gatt.eval.inputs import EvalTurn, load_eval_constraints
 from gatt.eval.plan import EvalDialogue, plan_dialogues
 from gatt.eval.rollout import RolloutConfig, rollout
@@ -46,7 +47,7 @@ from gatt.gate import AnswerGate, GateConfig, GateItem, GateTurn, relevance_embe
 from gatt.numerics import resolve_auto
 from gatt.train import lora_config
 
-PROMPTS = "prompts.jsonl"
+PROMPTS = "prompts"  # output_dir/prompts/: prompts.jsonl and settings.json, kept when only GRPO's own knobs change
 SUMMARY = "grpo.json"
 
 
@@ -55,7 +56,7 @@ class GRPOGattConfig:
     """Every knob of a GRPO run on the checks; recipes/configs/grpo_gatt.yaml mirrors it."""
 
     model: str = arg(REQUIRED, "the model to start from: a GAtt model's folder (or any chat model; `embedded`)")
-    output_dir: str = arg(REQUIRED, "where prompts.jsonl, checkpoints, grpo.json and the final model go")
+    output_dir: str = arg(REQUIRED, "where prompts/, checkpoints, grpo.json and the final model go")
     seed: int = arg(0, "prompt draws, sampling and data order")
     # the prompts
     constraints: str = arg("", "a constraints YAML with split tags; its train split is trained (default: built-in)")
@@ -116,7 +117,8 @@ class GRPOGattConfig:
 
     @property
     def prompt_settings(self) -> dict[str, Any]:
-        """What the prompts depend on: a prompts.jsonl made with other settings is made again."""
+        """What the prompts depend on besides the start model's weights: prompts made with other settings are made
+        again."""
         keys = ("model", "seed", "constraints", "heldout_families", "user_turns", "prompt_dialogues", "prompt_turns")
         keys += ("prompts_per_dialogue", "probe_every", "max_new_tokens", "repetition_penalty")
         return {key: getattr(self, key) for key in keys}
@@ -241,13 +243,16 @@ class ChecksAndGateReward:
 
 
 def make_prompts(config: GRPOGattConfig, turns: Sequence[EvalTurn], *, progress: bool = True) -> list[dict[str, Any]]:
-    """`output_dir/prompts.jsonl`: read where it was made with these settings, else rolled out and written whole."""
-    path, settings_path = Path(config.output_dir) / PROMPTS, Path(config.output_dir) / "prompts.settings.json"
-    settings = config.prompt_settings
+    """`output_dir/prompts/prompts.jsonl`: read where it was made with these settings and the same start model's
+    weight files, else rolled out and written whole."""
+    folder = Path(config.output_dir) / PROMPTS
+    path, settings_path = folder / "prompts.jsonl", folder / "settings.json"
+    start = model_path(config.model)
+    settings = json.loads(json.dumps({**config.prompt_settings, "weights": weight_files(start)}))
     if path.exists() and settings_path.exists() and json.loads(settings_path.read_text()) == settings:
         return [json.loads(line) for line in path.read_text().splitlines() if line]
     dialogues = prompt_dialogues(config, turns)
-    model, tokenizer = load_chat_model(model_path(config.model))
+    model, tokenizer = load_chat_model(start)
     rollout_config = RolloutConfig(
         max_new_tokens=config.max_new_tokens,
         batch_size=config.rollout_batch_size,

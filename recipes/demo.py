@@ -49,7 +49,7 @@ from gatt.eval.report import add_rounds, summary_tables
 from gatt.eval.rounds import gatt_data_dir, gatt_dir, round_entries, round_suffix, student_name
 from gatt.evaluate import EvalConfig
 from gatt.events import KINDS
-from gatt.grpo import GRPOGattConfig
+from gatt.grpo import PROMPTS, GRPOGattConfig
 from gatt.machine import REFERENCE_GFLOPS, available_cpus, machine_calibration
 from gatt.numerics import resolve_auto
 from gatt.stages import Stage, run_stages, stage_timings
@@ -73,7 +73,9 @@ def stages(config: DemoConfig) -> list[Stage]:
     gatt = {**({"shard_size": gatt["batch_size"]} if "batch_size" in gatt else {}), **gatt}  # a shard: one batch
 
     def stage(name: str, command: list[str], settings: Section, output: Path, resumable: bool = True) -> Stage:
-        file, keep = out / "configs" / f"{name}.yaml", "rollouts" if name == "report" else None  # gatt/eval/cache.py
+        # Folders whose files fingerprint their own inputs, kept when the stage starts again with other inputs: the
+        # report's finished columns (gatt/eval/cache.py) and GRPO's prompts (gatt/grpo.py make_prompts).
+        file, keep = out / "configs" / f"{name}.yaml", {"report": "rollouts", "grpo-model": PROMPTS}.get(name)
         return Stage(name, [*command, "--config", str(file)], output, resumable, keep, file, yaml_values(settings))
 
     def data(name: str, subcommand: str, settings: Section, folder: Path, teacher: str | None) -> Stage:

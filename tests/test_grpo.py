@@ -1,8 +1,11 @@
 """GAtt followed by GRPO on the checks (gatt/grpo.py, recipes/grpo_gatt.py): the prompts, the reward and a run."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
 from demo import load_config, stages  # noqa: E402
 
 from data_gen.eval_set import training_turns  # noqa: E402
+from gatt import grpo  # noqa: E402
 from gatt.checks import Check  # noqa: E402
+from gatt.embedded import model_path  # noqa: E402
 from gatt.eval.inputs import load_eval_turns  # noqa: E402
 from gatt.gate import GateConfig  # noqa: E402
 from gatt.grpo import (  # noqa: E402
@@ -125,6 +130,28 @@ def test_the_reward_never_asks_the_model_being_trained_whether_a_reply_is_on_top
         assert gate.relevance_both == strict and gate.judge_for(True) == ("embedding" if strict else None)
 
 
+def test_prompts_are_rolled_out_once_and_again_only_for_other_settings_or_weights(tmp_path, monkeypatch):
+    model = tmp_path / "model"
+    shutil.copytree(model_path("embedded"), model)
+    config = GRPOGattConfig(
+        model=str(model), output_dir=str(tmp_path / "grpo"), prompt_dialogues=2, prompt_turns=3, prompts_per_dialogue=1
+    )
+    rolled = []
+    monkeypatch.setattr(
+        grpo, "rollout", lambda model, tok, dialogues, *a, **k: rolled.append(1) or fake_transcripts(dialogues)
+    )
+    first = grpo.make_prompts(config, training_turns(), progress=False)
+    assert len(first) == 2 and len(rolled) == 1
+    tuned = replace(config, learning_rate=1e-6, max_steps=9, gradient_accumulation_steps=2)  # GRPO's own knobs
+    assert grpo.make_prompts(tuned, training_turns(), progress=False) == first and len(rolled) == 1
+    grpo.make_prompts(replace(config, prompt_turns=4), training_turns(), progress=False)
+    assert len(rolled) == 2
+    weights = model / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # a new start model
+    grpo.make_prompts(replace(config, prompt_turns=4), training_turns(), progress=False)
+    assert len(rolled) == 3
+
+
 def test_a_bad_config_is_refused_naming_what_is_wrong():
     with pytest.raises(ValueError, match="my.yaml: num_generations must be >= 2 and divide batch_size"):
         GRPOGattConfig(model="m", output_dir="o", batch_size=10, num_generations=4).validate("my.yaml")
@@ -138,6 +165,7 @@ def test_the_grpo_demos_train_gatt_then_grpo_from_it_and_report_gatt_grpo_beside
             s.name: s for s in stages(load_config(ROOT / "recipes" / "configs" / f"{name}.yaml", [f"out={tmp_path}"]))
         }
         grpo = plan["grpo-model"]
+        assert grpo.keep == "prompts"  # a change of GRPO's own knobs does not roll the prompts out again
         assert grpo.command[-4:-2] == [str(ROOT / "recipes" / "grpo_gatt.py"), "--resume"]
         assert grpo.settings["model"] == str(tmp_path / start / "gatt" / "final")
         assert grpo.settings["output_dir"] == str(tmp_path / "grpo")
@@ -170,9 +198,9 @@ def test_grpo_trains_from_the_embedded_model_and_resumes_from_its_checkpoint(tmp
     assert 0 < summary["generation_share"] < 1 and summary["seconds_per_step"] > 0
     assert all(0.0 <= point["reward"] <= 1.0 and 0.0 <= point["real_answer"] <= 1.0 for point in summary["curve"])
     assert (out / "final" / "config.json").exists() and (out / "checkpoints" / "checkpoint-2").exists()
-    prompts = (out / "prompts.jsonl").read_text()
+    prompts = (out / "prompts" / "prompts.jsonl").read_text()
     subprocess.run([*command, "--resume", "max_steps=3"], check=True, capture_output=True, cwd=ROOT)
-    assert (out / "prompts.jsonl").read_text() == prompts  # made once
+    assert (out / "prompts" / "prompts.jsonl").read_text() == prompts  # made once
     resumed = json.loads((out / "grpo.json").read_text())
     assert resumed["steps"] == 3 and resumed["curve"][:2] == summary["curve"]  # steps 1 and 2 were not redone
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
