@@ -9,6 +9,11 @@ Labels are -100 everywhere except the supervised assistant replies and their end
 - `mode="all"`: every reply whose `sampled_with_instruction` is true, in one pass;
 - `mode="expand"`: one example per reply, cut after it and trained only on it (the reference for `all`).
 
+With `teacher_view=True` a GAtt record's example also carries the dialogue as the context-distillation teacher read
+it (the instruction appended to every user message, `data_gen`'s reminded prompt) and the pairs of positions, one in
+each rendering, that predict the same supervised reply token: what `TrainConfig.distill_weight` matches the start
+model's hidden states at. Records with later events, plain SFT records, and examples cut to fit have no view.
+
 Records without `sampled_with_instruction` (plain SFT data such as the base corpus) count every
 reply as sampled, so `mode="all"` trains on all of them.
 """
@@ -34,10 +39,13 @@ Placement = Literal["system", "first_user"]
 
 @dataclass
 class Example:
-    """One tokenized training example: token ids and labels of equal length."""
+    """One tokenized training example: token ids and labels of equal length; with a teacher view, the reminded
+    rendering's ids and the (student position, teacher position) pairs that predict the same reply token."""
 
     input_ids: list[int]
     labels: list[int]
+    teacher_ids: list[int] | None = None
+    pairs: list[tuple[int, int]] | None = None
 
 
 class GAttCollator:
@@ -51,6 +59,7 @@ class GAttCollator:
         max_length: int = 2048,
         packing: bool = False,
         padding_free: bool = False,
+        teacher_view: bool = False,
     ) -> None:
         if mode not in ("last", "all", "expand"):
             raise ValueError(f"mode must be 'last', 'all' or 'expand', got {mode!r}")
@@ -61,7 +70,7 @@ class GAttCollator:
         if padding_free and not packing:
             raise ValueError("padding_free packs a batch into one row: it needs packing=True")
         self.tokenizer, self.mode, self.max_length, self.packing = tokenizer, mode, max_length, packing
-        self.padding_free = padding_free
+        self.padding_free, self.teacher_view = padding_free, teacher_view
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if instruction_placement == "system" and not supports_system(tokenizer):
             logger.warning(
@@ -176,6 +185,7 @@ class GAttCollator:
         messages = messages[: replies[supervised[-1]] + 1]
         keep = list(supervised)
         given = [event["turn"] - 1 for event in later_events(record)]  # turns that give an event: kept too
+        cut = False
         while True:
             ids, spans = self.tokenize(messages)
             if len(ids) <= self.max_length:
@@ -190,12 +200,49 @@ class GAttCollator:
             keep = [k - 1 if k > droppable[0] else k for k in keep]
             given = [k - 1 if k > droppable[0] else k for k in given]
             self.stats["dropped_turns"] += 1
+            cut = True
         labels = [IGNORE_INDEX] * len(ids)
         for k in keep:
             start, end = spans[k]
             labels[start:end] = ids[start:end]
         self.stats["examples"] += 1
-        return Example(ids, labels)
+        example = Example(ids, labels)
+        if self.teacher_view and not cut:
+            self._add_teacher_view(example, record, spans, keep, len(spans))
+        return example
+
+    def _add_teacher_view(
+        self, example: Example, record: dict[str, Any], spans: list[tuple[int, int]], keep: list[int], replies: int
+    ) -> None:
+        """The reminded rendering of the example's dialogue (its first `replies` replies) and the position pairs."""
+        if "sampled_with_instruction" not in record or later_events(record):
+            return
+        instruction = record.get("instruction_short" if record.get("use_short") else "instruction")
+        reminded, seen = [], 0
+        for message in record["messages"]:
+            if seen == replies:
+                break
+            seen += message["role"] == "assistant"
+            text = message["content"]
+            reminded.append(
+                {
+                    **message,
+                    "content": append_instruction(text, instruction)
+                    if instruction and message["role"] == "user"
+                    else text,
+                }
+            )
+        teacher_ids, teacher_spans = self.tokenize(reminded)
+        if len(teacher_ids) > self.max_length or len(teacher_spans) != len(spans):
+            self.stats["no_teacher_view"] += 1
+            return
+        pairs = []
+        for k in keep:
+            (a, b), (c, d) = spans[k], teacher_spans[k]
+            if example.input_ids[a:b] != teacher_ids[c:d]:
+                raise ValueError(f"record {record.get('id', '?')}: reply {k + 1} tokenizes differently when reminded")
+            pairs += zip(range(a - 1, b - 1), range(c - 1, d - 1), strict=True)  # the positions that predict it
+        example.teacher_ids, example.pairs = teacher_ids, pairs
 
     # -- batching ------------------------------------------------------------------------------
 
@@ -216,7 +263,8 @@ class GAttCollator:
             input_ids[row, : len(e.input_ids)] = torch.tensor(e.input_ids)
             labels[row, : len(e.labels)] = torch.tensor(e.labels)
             attention_mask[row, : len(e.input_ids)] = 1
-        return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+        batch = {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+        return self._with_teacher(batch, examples, [row * width for row in range(len(examples))])
 
     def _pack(self, examples: list[Example]) -> dict[str, torch.Tensor]:
         """First-fit rows of at most max_length (padding_free: every example in one row, no padding at all);
@@ -237,17 +285,46 @@ class GAttCollator:
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
         position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+        starts: dict[int, int] = {}  # id(example) -> its first token's index in the flattened (rows x width) batch
         for r, row in enumerate(rows):
             offset = 0
             for e in row:
                 n = len(e.input_ids)
+                starts[id(e)] = r * width + offset
                 input_ids[r, offset : offset + n] = torch.tensor(e.input_ids)
                 labels[r, offset : offset + n] = torch.tensor(e.labels)
                 labels[r, offset] = IGNORE_INDEX  # never predict a dialogue's first token from the previous one
                 position_ids[r, offset : offset + n] = torch.arange(n)
                 offset += n
             position_ids[r, offset:] = torch.arange(width - offset)  # trailing padding: its own segment
-        return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+        batch = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+        return self._with_teacher(batch, examples, [starts[id(e)] for e in examples])
+
+    def _with_teacher(
+        self, batch: dict[str, torch.Tensor], examples: list[Example], starts: list[int]
+    ) -> dict[str, torch.Tensor]:
+        """With teacher views: `teacher_input_ids` and `teacher_attention_mask` (B', T'), one right-padded row per
+        view, and `distill_index` (N, 2): flat indices into the student's and the teacher's (rows x width) batch of
+        the N positions that predict the same reply token."""
+        if not self.teacher_view:
+            return batch
+        views = [(e, start) for e, start in zip(examples, starts, strict=True) if e.teacher_ids is not None]
+        width = max((len(e.teacher_ids or ()) for e, _ in views), default=1)
+        teacher_ids = torch.full((len(views), width), self.pad_token_id, dtype=torch.long)
+        teacher_mask = torch.zeros((len(views), width), dtype=torch.long)
+        index = []
+        for row, (e, start) in enumerate(views):
+            assert e.teacher_ids is not None and e.pairs is not None
+            teacher_ids[row, : len(e.teacher_ids)] = torch.tensor(e.teacher_ids)
+            teacher_mask[row, : len(e.teacher_ids)] = 1
+            index += [(start + mine, row * width + theirs) for mine, theirs in e.pairs]
+        distill_index = torch.tensor(index, dtype=torch.long).reshape(-1, 2)
+        return {
+            **batch,
+            "teacher_input_ids": teacher_ids,
+            "teacher_attention_mask": teacher_mask,
+            "distill_index": distill_index,
+        }
 
 
 def place_instruction(

@@ -44,6 +44,7 @@ from transformers import (
 import gatt  # noqa: F401  (registers the "gatt" model type and attention)
 from gatt.collator import IGNORE_INDEX, GAttCollator, later_events
 from gatt.config import REQUIRED, arg, dataclass_from_dict, read_yaml_config
+from gatt.distill import hidden_distance, layer_outputs
 from gatt.distributed import check_launch, last_reference_in_python, on_cpu
 from gatt.embedded import model_path
 from gatt.model_folder import check_model_folder, loading_model
@@ -91,6 +92,11 @@ class TrainConfig:
     packing: bool = arg(True, "pack several dialogues into one row")
     padding_free: bool = arg(
         False, "with packing: each micro-batch in one row, no padding (the model must honour segments)"
+    )
+    distill_weight: float = arg(
+        0.0,
+        "GAtt records also match the start model's hidden states reading the reminded dialogue, at the positions "
+        "that predict their replies, with this weight (gatt/distill.py); 0: replies only (the paper)",
     )
     # model: a directory, or a GattConfig to start from scratch
     model: str | None = arg(
@@ -190,6 +196,11 @@ class TrainConfig:
             raise ValueError(
                 f"{source}: batch_size ({self.batch_size}) must be divisible by gradient_accumulation_steps"
             )
+        if self.distill_weight < 0 or (self.distill_weight > 0 and self.model is None):
+            raise ValueError(
+                f"{source}: distill_weight must be >= 0 and needs `model` (the start model is the teacher), got "
+                f"{self.distill_weight} with model={self.model!r}"
+            )
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -262,6 +273,18 @@ class TrainState:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.step = state["step"]
+
+
+TEACHER_KEYS = ("teacher_input_ids", "teacher_attention_mask", "distill_index")
+
+
+def without_teacher(
+    batch: dict[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+    """The model's inputs, and the teacher view's tensors where the collator made them (GAttCollator teacher_view)."""
+    if TEACHER_KEYS[0] not in batch:
+        return batch, None
+    return {k: v for k, v in batch.items() if k not in TEACHER_KEYS}, {k: batch[k] for k in TEACHER_KEYS}
 
 
 def batch_indices(num_records: int, batch_size: int, seed: int, step: int) -> list[int]:
@@ -438,6 +461,7 @@ class Trainer:
             max_length=config.max_length,
             packing=config.packing,
             padding_free=config.padding_free,
+            teacher_view=config.distill_weight > 0,
         )
         fitting = [r for r in self.train_records if self.collator.fits(r)]
         if not fitting:
@@ -464,6 +488,11 @@ class Trainer:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.loss_kwargs = {"skip_logits": True} if isinstance(base, GattForCausalLM) else {}
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.teacher = None  # the frozen start model that read the reminded dialogues (distill_weight > 0)
+        if config.distill_weight > 0:
+            with loading_model(Path(config.model), tokenizer=False):
+                teacher = AutoModelForCausalLM.from_pretrained(config.model)
+            self.teacher = teacher.requires_grad_(False).eval().to(self.accelerator.device)
         self.scheduler = scheduler
         self.state = TrainState()
         self.accelerator.register_for_checkpointing(self.scheduler, self.state)
@@ -493,25 +522,46 @@ class Trainer:
         global_tokens = self._global_count(local_tokens)
         world = self.accelerator.num_processes
         step_loss = torch.zeros((), device=self.accelerator.device)
+        step_distill = torch.zeros((), device=self.accelerator.device)
         self.model.train()
         for i, batch in enumerate(batches):
+            batch, teacher_batch = without_teacher(batch)
             sync = i == len(batches) - 1
             context = self.accelerator.no_sync(self.model) if not sync else nullcontext()
-            with context, self.accelerator.autocast():
+            states = layer_outputs(self.model) if self.teacher is not None else nullcontext([])
+            with context, self.accelerator.autocast(), states as student:
                 # Sum over tokens / global count; DDP averages gradients over processes, hence x world.
                 loss = self.model(**batch, num_items_in_batch=global_tokens, use_cache=False, **self.loss_kwargs).loss
                 loss = loss * world
+                if self.teacher is not None and teacher_batch is not None and len(teacher_batch["distill_index"]):
+                    distill = self._distill(student, teacher_batch) / len(batches)
+                    step_distill += distill.detach()
+                    loss = loss + self.config.distill_weight * distill
                 self.accelerator.backward(loss)
             step_loss += loss.detach() / world
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {
+        metrics = {
             "loss": float(self._global_count(step_loss.item())),
             "supervised_tokens": int(global_tokens),
             "grad_norm": float(grad_norm),
         }
+        if self.teacher is not None:  # the hidden-state term, mean over processes (it is in `loss` too)
+            metrics["distill"] = float(self._global_count(step_distill.item())) / world
+        return metrics
+
+    def _distill(self, student: list[torch.Tensor], teacher_batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The hidden-state distance of this micro-batch's paired positions (gatt/distill.py)."""
+        assert self.teacher is not None
+        with torch.no_grad(), layer_outputs(self.teacher) as teacher:
+            self.teacher(
+                input_ids=teacher_batch["teacher_input_ids"],
+                attention_mask=teacher_batch["teacher_attention_mask"],
+                use_cache=False,
+            )
+        return hidden_distance(student, teacher, teacher_batch["distill_index"])
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -520,9 +570,8 @@ class Trainer:
         acc, total, tokens = self.accelerator, 0.0, 0
         mine = self.eval_records[acc.process_index :: acc.num_processes]
         for start in range(0, len(mine), self.config.batch_size):
-            batch = {
-                k: v.to(acc.device) for k, v in self.collator(mine[start : start + self.config.batch_size]).items()
-            }
+            collated = self.collator(mine[start : start + self.config.batch_size])
+            batch = {k: v.to(acc.device) for k, v in without_teacher(collated)[0].items()}
             n = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
             with acc.autocast():
                 total += float(self.model(**batch, use_cache=False, **self.loss_kwargs).loss) * n

@@ -836,3 +836,38 @@ def test_an_event_after_the_last_user_turn_is_refused_naming_the_record(tokenize
     record = {**LATE, "events": [{**LATE["events"][0], "turn": 9}]}
     with pytest.raises(ValueError, match="d-000005.*turn 9"):
         GAttCollator(tokenizers["library"], mode="all").examples(record)
+
+
+# -- 8. the teacher view (representation distillation, gatt/distill.py) ----------------------------
+
+
+@pytest.mark.parametrize("name", ["library", "chatml", "llama3"])
+@pytest.mark.parametrize("packing", [False, True])
+def test_the_teacher_view_pairs_positions_that_predict_the_same_supervised_token(tokenizers, name, packing):
+    tok = tokenizers[name]
+    plain = {k: v for k, v in TENNIS.items() if k != "sampled_with_instruction"}  # SFT data: no view
+    batch = GAttCollator(tok, mode="all", max_length=512, packing=packing, teacher_view=True)([FRENCH, plain, NAPOLEON])
+    student, teacher = batch["input_ids"].flatten(), batch["teacher_input_ids"]
+    assert teacher.shape[0] == 2  # FRENCH and NAPOLEON; the plain record has none
+    for row, record in enumerate([FRENCH, NAPOLEON]):
+        text = decode(tok, teacher[row][batch["teacher_attention_mask"][row].bool()])
+        instruction = record["instruction_short" if record["use_short"] else "instruction"]
+        assert text.count(instruction) == len(user_messages(record))  # after every user message, in no system one
+    mine, theirs = batch["distill_index"].unbind(-1)
+    # each pair: the positions whose next token is the same supervised reply token in both renderings
+    assert torch.equal(student[mine + 1], teacher.flatten()[theirs + 1])
+    labels = batch["labels"].flatten()
+    supervised = int((labels != IGNORE_INDEX).sum())
+    assert bool((labels[mine + 1] != IGNORE_INDEX).all())
+    plain_tokens = int((GAttCollator(tok, mode="all", max_length=512)([plain])["labels"] != IGNORE_INDEX).sum())
+    assert len(mine) == supervised - plain_tokens  # every supervised token of the two GAtt records, once
+    assert len(set(mine.tolist())) == len(mine)
+
+
+def test_no_teacher_view_without_asking_or_for_a_cut_dialogue(tokenizers):
+    tok = tokenizers["library"]
+    assert "distill_index" not in GAttCollator(tok, mode="all", max_length=512)([FRENCH])
+    full = GAttCollator(tok, mode="all", max_length=512, teacher_view=True).examples(FRENCH)[0]
+    cut = GAttCollator(tok, mode="last", max_length=len(full.input_ids) - 5, teacher_view=True)
+    example = cut.examples(FRENCH)[0]
+    assert cut.stats["dropped_turns"] >= 1 and example.teacher_ids is None and example.pairs is None

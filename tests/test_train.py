@@ -322,3 +322,31 @@ def test_any_hugging_face_causal_lm_directory_trains(data, base_dir, tmp_path):
     train(config)
     assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "final")).__name__ == "LlamaForCausalLM"
     assert len(read_metrics(tmp_path / "out")) == 3
+
+
+def test_distill_weight_adds_the_hidden_state_distance_to_the_start_model_reading_the_reminded_dialogue(
+    data, base_dir, tmp_path
+):
+    """Step 1's loss is the replies' loss plus distill_weight x the hidden-state distance (gatt/distill.py), which is
+    nonzero where the student reads the instruction once and the teacher after every user message, and zero where
+    there is no instruction to place (both read the same tokens, with the same weights)."""
+
+    def step_one(train_file: Path, out: Path, weight: float) -> dict:
+        overrides = [f"train_file={train_file}", f"output_dir={out}", "model_config=null", f"model={base_dir}"]
+        overrides += ["tokenizer_vocab_size=0", "max_steps=1", "save_every=0", "eval_every=0", "mode=all"]
+        train(load_config(SMOKE, [*overrides, f"distill_weight={weight}"]))
+        return read_metrics(out)[0]
+
+    plain, distilled = step_one(data, tmp_path / "plain", 0.0), step_one(data, tmp_path / "distilled", 0.5)
+    assert "distill" not in plain and distilled["distill"] > 0.01
+    assert distilled["supervised_tokens"] == plain["supervised_tokens"]
+    assert distilled["loss"] == pytest.approx(plain["loss"] + 0.5 * distilled["distill"], rel=1e-4)
+    records = [{**r, "instruction": "", "instruction_short": ""} for r in read_records(data)]
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert step_one(bare, tmp_path / "bare", 0.5)["distill"] < 1e-6
+
+
+def test_distill_weight_needs_a_start_model(data, tmp_path):
+    with pytest.raises(ValueError, match="distill_weight must be >= 0 and needs `model`"):
+        smoke_config(data, tmp_path, distill_weight=1.0)
