@@ -147,7 +147,7 @@ class GAttCollator:
         """Whether at least one example of the record fits in max_length (stops at the first that does)."""
         messages, targets = self._targets(record)
         counted = self.stats.copy()
-        found = any(self._fit(messages, supervised, record) is not None for supervised in targets)
+        found = any(self._fit(messages, supervised, record, view=False) is not None for supervised in targets)
         self.stats = counted  # a dry run: it counts nothing
         return found
 
@@ -173,8 +173,11 @@ class GAttCollator:
             targets = [[i] for i in range(num_replies) if sampled[i]]
         return messages, targets
 
-    def _fit(self, messages: list[dict[str, str]], supervised: list[int], record: dict[str, Any]) -> Example | None:
-        """Cut after the last supervised reply; drop whole middle turns (oldest first) until it fits.
+    def _fit(
+        self, messages: list[dict[str, str]], supervised: list[int], record: dict[str, Any], view: bool = True
+    ) -> Example | None:
+        """Cut after the last supervised reply; drop whole middle turns (oldest first) until it fits; with `view` (and
+        `teacher_view`), add the teacher's rendering where the dialogue was not cut.
 
         Turn k is (user message, reply k). Turn 0 holds the instruction, a turn that gives a later event holds
         its words, and supervised turns are the targets: none of them is ever dropped.
@@ -207,7 +210,7 @@ class GAttCollator:
             labels[start:end] = ids[start:end]
         self.stats["examples"] += 1
         example = Example(ids, labels)
-        if self.teacher_view and not cut:
+        if self.teacher_view and view and not cut:
             self._add_teacher_view(example, record, spans, keep, len(spans))
         return example
 

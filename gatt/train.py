@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    PreTrainedModel,
     PreTrainedTokenizerBase,
     get_cosine_with_hard_restarts_schedule_with_warmup,
     get_cosine_with_min_lr_schedule_with_warmup,
@@ -316,6 +317,14 @@ def build_tokenizer(config: TrainConfig, records: list[dict[str, Any]], save_dir
         return AutoTokenizer.from_pretrained(source, **gguf)
 
 
+def load_start_model(config: TrainConfig) -> PreTrainedModel:
+    """`config.model` (its .gguf file where `gguf_file` names one), as saved: no LoRA, no checkpointing."""
+    assert config.model is not None
+    kwargs = {"gguf_file": config.gguf_file} if config.gguf_file else {}
+    with loading_model(Path(config.model) / (config.gguf_file or ""), tokenizer=False):
+        return AutoModelForCausalLM.from_pretrained(config.model, **kwargs)
+
+
 def build_model(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
     """Load or create the model; wrap it with LoRA adapters when lora_r > 0."""
     if config.model_config is not None:
@@ -327,9 +336,7 @@ def build_model(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> torc
         }
         model = GattForCausalLM(GattConfig(**{**special, **config.model_config}))
     else:
-        kwargs = {"gguf_file": config.gguf_file} if config.gguf_file else {}
-        with loading_model(Path(config.model) / (config.gguf_file or ""), tokenizer=False):
-            model = AutoModelForCausalLM.from_pretrained(config.model, **kwargs)
+        model = load_start_model(config)
     if config.gradient_checkpointing:
         model.activation_checkpointing_enable()
     if config.lora_r > 0:
@@ -490,9 +497,7 @@ class Trainer:
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.teacher = None  # the frozen start model that read the reminded dialogues (distill_weight > 0)
         if config.distill_weight > 0:
-            with loading_model(Path(config.model), tokenizer=False):
-                teacher = AutoModelForCausalLM.from_pretrained(config.model)
-            self.teacher = teacher.requires_grad_(False).eval().to(self.accelerator.device)
+            self.teacher = load_start_model(config).requires_grad_(False).eval().to(self.accelerator.device)
         self.scheduler = scheduler
         self.state = TrainState()
         self.accelerator.register_for_checkpointing(self.scheduler, self.state)
