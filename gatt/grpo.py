@@ -31,7 +31,8 @@ from typing import Any
 
 import datasets
 import torch
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerState
+from transformers.trainer import TRAINER_STATE_NAME
 from trl import GRPOConfig, GRPOTrainer
 
 from gatt.chat_model import load_chat_model
@@ -327,9 +328,14 @@ def train_grpo(config: GRPOGattConfig, turns: Sequence[EvalTurn], *, resume: boo
     )
     checkpoints = sorted((out / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
     checkpoint = checkpoints[-1] if resume and checkpoints else None
-    trainer.add_callback(MetricsFile(out / "metrics.jsonl", int(checkpoint.name.split("-")[-1]) if checkpoint else 0))
     start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    if checkpoint and TrainerState.load_from_json(str(checkpoint / TRAINER_STATE_NAME)).global_step >= config.max_steps:
+        # A finished run (killed while saving `final`, or whose steps ran elsewhere): train() would take one more step.
+        trainer._load_from_checkpoint(str(checkpoint))
+        trainer.state = TrainerState.load_from_json(str(checkpoint / TRAINER_STATE_NAME))
+    else:
+        trainer.add_callback(MetricsFile(out / "metrics.jsonl", int(checkpoint.name.split("-")[-1]) if checkpoint else 0))
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     seconds = time.perf_counter() - start
     if not trainer.accelerator.is_main_process:
         return {}

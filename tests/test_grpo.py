@@ -205,6 +205,13 @@ def test_grpo_trains_from_the_embedded_model_and_resumes_from_its_checkpoint(tmp
     assert resumed["steps"] == 3 and resumed["curve"][:2] == summary["curve"]  # steps 1 and 2 were not redone
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps[:3] == [1, 2, 2] and steps.count(3) >= 1  # step 2's summary line, then the resumed step 3
+    # A finished run resumed (its steps ran elsewhere, or it was killed while saving final) takes no further step.
+    shutil.rmtree(out / "final")
+    subprocess.run([*command, "--resume", "max_steps=3"], check=True, capture_output=True, cwd=ROOT)
+    again = json.loads((out / "grpo.json").read_text())
+    assert again["steps"] == 3 and again["curve"] == resumed["curve"] and (out / "final" / "config.json").exists()
+    assert sorted(p.name for p in (out / "checkpoints").glob("checkpoint-*")) == [f"checkpoint-{i}" for i in (1, 2, 3)]
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == steps
 
 
 def test_a_kl_term_on_a_full_fine_tune_builds_the_reference_model_from_the_start_model(tmp_path):
