@@ -328,13 +328,14 @@ def train_grpo(config: GRPOGattConfig, turns: Sequence[EvalTurn], *, resume: boo
     )
     checkpoints = sorted((out / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
     checkpoint = checkpoints[-1] if resume and checkpoints else None
+    state = TrainerState.load_from_json(str(checkpoint / TRAINER_STATE_NAME)) if checkpoint else None
     start = time.perf_counter()
-    if checkpoint and TrainerState.load_from_json(str(checkpoint / TRAINER_STATE_NAME)).global_step >= config.max_steps:
+    if state and state.global_step >= config.max_steps:
         # A finished run (killed while saving `final`, or whose steps ran elsewhere): train() would take one more step.
         trainer._load_from_checkpoint(str(checkpoint))
-        trainer.state = TrainerState.load_from_json(str(checkpoint / TRAINER_STATE_NAME))
+        trainer.state = state
     else:
-        trainer.add_callback(MetricsFile(out / "metrics.jsonl", int(checkpoint.name.split("-")[-1]) if checkpoint else 0))
+        trainer.add_callback(MetricsFile(out / "metrics.jsonl", state.global_step if state else 0))
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     seconds = time.perf_counter() - start
     if not trainer.accelerator.is_main_process:
