@@ -4,6 +4,7 @@
   python recipes/demo.py --config recipes/configs/base_model.yaml                    (make base-model)
   python recipes/demo.py --config recipes/configs/demo_smollm2.yaml [key=value ...]  (make demo-smollm2)
   python recipes/demo.py --config recipes/configs/grpo_smollm2.yaml                  (make grpo-smollm2)
+  python recipes/demo.py --config recipes/configs/grpo_smollm2_full.yaml             (make grpo-smollm2-full)
 
 The config holds the demo's own keys (DemoConfig) and one section per stage: the settings of the command that runs
 it, its flags' names with underscores (`data.gatt.max_turns=10` overrides one). Each stage runs its command on
