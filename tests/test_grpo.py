@@ -9,7 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
 from demo import load_config, stages  # noqa: E402
@@ -206,9 +208,12 @@ def test_grpo_trains_from_the_embedded_model_and_resumes_from_its_checkpoint(tmp
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps[:3] == [1, 2, 2] and steps.count(3) >= 1  # step 2's summary line, then the resumed step 3
     # A finished run resumed (its steps ran elsewhere, or it was killed while saving final) takes no further step.
+    trained = load_file(out / "final" / "model.safetensors")
     shutil.rmtree(out / "final")
     subprocess.run([*command, "--resume", "max_steps=3"], check=True, capture_output=True, cwd=ROOT)
     again = json.loads((out / "grpo.json").read_text())
+    resaved = load_file(out / "final" / "model.safetensors")  # step 3's weights, read from its checkpoint
+    assert resaved.keys() == trained.keys() and all(torch.equal(resaved[k], trained[k]) for k in trained)
     assert again["steps"] == 3 and again["curve"] == resumed["curve"] and (out / "final" / "config.json").exists()
     assert sorted(p.name for p in (out / "checkpoints").glob("checkpoint-*")) == [f"checkpoint-{i}" for i in (1, 2, 3)]
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == steps
