@@ -86,8 +86,7 @@ class GAttCollator:
     def chat(self, record: dict[str, Any]) -> list[dict[str, str]]:
         """The dialogue as the model sees it: the turn-one instruction exactly once, in the first turn, and each
         later event (an instruction given late, changed, added or withdrawn) only in the user turn that gives it."""
-        instruction = record.get("instruction_short" if record.get("use_short") else "instruction")
-        messages = place_instruction(record["messages"], instruction, self.instruction_placement)
+        messages = place_instruction(record["messages"], record_instruction(record), self.instruction_placement)
         users = [i for i, m in enumerate(messages) if m["role"] == "user"]
         for event in later_events(record):
             turn = event["turn"]
@@ -211,30 +210,24 @@ class GAttCollator:
         self.stats["examples"] += 1
         example = Example(ids, labels)
         if self.teacher_view and view and not cut:
-            self._add_teacher_view(example, record, spans, keep, len(spans))
+            self._add_teacher_view(example, record, spans, keep)
         return example
 
     def _add_teacher_view(
-        self, example: Example, record: dict[str, Any], spans: list[tuple[int, int]], keep: list[int], replies: int
+        self, example: Example, record: dict[str, Any], spans: list[tuple[int, int]], keep: list[int]
     ) -> None:
-        """The reminded rendering of the example's dialogue (its first `replies` replies) and the position pairs."""
+        """The reminded rendering of the example's dialogue (as many replies as it has spans) and the position pairs."""
         if "sampled_with_instruction" not in record or later_events(record):
             return
-        instruction = record.get("instruction_short" if record.get("use_short") else "instruction")
+        instruction = record_instruction(record)
         reminded, seen = [], 0
         for message in record["messages"]:
-            if seen == replies:
+            if seen == len(spans):
                 break
             seen += message["role"] == "assistant"
-            text = message["content"]
-            reminded.append(
-                {
-                    **message,
-                    "content": append_instruction(text, instruction)
-                    if instruction and message["role"] == "user"
-                    else text,
-                }
-            )
+            if instruction and message["role"] == "user":
+                message = {**message, "content": append_instruction(message["content"], instruction)}
+            reminded.append(message)
         teacher_ids, teacher_spans = self.tokenize(reminded)
         if len(teacher_ids) > self.max_length or len(teacher_spans) != len(spans):
             self.stats["no_teacher_view"] += 1
@@ -351,6 +344,11 @@ def later_events(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The record's events after turn one (gatt/events.py: an instruction given late, replaced, added or
     withdrawn), each `{"turn", "kind", "constraints", "text"}`; a turn-one instruction is the record's `instruction`."""
     return [event for event in record.get("events") or [] if event["turn"] > 1]
+
+
+def record_instruction(record: dict[str, Any]) -> str | None:
+    """A GAtt record's turn-one instruction: the short form where `use_short` says so."""
+    return record.get("instruction_short" if record.get("use_short") else "instruction")
 
 
 def append_instruction(user_text: str, instruction: str) -> str:
