@@ -262,64 +262,88 @@ class GAttCollator:
         batch = {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
         return self._with_teacher(batch, examples, [row * width for row in range(len(examples))])
 
+    def _rows(self, lengths: list[int]) -> list[list[int]]:
+        """First-fit rows of at most max_length, as indices into `lengths` (padding_free: all in one row)."""
+        if self.padding_free:
+            return [list(range(len(lengths)))]
+        rows: list[list[int]] = []
+        filled: list[int] = []
+        for i, n in enumerate(lengths):
+            r = next((r for r, used in enumerate(filled) if used + n <= self.max_length), None)
+            if r is None:
+                rows.append([i])
+                filled.append(n)
+            else:
+                rows[r].append(i)
+                filled[r] += n
+        return rows
+
+    @staticmethod
+    def _packed_positions(rows: list[list[int]], lengths: list[int], width: int) -> torch.Tensor:
+        """(rows, width) position ids restarting at 0 for each segment, trailing padding its own segment."""
+        position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, row in enumerate(rows):
+            offset = 0
+            for i in row:
+                position_ids[r, offset : offset + lengths[i]] = torch.arange(lengths[i])
+                offset += lengths[i]
+            position_ids[r, offset:] = torch.arange(width - offset)
+        return position_ids
+
     def _pack(self, examples: list[Example]) -> dict[str, torch.Tensor]:
         """First-fit rows of at most max_length (padding_free: every example in one row, no padding at all);
         positions restart at 0 for each example (its segment)."""
-        rows: list[list[Example]] = []
-        if self.padding_free:
-            rows.append(examples)
-        else:
-            for e in examples:
-                row = next(
-                    (r for r in rows if sum(len(x.input_ids) for x in r) + len(e.input_ids) <= self.max_length), None
-                )
-                if row is None:
-                    rows.append([e])
-                else:
-                    row.append(e)
-        width = max(sum(len(x.input_ids) for x in r) for r in rows)
+        lengths = [len(e.input_ids) for e in examples]
+        rows = self._rows(lengths)
+        width = max(sum(lengths[i] for i in row) for row in rows)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
-        position_ids = torch.zeros((len(rows), width), dtype=torch.long)
-        starts: dict[int, int] = {}  # id(example) -> its first token's index in the flattened (rows x width) batch
+        starts = [0] * len(examples)  # each example's first token's index in the flattened (rows x width) batch
         for r, row in enumerate(rows):
             offset = 0
-            for e in row:
-                n = len(e.input_ids)
-                starts[id(e)] = r * width + offset
+            for i in row:
+                e, n = examples[i], lengths[i]
+                starts[i] = r * width + offset
                 input_ids[r, offset : offset + n] = torch.tensor(e.input_ids)
                 labels[r, offset : offset + n] = torch.tensor(e.labels)
                 labels[r, offset] = IGNORE_INDEX  # never predict a dialogue's first token from the previous one
-                position_ids[r, offset : offset + n] = torch.arange(n)
                 offset += n
-            position_ids[r, offset:] = torch.arange(width - offset)  # trailing padding: its own segment
-        batch = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
-        return self._with_teacher(batch, examples, [starts[id(e)] for e in examples])
+        batch = {"input_ids": input_ids, "labels": labels, "position_ids": self._packed_positions(rows, lengths, width)}
+        return self._with_teacher(batch, examples, starts)
 
     def _with_teacher(
         self, batch: dict[str, torch.Tensor], examples: list[Example], starts: list[int]
     ) -> dict[str, torch.Tensor]:
-        """With teacher views: `teacher_input_ids` and `teacher_attention_mask` (B', T'), one right-padded row per
-        view, and `distill_index` (N, 2): flat indices into the student's and the teacher's (rows x width) batch of
-        the N positions that predict the same reply token."""
+        """With teacher views: `teacher_input_ids` (B', T'), laid out as the student's batch is (packed into
+        first-fit rows with `teacher_position_ids`, or one right-padded row per view with `teacher_attention_mask`),
+        and `distill_index` (N, 2): flat indices into the student's and the teacher's (rows x width) batch of the N
+        positions that predict the same reply token."""
         if not self.teacher_view:
             return batch
         views = [(e, start) for e, start in zip(examples, starts, strict=True) if e.teacher_ids is not None]
-        width = max((len(e.teacher_ids or ()) for e, _ in views), default=1)
-        teacher_ids = torch.full((len(views), width), self.pad_token_id, dtype=torch.long)
-        teacher_mask = torch.zeros((len(views), width), dtype=torch.long)
+        lengths = [len(e.teacher_ids or ()) for e, _ in views]
+        rows = self._rows(lengths) if self.packing and views else [[i] for i in range(len(views))]
+        width = max((sum(lengths[i] for i in row) for row in rows), default=1)
+        teacher_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         index = []
-        for row, (e, start) in enumerate(views):
-            assert e.teacher_ids is not None and e.pairs is not None
-            teacher_ids[row, : len(e.teacher_ids)] = torch.tensor(e.teacher_ids)
-            teacher_mask[row, : len(e.teacher_ids)] = 1
-            index += [(start + mine, row * width + theirs) for mine, theirs in e.pairs]
-        distill_index = torch.tensor(index, dtype=torch.long).reshape(-1, 2)
+        for r, row in enumerate(rows):
+            offset = 0
+            for i in row:
+                (e, start), n = views[i], lengths[i]
+                assert e.teacher_ids is not None and e.pairs is not None
+                teacher_ids[r, offset : offset + n] = torch.tensor(e.teacher_ids)
+                index += [(start + mine, r * width + offset + theirs) for mine, theirs in e.pairs]
+                offset += n
+        layout = (
+            {"teacher_position_ids": self._packed_positions(rows, lengths, width)}
+            if self.packing
+            else {"teacher_attention_mask": (torch.arange(width) < torch.tensor(lengths)[:, None]).long()}
+        )
         return {
             **batch,
             "teacher_input_ids": teacher_ids,
-            "teacher_attention_mask": teacher_mask,
-            "distill_index": distill_index,
+            **layout,
+            "distill_index": torch.tensor(index, dtype=torch.long).reshape(-1, 2),
         }
 
 

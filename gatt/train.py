@@ -276,7 +276,7 @@ class TrainState:
         self.step = state["step"]
 
 
-TEACHER_KEYS = ("teacher_input_ids", "teacher_attention_mask", "distill_index")
+TEACHER_KEYS = ("teacher_input_ids", "teacher_attention_mask", "teacher_position_ids", "distill_index")
 
 
 def without_teacher(
@@ -285,7 +285,7 @@ def without_teacher(
     """The model's inputs, and the teacher view's tensors where the collator made them (GAttCollator teacher_view)."""
     if TEACHER_KEYS[0] not in batch:
         return batch, None
-    return {k: v for k, v in batch.items() if k not in TEACHER_KEYS}, {k: batch[k] for k in TEACHER_KEYS}
+    return {k: v for k, v in batch.items() if k not in TEACHER_KEYS}, {k: batch[k] for k in TEACHER_KEYS if k in batch}
 
 
 def batch_indices(num_records: int, batch_size: int, seed: int, step: int) -> list[int]:
@@ -560,12 +560,16 @@ class Trainer:
     def _distill(self, student: list[torch.Tensor], teacher_batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The hidden-state distance of this micro-batch's paired positions (gatt/distill.py)."""
         assert self.teacher is not None
+        # Packed views (the collator packs them when it packs the student's rows) or padded rows; the LM head runs on
+        # one position only: the distance reads the decoder layers' outputs.
+        packed = "teacher_position_ids" in teacher_batch
+        layout = (
+            {"position_ids": teacher_batch["teacher_position_ids"]}
+            if packed
+            else {"attention_mask": teacher_batch["teacher_attention_mask"]}
+        )
         with torch.no_grad(), layer_outputs(self.teacher) as teacher:
-            self.teacher(
-                input_ids=teacher_batch["teacher_input_ids"],
-                attention_mask=teacher_batch["teacher_attention_mask"],
-                use_cache=False,
-            )
+            self.teacher(input_ids=teacher_batch["teacher_input_ids"], use_cache=False, logits_to_keep=1, **layout)
         return hidden_distance(student, teacher, teacher_batch["distill_index"])
 
     @torch.no_grad()

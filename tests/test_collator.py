@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gatt.attention.masks import segment_ids_from_position_ids, segment_spans
 from gatt.collator import IGNORE_INDEX, GAttCollator
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.tokenizer import train_tokenizer
@@ -848,9 +849,18 @@ def test_the_teacher_view_pairs_positions_that_predict_the_same_supervised_token
     plain = {k: v for k, v in TENNIS.items() if k != "sampled_with_instruction"}  # SFT data: no view
     batch = GAttCollator(tok, mode="all", max_length=512, packing=packing, teacher_view=True)([FRENCH, plain, NAPOLEON])
     student, teacher = batch["input_ids"].flatten(), batch["teacher_input_ids"]
-    assert teacher.shape[0] == 2  # FRENCH and NAPOLEON; the plain record has none
-    for row, record in enumerate([FRENCH, NAPOLEON]):
-        text = decode(tok, teacher[row][batch["teacher_attention_mask"][row].bool()])
+    if packing:  # the views packed as the student's rows are: segments where the positions restart
+        assert "teacher_attention_mask" not in batch
+        positions = batch["teacher_position_ids"]
+        spans = segment_spans(segment_ids_from_position_ids(positions))
+        views = [teacher[r, a:b] for r, row in enumerate(spans) for a, b in row]
+        views = [v for v in views if (v != tok.pad_token_id).any()]  # trailing padding is a segment of its own
+    else:
+        assert "teacher_position_ids" not in batch and teacher.shape[0] == 2
+        views = [teacher[row][batch["teacher_attention_mask"][row].bool()] for row in range(teacher.shape[0])]
+    assert len(views) == 2  # FRENCH and NAPOLEON; the plain record has none
+    for view, record in zip(views, [FRENCH, NAPOLEON], strict=True):
+        text = decode(tok, view)
         instruction = record["instruction_short" if record["use_short"] else "instruction"]
         assert text.count(instruction) == len(user_messages(record))  # after every user message, in no system one
     mine, theirs = batch["distill_index"].unbind(-1)

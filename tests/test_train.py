@@ -331,9 +331,9 @@ def test_distill_weight_adds_the_hidden_state_distance_to_the_start_model_readin
     nonzero where the student reads the instruction once and the teacher after every user message, and zero where
     there is no instruction to place (both read the same tokens, with the same weights)."""
 
-    def step_one(train_file: Path, out: Path, weight: float) -> dict:
+    def step_one(train_file: Path, out: Path, weight: float, *extra: str) -> dict:
         overrides = [f"train_file={train_file}", f"output_dir={out}", "model_config=null", f"model={base_dir}"]
-        overrides += ["tokenizer_vocab_size=0", "max_steps=1", "save_every=0", "eval_every=0", "mode=all"]
+        overrides += ["tokenizer_vocab_size=0", "max_steps=1", "save_every=0", "eval_every=0", "mode=all", *extra]
         train(load_config(SMOKE, [*overrides, f"distill_weight={weight}"]))
         return read_metrics(out)[0]
 
@@ -341,6 +341,9 @@ def test_distill_weight_adds_the_hidden_state_distance_to_the_start_model_readin
     assert "distill" not in plain and distilled["distill"] > 0.01
     assert distilled["supervised_tokens"] == plain["supervised_tokens"]
     assert distilled["loss"] == pytest.approx(plain["loss"] + 0.5 * distilled["distill"], rel=1e-4)
+    # the teacher's views packed into rows as the student's are (smoke.yaml packs) read as one padded row each
+    padded = step_one(data, tmp_path / "padded", 0.5, "packing=false")
+    assert padded["distill"] == pytest.approx(distilled["distill"], rel=1e-4)
     records = [{**r, "instruction": "", "instruction_short": ""} for r in read_records(data)]
     bare = tmp_path / "bare.jsonl"
     bare.write_text("".join(json.dumps(r) + "\n" for r in records))
