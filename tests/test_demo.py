@@ -309,7 +309,11 @@ def test_each_stage_reads_its_section_of_the_demo_config(tmp_path):
     assert report.model == [f"base={EMBEDDED_FOLDER}", f"gatt={tmp_path / 'round-1' / 'gatt' / 'final'}"]
     trained = TrainConfig.from_dict(yaml.safe_load(plan["gatt-model"].config.read_text()))
     assert (trained.max_steps, trained.batch_size, trained.seed) == (9, 4, 3)  # the section's, over gatt_tiny.yaml's
-    assert trained.learning_rate == yaml.safe_load(tiny.read_text())["learning_rate"]
+    section = yaml.safe_load(smoke.read_text())["train"]["gatt"]
+    assert (trained.lora_targets, trained.learning_rate) == (section["lora_targets"], section["learning_rate"])
+    assert (trained.replay_ratio, trained.warmup_steps) == tuple(
+        yaml.safe_load(tiny.read_text())[k] for k in ("replay_ratio", "warmup_steps")
+    )
     assert trained.replay_file == str(tmp_path / "data" / "base" / "base.jsonl")
 
 
