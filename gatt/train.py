@@ -562,10 +562,9 @@ class Trainer:
         assert self.teacher is not None
         # Packed views (the collator packs them when it packs the student's rows) or padded rows; the LM head runs on
         # one position only: the distance reads the decoder layers' outputs.
-        packed = "teacher_position_ids" in teacher_batch
         layout = (
             {"position_ids": teacher_batch["teacher_position_ids"]}
-            if packed
+            if "teacher_position_ids" in teacher_batch
             else {"attention_mask": teacher_batch["teacher_attention_mask"]}
         )
         with torch.no_grad(), layer_outputs(self.teacher) as teacher:
