@@ -311,6 +311,8 @@ def test_each_stage_reads_its_section_of_the_demo_config(tmp_path):
     assert (trained.max_steps, trained.batch_size, trained.seed) == (9, 4, 3)  # the section's, over gatt_tiny.yaml's
     section = yaml.safe_load(smoke.read_text())["train"]["gatt"]
     assert (trained.lora_targets, trained.learning_rate) == (section["lora_targets"], section["learning_rate"])
+    recipe = yaml.safe_load((ROOT / "recipes" / "configs" / "demo.yaml").read_text())["train"]["gatt"]
+    assert recipe.items() <= section.items()  # the smoke run trains make demo's GAtt recipe, at its own sizes
     assert (trained.replay_ratio, trained.warmup_steps) == tuple(
         yaml.safe_load(tiny.read_text())[k] for k in ("replay_ratio", "warmup_steps")
     )
