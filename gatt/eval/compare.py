@@ -1,0 +1,172 @@
+"""Two reports of the same test dialogues, paired: one model minus another over ranges of turns.
+
+  python -m gatt.eval.compare runs/variant/report runs/demo/report [--model-a gatt] [--model-b gatt] \
+      [--ranges 2-10 11-20 21-30] [--out compare.json]
+
+Both reports must have rolled out the same dialogues (the same `gatt.evaluate` plan: seed, dialogues, turns). Per
+stratum (trained values, held-out values, held-out families), each model's adherence at a few turns, and for each
+range of turns the paired difference: per dialogue, A's mean adherence over the range minus B's, averaged over
+the dialogues, with a 95% percentile bootstrap interval over dialogues. A range averages turns within a dialogue
+first, so one dialogue weighs the same whatever its length, and the interval is over the dialogues, which is where
+the variation is (one dialogue's turns pass or fail together). This is how docs/main-job.md compares fine-tunes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gatt.cli import exit_on_bad_input
+from gatt.eval.scoring import STRATA_INSTRUCTED, Transcript, adherence_per_turn
+from gatt.files import write_json
+
+TURNS = (2, 4, 6, 10, 20, 30)  # the turns the tables of docs/main-job.md show
+RANGES = ((2, 10), (11, 20), (21, 30))
+RESAMPLES = 4000
+
+
+def read_transcripts(path: str | Path, model: str) -> dict[str, Transcript]:
+    """`model`'s transcripts by dialogue id, from a report folder (its transcripts.jsonl) or a transcripts file."""
+    file = Path(path)
+    file = file / "transcripts.jsonl" if file.is_dir() else file
+    if not file.is_file():
+        raise ValueError(f"{path}: no transcripts.jsonl (give a gatt.evaluate --out folder or its transcripts.jsonl)")
+    found: dict[str, Transcript] = {}
+    models: set[str] = set()
+    with file.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                transcript = json.loads(line)
+                models.add(transcript["model"])
+                if transcript["model"] == model:
+                    found[transcript["id"]] = transcript
+            except (json.JSONDecodeError, KeyError, TypeError) as error:
+                raise ValueError(f"{file}, line {number}: not a transcript ({error})") from None
+    if not found:
+        raise ValueError(f"{file}: no transcript of model {model!r} (it holds {', '.join(sorted(models)) or 'none'})")
+    return found
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    first, sep, last = text.partition("-")
+    try:
+        bounds = (int(first), int(last if sep else first))
+    except ValueError:
+        raise ValueError(f"--ranges takes FIRST-LAST turn ranges such as 11-20, got {text!r}") from None
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise ValueError(f"--ranges: {text!r} must run from turn 1 or later to a turn no earlier than its first")
+    return bounds
+
+
+def mean_adherence(transcript: Transcript, first: int, last: int) -> float | None:
+    """The share of the dialogue's scored turns in [first, last] that passed (None: no scored turn there)."""
+    scored = [bool(t["passed"]) for t in transcript["turns"] if first <= t["turn"] <= last and t["passed"] is not None]
+    return sum(scored) / len(scored) if scored else None
+
+
+def paired_range(
+    a: dict[str, Transcript], b: dict[str, Transcript], ids: Sequence[str], first: int, last: int, seed: int = 0
+) -> dict[str, Any] | None:
+    """A minus B over turns [first, last] of the dialogues `ids`: mean of the per-dialogue differences, n, and a 95%
+    percentile bootstrap interval (None: no dialogue has a scored turn in the range under both)."""
+    differences = []
+    for i in ids:
+        mean_a, mean_b = mean_adherence(a[i], first, last), mean_adherence(b[i], first, last)
+        if mean_a is not None and mean_b is not None:
+            differences.append(mean_a - mean_b)
+    if not differences:
+        return None
+    n, rng = len(differences), random.Random(seed)
+    means = sorted(sum(rng.choices(differences, k=n)) / n for _ in range(RESAMPLES))
+    low, high = means[int(0.025 * RESAMPLES)], means[int(0.975 * RESAMPLES) - 1]
+    return {"difference": round(sum(differences) / n, 6), "n": n, "ci95": [round(low, 6), round(high, 6)]}
+
+
+def compare(
+    a: dict[str, Transcript], b: dict[str, Transcript], ranges: Sequence[tuple[int, int]] = RANGES, seed: int = 0
+) -> dict[str, Any]:
+    """Per stratum: n, each side's adherence at TURNS and A - B over each range of `ranges`."""
+    missing = sorted(set(a) ^ set(b))
+    if missing:
+        raise ValueError(
+            f"the two reports rolled out different dialogues ({len(missing)} ids in one only, e.g. {missing[0]}): "
+            "compare reports made with the same gatt.evaluate plan (seed, dialogues, turns)"
+        )
+    out: dict[str, Any] = {}
+    for stratum in STRATA_INSTRUCTED:
+        ids = sorted(i for i, t in a.items() if t["stratum"] == stratum)
+        if not ids:
+            continue
+        per_turn = [adherence_per_turn([side[i] for i in ids], (stratum,)) for side in (a, b)]
+        out[stratum] = {
+            "n": len(ids),
+            "per_turn": {
+                str(turn): [side[str(turn)]["adherence"] for side in per_turn]
+                for turn in TURNS
+                if all(str(turn) in side for side in per_turn)
+            },
+            "paired": {f"{first}-{last}": paired_range(a, b, ids, first, last, seed) for first, last in ranges},
+        }
+    return out
+
+
+def markdown(result: dict[str, Any], names: tuple[str, str]) -> str:
+    """The comparison as one table: a row per stratum."""
+    ranges = next(iter(result.values()))["paired"] if result else {}
+    header = ["stratum (n)", *(f"turn {t}: {names[0]} / {names[1]}" for t in TURNS)]
+    header += [f"turns {r}: {names[0]} - {names[1]}" for r in ranges]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for stratum, s in result.items():
+        cells = [f"{stratum} ({s['n']})"]
+        cells += [
+            " / ".join(f"{100 * x:.1f}%" for x in s["per_turn"][str(t)]) if str(t) in s["per_turn"] else ""
+            for t in TURNS
+        ]
+        for d in s["paired"].values():
+            cells.append(
+                ""
+                if d is None
+                else f"{100 * d['difference']:+.1f} [{100 * d['ci95'][0]:+.1f}, {100 * d['ci95'][1]:+.1f}]"
+            )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m gatt.eval.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("a", help="report folder (gatt.evaluate --out) or transcripts.jsonl of the model compared")
+    parser.add_argument("b", help="report folder or transcripts.jsonl of the model it is compared against")
+    parser.add_argument("--model-a", default="gatt", help="the model's column in A (default: gatt)")
+    parser.add_argument("--model-b", default="gatt", help="the model's column in B (default: gatt)")
+    parser.add_argument(
+        "--ranges",
+        nargs="+",
+        default=[f"{f}-{last}" for f, last in RANGES],
+        help="turn ranges FIRST-LAST (default: 2-10 11-20 21-30)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed")
+    parser.add_argument("--out", help="also write the comparison as JSON to this file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
+    with exit_on_bad_input():
+        ranges = [parse_range(r) for r in args.ranges]
+        result = compare(
+            read_transcripts(args.a, args.model_a), read_transcripts(args.b, args.model_b), ranges, args.seed
+        )
+    print(markdown(result, ("A", "B")))
+    if args.out:
+        write_json(args.out, {"a": f"{args.a} {args.model_a}", "b": f"{args.b} {args.model_b}", "strata": result})
+    return result
+
+
+if __name__ == "__main__":
+    main()
