@@ -1,7 +1,6 @@
-"""Two reports of the same test dialogues, paired: one model minus another over ranges of turns.
+"""Two reports of the same test dialogues, paired: `python -m gatt.eval.compare A B`, one model minus another.
 
-  python -m gatt.eval.compare runs/variant/report runs/demo/report [--model-a gatt] [--model-b gatt] \
-      [--ranges 2-10 11-20 21-30] [--out compare.json]
+`python -m gatt.eval.compare runs/variant/report runs/demo/report --ranges 2-10 11-20 21-30 --out compare.json`
 
 Both reports must have rolled out the same dialogues (the same `gatt.evaluate` plan: seed, dialogues, turns). Per
 stratum (trained values, held-out values, held-out families), each model's adherence at a few turns, and for each
