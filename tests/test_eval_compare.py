@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from gatt.eval.compare import compare, main, mean_adherence, paired_range, parse_range, read_transcripts
+from gatt.eval.compare import (
+    compare,
+    family_attention,
+    main,
+    mean_adherence,
+    paired_range,
+    parse_range,
+    read_transcripts,
+)
 from tests.test_eval_scoring import dialogue
 
 T, F = True, False
@@ -86,10 +94,28 @@ def test_cli_reads_report_folders_and_writes_json(tmp_path: Path, capsys: pytest
     )
     out = tmp_path / "c.json"
     result = main([str(a), str(b), "--model-b", "base", "--ranges", "2-10", "30", "--out", str(out)])
-    assert result["train"]["paired"]["2-10"]["difference"] == 1.0
-    assert result["train"]["paired"]["30-30"]["difference"] == 1.0
-    assert json.loads(out.read_text())["strata"] == result
+    assert result["strata"]["train"]["paired"]["2-10"]["difference"] == 1.0
+    assert result["strata"]["train"]["paired"]["30-30"]["difference"] == 1.0
+    assert json.loads(out.read_text()) == result and "families" not in result
     assert "| train (1) | 100.0% / 0.0% |" in capsys.readouterr().out
+
+
+def test_family_attention_is_the_mean_of_each_replys_most_attentive_head(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # dialogue() gives each reply heads [[0.5a, 1.5a], [a, a]]: its most attentive head holds 1.5a
+    tone = dialogue("h1", "heldout_family", "tone", [T, F, T, T], attention=[0.1, 0.2, None, 0.4])
+    other = dialogue("h2", "heldout_family", "city", [F, F, F, F], attention=[0.2] * 4)
+    trained = dialogue("t1", "train", "hobby", [T] * 4, attention=[0.9] * 4)
+    got = family_attention([tone, other, trained], 2, 4)
+    assert set(got) == {"tone", "city"}  # held-out families only
+    assert got["tone"]["attention_max_head"] == pytest.approx(1.5 * (0.2 + 0.4) / 2)  # turn 3 has no probe
+    assert got["tone"]["adherence"] == pytest.approx(2 / 3) and got["tone"]["n"] == 3
+    assert got["city"] == {"attention_max_head": pytest.approx(0.3), "adherence": 0.0, "n": 3}
+    folder = write(tmp_path / "r", [tone, other, trained])
+    result = main([str(folder), str(folder), "--families", "2-4"])
+    assert result["families"]["a"] == got and result["families"]["turns"] == "2-4"
+    assert "| tone | 0.450 / 0.450 | 66.7% / 66.7% |" in capsys.readouterr().out
 
 
 def test_bad_inputs_name_what_is_wrong(tmp_path: Path) -> None:

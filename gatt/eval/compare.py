@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,26 @@ def compare(
     return out
 
 
+def family_attention(transcripts: Iterable[Transcript], first: int, last: int) -> dict[str, dict[str, Any]]:
+    """Per family of the held-out-family stratum, over turns [first, last]: the mean over replies of the most
+    attentive (layer, head)'s share of attention on the instruction (`attention_per_head`; None without the
+    attention probe), the adherence and the number of scored replies."""
+    by_family: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for t in transcripts:
+        if t["stratum"] == "heldout_family" and t["constraint"]:
+            by_family[t["constraint"]["family"]] += [x for x in t["turns"] if first <= x["turn"] <= last]
+    out = {}
+    for family, turns in sorted(by_family.items()):
+        heads = [x["attention_per_head"] for x in turns if x.get("attention_per_head")]
+        scored = [bool(x["passed"]) for x in turns if x["passed"] is not None]
+        out[family] = {
+            "attention_max_head": round(sum(max(map(max, h)) for h in heads) / len(heads), 6) if heads else None,
+            "adherence": round(sum(scored) / len(scored), 6) if scored else None,
+            "n": len(scored),
+        }
+    return out
+
+
 def markdown(result: dict[str, Any], names: tuple[str, str]) -> str:
     """The comparison as one table: a row per stratum."""
     ranges = next(iter(result.values()))["paired"] if result else {}
@@ -135,6 +156,24 @@ def markdown(result: dict[str, Any], names: tuple[str, str]) -> str:
     return "\n".join(lines)
 
 
+def families_markdown(families: dict[str, Any]) -> str:
+    """`family_attention` of both sides as one table: a row per held-out family."""
+
+    def pair(key: str, family: str, form: str) -> str:
+        values = [families[side].get(family, {}).get(key) for side in ("a", "b")]
+        return " / ".join("" if v is None else form.format(v) for v in values)
+
+    lines = [
+        f"| held-out family (turns {families['turns']}) | attention, max head: A / B | adherence: A / B |",
+        "|---|---|---|",
+    ]
+    for family in families["a"]:
+        lines.append(
+            f"| {family} | {pair('attention_max_head', family, '{:.3f}')} | {pair('adherence', family, '{:.1%}')} |"
+        )
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m gatt.eval.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -149,21 +188,38 @@ def build_parser() -> argparse.ArgumentParser:
         default=[f"{f}-{last}" for f, last in RANGES],
         help="turn ranges FIRST-LAST (default: 2-10 11-20 21-30)",
     )
+    parser.add_argument(
+        "--families",
+        metavar="FIRST-LAST",
+        help="also per held-out family over these turns: the most attentive head's share on the instruction, adherence",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed")
     parser.add_argument("--out", help="also write the comparison as JSON to this file")
     return parser
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Print the comparison (and write it with --out); returns what --out writes."""
     args = build_parser().parse_args(argv)
     with exit_on_bad_input():
         ranges = [parse_range(r) for r in args.ranges]
-        result = compare(
-            read_transcripts(args.a, args.model_a), read_transcripts(args.b, args.model_b), ranges, args.seed
-        )
-    print(markdown(result, ("A", "B")))
+        a, b = read_transcripts(args.a, args.model_a), read_transcripts(args.b, args.model_b)
+        result: dict[str, Any] = {
+            "a": f"{args.a} {args.model_a}",
+            "b": f"{args.b} {args.model_b}",
+            "strata": compare(a, b, ranges, args.seed),
+        }
+        if args.families:
+            first, last = parse_range(args.families)
+            result["families"] = {
+                "turns": f"{first}-{last}",
+                **{side: family_attention(t.values(), first, last) for side, t in (("a", a), ("b", b))},
+            }
+    print(markdown(result["strata"], ("A", "B")))
+    if "families" in result:
+        print("\n" + families_markdown(result["families"]))
     if args.out:
-        write_json(args.out, {"a": f"{args.a} {args.model_a}", "b": f"{args.b} {args.model_b}", "strata": result})
+        write_json(args.out, result)
     return result
 
 
