@@ -130,3 +130,5 @@ def test_bad_inputs_name_what_is_wrong(tmp_path: Path) -> None:
     for text in ("a-b", "0-3", "9-2"):
         with pytest.raises(ValueError, match="--ranges"):
             parse_range(text)
+    with pytest.raises(ValueError, match="--families: '9-2'"):
+        parse_range("9-2", "--families")

@@ -51,14 +51,15 @@ def read_transcripts(path: str | Path, model: str) -> dict[str, Transcript]:
     return found
 
 
-def parse_range(text: str) -> tuple[int, int]:
+def parse_range(text: str, flag: str = "--ranges") -> tuple[int, int]:
+    """FIRST-LAST (or one turn) -> (first, last); `flag` names the option in the error."""
     first, sep, last = text.partition("-")
     try:
         bounds = (int(first), int(last if sep else first))
     except ValueError:
-        raise ValueError(f"--ranges takes FIRST-LAST turn ranges such as 11-20, got {text!r}") from None
+        raise ValueError(f"{flag} takes FIRST-LAST turn ranges such as 11-20, got {text!r}") from None
     if not 1 <= bounds[0] <= bounds[1]:
-        raise ValueError(f"--ranges: {text!r} must run from turn 1 or later to a turn no earlier than its first")
+        raise ValueError(f"{flag}: {text!r} must run from turn 1 or later to a turn no earlier than its first")
     return bounds
 
 
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "strata": compare(a, b, ranges, args.seed),
         }
         if args.families:
-            first, last = parse_range(args.families)
+            first, last = parse_range(args.families, "--families")
             result["families"] = {
                 "turns": f"{first}-{last}",
                 **{side: family_attention(t.values(), first, last) for side, t in (("a", a), ("b", b))},
