@@ -344,6 +344,11 @@ def test_distill_weight_adds_the_hidden_state_distance_to_the_start_model_readin
     # the teacher's views packed into rows as the student's are (smoke.yaml packs) read as one padded row each
     padded = step_one(data, tmp_path / "padded", 0.5, "packing=false")
     assert padded["distill"] == pytest.approx(distilled["distill"], rel=1e-4)
+    # padding_free (make demo's): the student's batch in one flat row, the same loss and the same distance
+    flat = step_one(data, tmp_path / "flat", 0.5, "padding_free=true")
+    assert flat["supervised_tokens"] == distilled["supervised_tokens"]
+    assert flat["distill"] == pytest.approx(distilled["distill"], rel=1e-4)
+    assert flat["loss"] == pytest.approx(distilled["loss"], rel=1e-4)
     records = [{**r, "instruction": "", "instruction_short": ""} for r in read_records(data)]
     bare = tmp_path / "bare.jsonl"
     bare.write_text("".join(json.dumps(r) + "\n" for r in records))
