@@ -10,9 +10,12 @@ Labels are -100 everywhere except the supervised assistant replies and their end
 - `mode="expand"`: one example per reply, cut after it and trained only on it (the reference for `all`).
 
 With `teacher_view=True` a GAtt record's example also carries the dialogue as the context-distillation teacher read
-it (the instruction appended to every user message, `data_gen`'s reminded prompt) and the pairs of positions, one in
-each rendering, that predict the same supervised reply token: what `TrainConfig.distill_weight` matches the start
-model's hidden states at. Records with later events, plain SFT records, and examples cut to fit have no view.
+it and the pairs of positions, one in each rendering, that predict the same supervised reply token: what
+`TrainConfig.distill_weight` matches the start model's hidden states at. `teacher_rendering` says which rendering:
+"reminded" (the instruction appended to every user message, `data_gen`'s reminded prompt; one view of the whole
+dialogue) or "near" (one view per supervised reply: the instruction placed as turn one places it, then that reply's
+user message and the reply, so the teacher reads the same instruction in the same place, one turn back). Records with
+later events, plain SFT records, and examples cut to fit have no view.
 
 Records without `sampled_with_instruction` (plain SFT data such as the base corpus) count every
 reply as sampled, so `mode="all"` trains on all of them.
@@ -24,7 +27,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -35,17 +38,17 @@ logger = logging.getLogger(__name__)
 IGNORE_INDEX = -100
 Mode = Literal["last", "all", "expand"]
 Placement = Literal["system", "first_user"]
+Rendering = Literal["reminded", "near", "both"]
 
 
 @dataclass
 class Example:
-    """One tokenized training example: token ids and labels of equal length; with a teacher view, the reminded
-    rendering's ids and the (student position, teacher position) pairs that predict the same reply token."""
+    """One tokenized training example: token ids and labels of equal length; with a teacher view, each teacher
+    rendering's ids with the (student position, teacher position) pairs that predict the same reply token."""
 
     input_ids: list[int]
     labels: list[int]
-    teacher_ids: list[int] | None = None
-    pairs: list[tuple[int, int]] | None = None
+    teacher_views: list[tuple[list[int], list[tuple[int, int]]]] = field(default_factory=list)
 
 
 class GAttCollator:
@@ -60,6 +63,7 @@ class GAttCollator:
         packing: bool = False,
         padding_free: bool = False,
         teacher_view: bool = False,
+        teacher_rendering: Rendering = "reminded",
     ) -> None:
         if mode not in ("last", "all", "expand"):
             raise ValueError(f"mode must be 'last', 'all' or 'expand', got {mode!r}")
@@ -67,10 +71,12 @@ class GAttCollator:
             raise ValueError(f"instruction_placement must be 'system' or 'first_user', got {instruction_placement!r}")
         if not tokenizer.chat_template:
             raise ValueError("the tokenizer has no chat template: GAttCollator renders dialogues with it")
+        if teacher_rendering not in ("reminded", "near", "both"):
+            raise ValueError(f"teacher_rendering must be 'reminded', 'near' or 'both', got {teacher_rendering!r}")
         if padding_free and not packing:
             raise ValueError("padding_free packs a batch into one row: it needs packing=True")
         self.tokenizer, self.mode, self.max_length, self.packing = tokenizer, mode, max_length, packing
-        self.padding_free, self.teacher_view = padding_free, teacher_view
+        self.padding_free, self.teacher_view, self.teacher_rendering = padding_free, teacher_view, teacher_rendering
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if instruction_placement == "system" and not supports_system(tokenizer):
             logger.warning(
@@ -216,29 +222,53 @@ class GAttCollator:
     def _add_teacher_view(
         self, example: Example, record: dict[str, Any], spans: list[tuple[int, int]], keep: list[int]
     ) -> None:
-        """The reminded rendering of the example's dialogue (as many replies as it has spans) and the position pairs."""
+        """The teacher's renderings of the example's dialogue (as many replies as it has spans) and the position pairs."""
         if "sampled_with_instruction" not in record or later_events(record):
             return
         instruction = record_instruction(record)
-        reminded, seen = [], 0
+        system = [m for m in record["messages"] if m["role"] == "system"]
+        turns, user = [], None  # (user message, reply) per reply of the record
         for message in record["messages"]:
-            if seen == len(spans):
-                break
-            seen += message["role"] == "assistant"
-            if instruction and message["role"] == "user":
-                message = {**message, "content": append_instruction(message["content"], instruction)}
-            reminded.append(message)
-        teacher_ids, teacher_spans = self.tokenize(reminded)
-        if len(teacher_ids) > self.max_length or len(teacher_spans) != len(spans):
-            self.stats["no_teacher_view"] += 1
+            if message["role"] == "user":
+                user = message
+            elif message["role"] == "assistant" and user is not None:
+                turns.append((user, message))
+        turns = turns[: len(spans)]
+        if len(turns) != len(spans):
             return
-        pairs = []
-        for k in keep:
-            (a, b), (c, d) = spans[k], teacher_spans[k]
-            if example.input_ids[a:b] != teacher_ids[c:d]:
-                raise ValueError(f"record {record.get('id', '?')}: reply {k + 1} tokenizes differently when reminded")
-            pairs += zip(range(a - 1, b - 1), range(c - 1, d - 1), strict=True)  # the positions that predict it
-        example.teacher_ids, example.pairs = teacher_ids, pairs
+        views = []
+        if self.teacher_rendering in (
+            "reminded",
+            "both",
+        ):  # the whole dialogue, the instruction after every user message
+            reminded = [
+                {**m, "content": append_instruction(m["content"], instruction)} if instruction and m is pair[0] else m
+                for pair in turns
+                for m in pair
+            ]
+            views.append(([*system, *reminded], keep, keep))
+        if self.teacher_rendering in ("near", "both"):  # one view per supervised reply: the instruction one turn back
+            views += [
+                (place_instruction([*system, *turns[k]], instruction, self.instruction_placement), [k], [0])
+                for k in keep
+            ]
+        for messages, mine, theirs in views:
+            teacher_ids, teacher_spans = self.tokenize(messages)
+            if len(teacher_ids) > self.max_length or len(teacher_spans) != sum(
+                m["role"] == "assistant" for m in messages
+            ):
+                self.stats["no_teacher_view"] += 1
+                example.teacher_views = []
+                return
+            pairs = []
+            for k, j in zip(mine, theirs, strict=True):
+                (a, b), (c, d) = spans[k], teacher_spans[j]
+                if example.input_ids[a:b] != teacher_ids[c:d]:
+                    raise ValueError(
+                        f"record {record.get('id', '?')}: reply {k + 1} tokenizes differently for the teacher"
+                    )
+                pairs += zip(range(a - 1, b - 1), range(c - 1, d - 1), strict=True)  # the positions that predict it
+            example.teacher_views.append((teacher_ids, pairs))
 
     # -- batching ------------------------------------------------------------------------------
 
@@ -320,8 +350,10 @@ class GAttCollator:
         positions that predict the same reply token."""
         if not self.teacher_view:
             return batch
-        views = [(e, start) for e, start in zip(examples, starts, strict=True) if e.teacher_ids is not None]
-        lengths = [len(e.teacher_ids or ()) for e, _ in views]
+        views = [
+            (ids, pairs, start) for e, start in zip(examples, starts, strict=True) for ids, pairs in e.teacher_views
+        ]
+        lengths = [len(ids) for ids, _, _ in views]
         rows = self._rows(lengths) if self.packing and views else [[i] for i in range(len(views))]
         width = max((sum(lengths[i] for i in row) for row in rows), default=1)
         teacher_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
@@ -329,10 +361,9 @@ class GAttCollator:
         for r, row in enumerate(rows):
             offset = 0
             for i in row:
-                (e, start), n = views[i], lengths[i]
-                assert e.teacher_ids is not None and e.pairs is not None
-                teacher_ids[r, offset : offset + n] = torch.tensor(e.teacher_ids)
-                index += [(start + mine, r * width + offset + theirs) for mine, theirs in e.pairs]
+                (ids, pairs, start), n = views[i], lengths[i]
+                teacher_ids[r, offset : offset + n] = torch.tensor(ids)
+                index += [(start + mine, r * width + offset + theirs) for mine, theirs in pairs]
                 offset += n
         layout = (
             {"teacher_position_ids": self._packed_positions(rows, lengths, width)}

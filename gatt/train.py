@@ -99,6 +99,12 @@ class TrainConfig:
         "GAtt records also match the start model's hidden states reading the reminded dialogue, at the positions "
         "that predict their replies, with this weight (gatt/distill.py); 0: replies only (the paper)",
     )
+    distill_view: str = arg(
+        "reminded",
+        "what the start model reads for distill_weight: `reminded` (the whole dialogue, the instruction appended to "
+        "every user message), `near` (each supervised reply alone, the instruction in turn one's place) or `both`",
+        choices=["reminded", "near", "both"],
+    )
     # model: a directory, or a GattConfig to start from scratch
     model: str | None = arg(
         None,
@@ -469,6 +475,7 @@ class Trainer:
             packing=config.packing,
             padding_free=config.padding_free,
             teacher_view=config.distill_weight > 0,
+            teacher_rendering=config.distill_view,
         )
         fitting = [r for r in self.train_records if self.collator.fits(r)]
         if not fitting:

@@ -880,4 +880,34 @@ def test_no_teacher_view_without_asking_or_for_a_cut_dialogue(tokenizers):
     full = GAttCollator(tok, mode="all", max_length=512, teacher_view=True).examples(FRENCH)[0]
     cut = GAttCollator(tok, mode="last", max_length=len(full.input_ids) - 5, teacher_view=True)
     example = cut.examples(FRENCH)[0]
-    assert cut.stats["dropped_turns"] >= 1 and example.teacher_ids is None and example.pairs is None
+    assert cut.stats["dropped_turns"] >= 1 and example.teacher_views == []
+
+
+@pytest.mark.parametrize("name", ["library", "chatml", "llama3"])
+def test_the_near_teacher_view_reads_each_reply_one_turn_after_the_instruction(tokenizers, name):
+    tok = tokenizers[name]
+    collator = GAttCollator(tok, mode="all", max_length=512, packing=True, teacher_view=True, teacher_rendering="near")
+    batch = collator([FRENCH, NAPOLEON])
+    student, teacher = batch["input_ids"].flatten(), batch["teacher_input_ids"]
+    spans = segment_spans(segment_ids_from_position_ids(batch["teacher_position_ids"]))
+    views = [teacher[r, a:b] for r, row in enumerate(spans) for a, b in row]
+    views = [v for v in views if (v != tok.pad_token_id).any()]
+    records = [FRENCH, NAPOLEON]
+    turns = [
+        (r, u, a)
+        for r in records
+        for u, a, sampled in zip(user_messages(r), replies(r), r["sampled_with_instruction"], strict=True)
+        if sampled
+    ]
+    assert len(views) == len(turns) < sum(len(replies(r)) for r in records)  # a view per supervised reply
+    for view, (record, user, reply) in zip(views, turns, strict=True):
+        text = decode(tok, view)
+        instruction = record["instruction_short" if record["use_short"] else "instruction"]
+        assert text.count(instruction) == 1 and text.index(instruction) < text.index(user) < text.index(reply)
+        assert not any(other in text for other in user_messages(record) if other != user)  # no history
+    mine, theirs = batch["distill_index"].unbind(-1)
+    assert torch.equal(student[mine + 1], teacher.flatten()[theirs + 1])
+    labels = batch["labels"].flatten()
+    assert len(mine) == int((labels != IGNORE_INDEX).sum()) and len(set(mine.tolist())) == len(mine)
+    with pytest.raises(ValueError, match="teacher_rendering"):
+        GAttCollator(tok, teacher_rendering="far")

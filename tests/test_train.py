@@ -349,6 +349,11 @@ def test_distill_weight_adds_the_hidden_state_distance_to_the_start_model_readin
     assert flat["supervised_tokens"] == distilled["supervised_tokens"]
     assert flat["distill"] == pytest.approx(distilled["distill"], rel=1e-4)
     assert flat["loss"] == pytest.approx(distilled["loss"], rel=1e-4)
+    # distill_view=near: the teacher reads each supervised reply one turn after the instruction, a different target
+    near = step_one(data, tmp_path / "near", 0.5, "distill_view=near")
+    assert near["supervised_tokens"] == plain["supervised_tokens"] and near["distill"] > 0.01
+    assert near["distill"] != pytest.approx(distilled["distill"], rel=1e-3)
+    assert near["loss"] == pytest.approx(plain["loss"] + 0.5 * near["distill"], rel=1e-4)
     records = [{**r, "instruction": "", "instruction_short": ""} for r in read_records(data)]
     bare = tmp_path / "bare.jsonl"
     bare.write_text("".join(json.dumps(r) + "\n" for r in records))
