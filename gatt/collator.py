@@ -14,8 +14,9 @@ it and the pairs of positions, one in each rendering, that predict the same supe
 `TrainConfig.distill_weight` matches the start model's hidden states at. `teacher_rendering` says which rendering:
 "reminded" (the instruction appended to every user message, `data_gen`'s reminded prompt; one view of the whole
 dialogue) or "near" (one view per supervised reply: the instruction placed as turn one places it, then that reply's
-user message and the reply, so the teacher reads the same instruction in the same place, one turn back). Records with
-later events, plain SFT records, and examples cut to fit have no view.
+user message and the reply, so the teacher reads the same instruction in the same place, one turn back) or "both"
+(the near views beside the reminded one). Records with later events, plain SFT records, and examples cut to fit have
+no view.
 
 Records without `sampled_with_instruction` (plain SFT data such as the base corpus) count every
 reply as sampled, so `mode="all"` trains on all of them.
@@ -237,10 +238,8 @@ class GAttCollator:
         if len(turns) != len(spans):
             return
         views = []
-        if self.teacher_rendering in (
-            "reminded",
-            "both",
-        ):  # the whole dialogue, the instruction after every user message
+        # reminded: the whole dialogue, the instruction after every user message
+        if self.teacher_rendering in ("reminded", "both"):
             reminded = [
                 {**m, "content": append_instruction(m["content"], instruction)} if instruction and m is pair[0] else m
                 for pair in turns
