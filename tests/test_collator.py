@@ -909,5 +909,8 @@ def test_the_near_teacher_view_reads_each_reply_one_turn_after_the_instruction(t
     assert torch.equal(student[mine + 1], teacher.flatten()[theirs + 1])
     labels = batch["labels"].flatten()
     assert len(mine) == int((labels != IGNORE_INDEX).sum()) and len(set(mine.tolist())) == len(mine)
+    both = GAttCollator(tok, mode="all", max_length=512, packing=True, teacher_view=True, teacher_rendering="both")
+    examples = [e for r in records for e in both.examples(r)]
+    assert [len(e.teacher_views) for e in examples] == [1 + sum(r["sampled_with_instruction"]) for r in records]
     with pytest.raises(ValueError, match="teacher_rendering"):
         GAttCollator(tok, teacher_rendering="far")

@@ -61,9 +61,10 @@ def test_make_base_models_config_is_the_recorded_one(record):
         plan["report"][key] == made[f"eval_{key}"] for key in ("turns", "dialogues", "max_new_tokens", "batch_size")
     )
     train = dataclasses.asdict(TrainConfig.from_dict(plan["base-model"]))
-    # Keys added to TrainConfig since the model was made are at their defaults, which train as before it had them.
+    # Keys added to TrainConfig since the model was made are at their defaults, which train as before it had them
+    # (distill_view only matters with distill_weight > 0).
     added = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name not in record["train_config"]}
-    assert set(added) <= {"num_epochs", "mixed_precision", "distill_weight"}
+    assert set(added) <= {"num_epochs", "mixed_precision", "distill_weight", "distill_view"}
     assert train == {**record["train_config"], **added}
     assert record["data_seed"] == config.seed
     assert record["command"].startswith("python recipes/demo.py --config recipes/configs/base_model.yaml")
