@@ -29,7 +29,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -40,6 +40,7 @@ IGNORE_INDEX = -100
 Mode = Literal["last", "all", "expand"]
 Placement = Literal["system", "first_user"]
 Rendering = Literal["reminded", "near", "both"]
+RENDERINGS: tuple[str, ...] = get_args(Rendering)
 
 
 @dataclass
@@ -72,8 +73,8 @@ class GAttCollator:
             raise ValueError(f"instruction_placement must be 'system' or 'first_user', got {instruction_placement!r}")
         if not tokenizer.chat_template:
             raise ValueError("the tokenizer has no chat template: GAttCollator renders dialogues with it")
-        if teacher_rendering not in ("reminded", "near", "both"):
-            raise ValueError(f"teacher_rendering must be 'reminded', 'near' or 'both', got {teacher_rendering!r}")
+        if teacher_rendering not in RENDERINGS:
+            raise ValueError(f"teacher_rendering must be one of {', '.join(RENDERINGS)}, got {teacher_rendering!r}")
         if padding_free and not packing:
             raise ValueError("padding_free packs a batch into one row: it needs packing=True")
         self.tokenizer, self.mode, self.max_length, self.packing = tokenizer, mode, max_length, packing

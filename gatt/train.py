@@ -43,7 +43,7 @@ from transformers import (
 )
 
 import gatt  # noqa: F401  (registers the "gatt" model type and attention)
-from gatt.collator import IGNORE_INDEX, GAttCollator, later_events
+from gatt.collator import IGNORE_INDEX, RENDERINGS, GAttCollator, later_events
 from gatt.config import REQUIRED, arg, dataclass_from_dict, read_yaml_config
 from gatt.distill import hidden_distance, layer_outputs
 from gatt.distributed import check_launch, last_reference_in_python, on_cpu
@@ -103,7 +103,7 @@ class TrainConfig:
         "reminded",
         "what the start model reads for distill_weight: `reminded` (the whole dialogue, the instruction appended to "
         "every user message), `near` (each supervised reply alone, the instruction in turn one's place) or `both`",
-        choices=["reminded", "near", "both"],
+        choices=list(RENDERINGS),
     )
     # model: a directory, or a GattConfig to start from scratch
     model: str | None = arg(
