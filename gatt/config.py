@@ -130,7 +130,22 @@ def dataclass_from_dict(cls: type[T], values: dict[str, Any], source: str = "con
         raise ValueError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(names)}")
     if missing := _missing(cls, values):
         raise ValueError(f"{source}: missing required key(s) {', '.join(f.name for f in missing)}")
+    _refuse_bad_choices(cls, values, source)
     return cls(**values)
+
+
+def _refuse_bad_choices(cls: type, values: dict[str, Any], source: str) -> None:
+    """Refuse a value (or a list's element) outside its field's `choices`, naming the key and `source`: argparse
+    checks a flag's choices, this checks a config file's."""
+    for field in dataclasses.fields(cls):
+        choices = field.metadata.get("settings", {}).get("choices") if field.metadata else None
+        value = values.get(field.name)
+        if choices is None or value is None:
+            continue
+        for item in value if isinstance(value, list | tuple) else [value]:
+            if item not in choices:
+                allowed = ", ".join(map(str, choices))
+                raise ValueError(f"{source}: {field.name} must be one of {allowed}, got {item!r}")
 
 
 def _missing(cls: type, values: dict[str, Any]) -> list[dataclasses.Field]:
@@ -142,15 +157,17 @@ def _missing(cls: type, values: dict[str, Any]) -> list[dataclasses.Field]:
     ]
 
 
-def config_from(cls: type[T], values: dict[str, Any]) -> T:
+def config_from(cls: type[T], values: dict[str, Any], source: str = "config") -> T:
     """`cls` from `values` (those of its fields; the others keep their defaults), each converted to its field's
-    type where YAML wrote it otherwise (a path as a string, a tuple as a list)."""
+    type where YAML wrote it otherwise (a path as a string, a tuple as a list); a value outside its field's choices
+    is refused naming the key and `source`."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     values = {name: value for name, value in values.items() if name in names}
     if missing := _missing(cls, values):
         flags, keys = ", ".join(_flag(f) for f in missing), ", ".join(f.name for f in missing)
         raise ValueError(f"missing {flags}: give it on the command line, or as {keys} in a --config file")
+    _refuse_bad_choices(cls, values, source)
     for name, value in values.items():
         if _scalar(hints[name]) is Path and isinstance(value, str):
             values[name] = Path(value)
@@ -167,8 +184,9 @@ def configs_from(classes: Sequence[type], given: dict[str, Any], parser: argpars
     given = dict(given)
     file = given.pop("config", None)
     names = [a.dest for a in parser._actions if a.option_strings and a.dest not in ("help", "config")]
-    values = {**(check_section(read_yaml_config(file), f"--config {file}", names) if file is not None else {}), **given}
-    return tuple(config_from(cls, values) for cls in classes)
+    source = f"--config {file}" if file is not None else "the command line"
+    values = {**(check_section(read_yaml_config(file), source, names) if file is not None else {}), **given}
+    return tuple(config_from(cls, values, source) for cls in classes)
 
 
 def parse_config(cls: type[T], argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> T:

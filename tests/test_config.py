@@ -66,6 +66,20 @@ def test_bad_input_names_the_file_key_or_flag(tmp_path: Path) -> None:
         parse_config(Toy, ["--out", "x", "--mode", "slow"])  # argparse refuses a value outside the choices
 
 
+def test_a_config_files_value_outside_its_fields_choices_is_refused_naming_the_key(tmp_path: Path) -> None:
+    file = tmp_path / "c.yaml"
+    file.write_text(yaml.safe_dump({"out": "x", "mode": "slow"}))
+    with pytest.raises(ValueError, match=r"--config .*c\.yaml: mode must be one of fast, exact, got 'slow'"):
+        parse_config(Toy, ["--config", str(file)])
+    train = {"model": "embedded", "max_steps": 1, "output_dir": "o", "train_file": "t.jsonl"}
+    with pytest.raises(ValueError, match=r"train\.yaml: distill_view must be one of reminded, near, both, got 'far'"):
+        TrainConfig.from_dict({**train, "distill_view": "far"}, "train.yaml")
+    with pytest.raises(ValueError, match=r"kinds must be one of .*, got 'sideways'"):  # a list: each element
+        config_from(EvalConfig, {"model": ["a=b"], "out": "o", "kinds": ["first", "sideways"]})
+    assert TrainConfig.from_dict({**train, "distill_view": "near"}).distill_view == "near"
+    assert config_from(EvalConfig, {"model": ["a=b"], "out": "o", "relevance_judge": None}).relevance_judge is None
+
+
 def test_eval_config_from_a_yaml_file_equals_the_same_command_line(tmp_path: Path) -> None:
     argv = ["--model", "base=embedded", "--model", "gatt=runs/g", "--out", "runs/r", "--turns", "30"]
     argv += ["--kinds", "first", "late", "--repeat-instruction", "--split-softmax", "base:0.5", "--no-attention"]
