@@ -167,10 +167,13 @@ def lines() -> dict[str, dict[str, str]]:
 
 
 def language_phrases() -> dict[str, dict[str, str]]:
-    """Language code (every toy-world language but English) -> {greeting, thanks, farewell}."""
+    """Language code (every toy-world language but English) -> its phrases ({greeting, thanks, ...}: the first
+    language's keys, which every language has, in that order)."""
     codes = tuple(code for code in language_codes() if code != "en")
-    keys = ("greeting", "thanks", "farewell")
-    return _mapping(*_section("toy_world.yaml", "language_phrases"), lambda v, w: _mapping(v, w, _text, keys), codes)
+    value, where = _section("toy_world.yaml", "language_phrases")
+    first = value.get(codes[0]) if isinstance(value, dict) else None
+    keys = list(first) if isinstance(first, dict) else None
+    return _mapping(value, where, lambda v, w: _mapping(v, w, _text, keys), codes)
 
 
 def emoji() -> tuple[str, ...]:

@@ -31,7 +31,19 @@ from gatt.events import instruction_text  # noqa: F401  (data_gen's name for it)
 
 KINDS = ("copy", "form", "language", "persona")
 # What a family's `reply` rule may say (catalogue.yaml's header explains each).
-REPLY_KEYS = ("language", "line", "line_first", "answer", "replace", "structure", "prefix", "suffix", "case", "wrap")
+REPLY_KEYS = (
+    "language",
+    "line",
+    "line_first",
+    "answer",
+    "replace",
+    "structure",
+    "words",
+    "prefix",
+    "suffix",
+    "case",
+    "wrap",
+)
 STRUCTURES = ("first", "numbered", "bulleted")
 CASES = ("upper", "lower", "title")
 _FAMILY_KEYS = (
@@ -66,6 +78,7 @@ class ReplyRule:
     answer: str = ""
     replace: Mapping[str, str] = field(default_factory=dict)
     structure: str = ""
+    words: str = ""  # a template of the word limit ("{n}"): the reply cut to its first n words
     prefix: str = ""
     suffix: str = ""
     case: str = ""
@@ -109,13 +122,15 @@ def _catalogue_file() -> str:
 
 
 def _fill(template: Any, fill: Mapping[str, Any], where: str) -> Any:
-    """A template with {value} and the value's attributes filled in; "{names}" alone is the list itself."""
+    """A template with {value} and the value's attributes filled in; a lone placeholder of an attribute that is not
+    text is that attribute itself ("{names}": the list, "{n}": the number)."""
     if isinstance(template, list):
         return [item for part in template for item in _as_list(_fill(part, fill, where))]
     if not isinstance(template, str):
         return template
-    if template.startswith("{") and template.endswith("}") and isinstance(fill.get(template[1:-1]), list):
-        return list(fill[template[1:-1]])
+    if template.startswith("{") and template.endswith("}") and isinstance(fill.get(template[1:-1]), list | int):
+        attribute = fill[template[1:-1]]
+        return list(attribute) if isinstance(attribute, list) else attribute
     try:
         return template.format(**fill)
     except (KeyError, IndexError, ValueError) as error:
@@ -195,6 +210,10 @@ def _reply_rule(spec: Any, where: str, lines: Mapping[str, Any]) -> ReplyRule:
         raise DataFileError(f"{where}.structure: expected one of {', '.join(STRUCTURES)}, got {spec['structure']!r}")
     if spec.get("case", "") not in ("", *CASES):
         raise DataFileError(f"{where}.case: expected one of {', '.join(CASES)}, got {spec['case']!r}")
+    if not isinstance(spec.get("words", ""), str):
+        raise DataFileError(
+            f"{where}.words: expected a template of a word count ('{{n}}' or '5'), got {spec['words']!r}"
+        )
     wrap = spec.get("wrap")
     if wrap is not None and not (isinstance(wrap, list) and len(wrap) == 2 and all(isinstance(w, str) for w in wrap)):
         raise DataFileError(f"{where}.wrap: expected [left, right], got {wrap!r}")
@@ -230,7 +249,7 @@ def _family(spec: Mapping[str, Any], pools: Mapping[str, Any], lines: Mapping[st
                 f"{where}: value {value!r}: code {attributes['code']!r} is none of the toy world's languages "
                 f"({', '.join(phrases)})"
             )
-    # A language value ({code}) carries its greeting, thanks and farewell as attributes too.
+    # A language value ({code}) carries its phrases (greeting, thanks, ...) as attributes too.
     values = [(v, {**phrases.get(a.get("code", ""), {}), **a}) for v, a in values]
     conflicts = spec.get("conflicts", [])
     if not isinstance(conflicts, list) or not all(isinstance(c, str) for c in conflicts):

@@ -2,8 +2,8 @@
 
 The responder answers the built-in user messages on topic, in any of the catalogue's languages, and
 obeys any combination of non-conflicting catalogue constraints, probes included, by each family's `reply`
-rule (data_gen/data/catalogue.yaml): the lines it adds, then replacements, the sentence structure, the text
-before and after, the letter case and the wrapping, in that order. It is the `oracle` teacher of GAtt
+rule (data_gen/data/catalogue.yaml): the lines it adds, then replacements, the sentence structure, a word limit,
+the text before and after, the letter case and the wrapping, in that order. It is the `oracle` teacher of GAtt
 synthesis.
 
 The base corpus is built the way ordinary chat SFT data is, so a model trained on it shows the
@@ -42,6 +42,7 @@ LINES: dict[str, dict[str, str]] = builtin_data.lines()  # a family's line, per 
 EMOJI: tuple[str, ...] = builtin_data.emoji()
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _WORD_START = re.compile(r"(^|\s)(\S)")
+_FINAL_PUNCTUATION = re.compile(r"[.!?;]+\Z")
 
 
 def _capitalize(text: str) -> str:
@@ -81,6 +82,9 @@ class ToyResponder:
             for old, new in rule.reply.replace.items():
                 sentences = [sentence.replace(old, new) for sentence in sentences]
         text = self._structure(sentences, next((r.reply.structure for r, _ in rules if r.reply.structure), ""))
+        for rule, fill in rules:
+            if rule.reply.words:
+                text = _cut(text, int(rule.reply.words.format(**fill)))
         extra = {"question": QUESTION[lang], "emoji": EMOJI[zlib.crc32(text.encode()) % len(EMOJI)]}
         for rule, fill in rules:
             text = rule.reply.prefix.format(**fill, **extra) + text + rule.reply.suffix.format(**fill, **extra)
@@ -120,6 +124,16 @@ def _attributes(constraint: Constraint) -> dict[str, Any] | None:
     """{value, and the value's attributes} of a catalogue constraint; None for a value the catalogue lacks."""
     attributes = FAMILY_RULES[constraint.family].values.get(constraint.value)
     return None if attributes is None else {"value": constraint.value, **attributes}
+
+
+def _cut(text: str, words: int) -> str:
+    """The first `words` words of `text`, ending with its final punctuation (a reply cut short, "Volcanoes: a
+    fascinating subject." -> "Volcanoes: a fascinating.")."""
+    parts = text.split()
+    if len(parts) <= words:
+        return text
+    end = _FINAL_PUNCTUATION.search(text)
+    return " ".join(parts[:words]).rstrip(",:;.!?") + (end.group() if end else ".")
 
 
 def _cased(text: str, case: str) -> str:

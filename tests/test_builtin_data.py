@@ -47,6 +47,8 @@ def test_catalogue_data_types() -> None:
         "greeting": "Bonjour !",
         "thanks": "Merci !",
         "farewell": "Au revoir !",
+        "welcome": "Bienvenue !",
+        "cheers": "Santé !",
         "code": "fr",
         "native": "français",
     }
@@ -171,6 +173,13 @@ BROKEN: list[tuple[str, str, str, Callable[[], object], str]] = [
     ),
     (
         "catalogue.yaml",
+        "  reply: {words: '{n}'}\n",
+        "  reply: {words: 5}\n",
+        constraints.load_families,
+        r"catalogue.yaml: family 'wordlimit': reply.words: expected a template of a word count",
+    ),
+    (
+        "catalogue.yaml",
         "  reply: {line: pet}\n",
         "  reply: {line: pet, colour: red}\n",
         constraints.load_families,
@@ -213,10 +222,10 @@ BROKEN: list[tuple[str, str, str, Callable[[], object], str]] = [
     ),
     (
         "toy_world.yaml",
-        "  nl: {greeting: Hoi!, thanks: Dank je!, farewell: Tot ziens!}\n",
-        "  nl: {greeting: Hoi!, farewell: Tot ziens!}\n",
+        "  nl: {greeting: Hoi!, thanks: Dank je!, farewell: Tot ziens!, welcome: Welkom!, cheers: Proost!}\n",
+        "  nl: {greeting: Hoi!, farewell: Tot ziens!, welcome: Welkom!, cheers: Proost!}\n",
         builtin_data.language_phrases,
-        "toy_world.yaml: language_phrases.nl: expected the keys greeting, thanks, farewell in this order",
+        "toy_world.yaml: language_phrases.nl: expected the keys greeting, thanks, farewell, welcome, cheers in this order",
     ),
     (
         "toy_world.yaml",

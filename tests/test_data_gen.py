@@ -218,6 +218,19 @@ def test_oracle_stays_on_topic_and_answers_probes_by_default():
     assert reply.startswith("Je suis Napoleon. Volcanoes : ")  # the user's words: the toy world copies, not translates
 
 
+def test_a_word_limit_cuts_the_reply_to_its_first_words_and_keeps_the_final_punctuation():
+    by_name = {c.name: c for c in catalogue()}
+    responder = ToyResponder(catalogue())
+    turn = next(t for t in all_user_turns() if t.topic == "volcanoes")
+    four, exclaim = by_name["wordlimit:4"], by_name["exclaim:exclamation marks"]
+    assert four.checks[0].type == "max_words" and four.checks[0].args["n"] == 4  # the pool's number, not text
+    full = responder.reply(turn).split()
+    assert responder.reply(turn, [four]) == " ".join(full[:4]).rstrip(",:;.!?") + "."
+    assert responder.reply(turn, [four, exclaim]).endswith("!") and "." not in responder.reply(turn, [four, exclaim])
+    eight = responder.reply(turn, [by_name["wordlimit:8"]]).split()
+    assert eight[:7] == full[:7] and len(eight) == 8 and eight[7].rstrip(".") == full[7].rstrip(",:;.!?")
+
+
 def test_each_hobby_is_followed_by_its_own_emoji_so_the_names_can_be_told_apart():
     responder = ToyResponder(catalogue())
     hobbies = [c for c in catalogue() if c.family == "hobby"]
