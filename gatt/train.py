@@ -176,8 +176,6 @@ class TrainConfig:
             )
         if self.num_epochs and self.lr_first_horizon:
             raise ValueError(f"{source}: lr_first_horizon counts steps: give max_steps, not num_epochs")
-        if self.mixed_precision not in (None, "no", "bf16", "fp16", "auto"):
-            raise ValueError(f"{source}: mixed_precision must be no, bf16, fp16 or auto, got {self.mixed_precision!r}")
         if self.lr_restarts < 0:
             raise ValueError(f"{source}: lr_restarts must be >= 0, got {self.lr_restarts}")
         if (self.lr_rewarm_step > 0) != (self.lr_first_horizon > 0) or not (

@@ -100,7 +100,7 @@ def test_mixed_precision_auto_picks_bf16_only_where_the_machine_has_fast_bf16(da
         assert f"mixed_precision: auto -> {expected}" in capsys.readouterr().err
     finally:
         AcceleratorState._reset_state(True)
-    with pytest.raises(ValueError, match="mixed_precision must be no, bf16, fp16 or auto"):
+    with pytest.raises(ValueError, match="mixed_precision must be one of no, bf16, fp16, auto, got 'fp8'"):
         smoke_config(data, tmp_path / "bad", mixed_precision="fp8")
 
 
