@@ -30,7 +30,11 @@ def results(model, tokenizer):
 def test_rollout_row_compares_bf16_and_the_exact_path_with_the_path_before(results):
     row = results["smollm2_rollout_tokens_per_s"]
     assert row["mode"] == "bf16" and row["unit"] == "tokens/s" and row["goal"] == 2.0
-    assert row["ratio"] == pytest.approx(row["value"] / row["baseline"], rel=1e-3)
+    # value and baseline are rounded to 2 decimals, the ratio (of the raw rates) to 4: at a few tokens/s (the tiny
+    # model in bf16) the rounding alone moves value / baseline by more than 1e-3 of it.
+    expected = row["value"] / row["baseline"]
+    rounding = (0.005 / row["value"] + 0.005 / row["baseline"]) * expected + 5e-5
+    assert abs(row["ratio"] - expected) <= 1e-3 * expected + rounding
     assert row["value"] == pytest.approx(row["tokens"]["bf16"] / row["seconds"]["bf16"], rel=0.01)
     assert row["baseline"] == pytest.approx(row["tokens"]["before"] / row["seconds"]["before"], rel=0.01)
     assert row["exact"]["ratio"] == pytest.approx(row["exact"]["tokens_per_s"] / row["baseline"], rel=1e-2)
