@@ -134,7 +134,7 @@ class Command:
     description: str | None = None
 
 
-NOT_IN_REPLAY = ("round", "demonstration", "kinds")
+NOT_IN_REPLAY = ("round", "demonstration", "kinds", "value_swaps")
 COMMANDS = {
     "base": Command("write the toy world's base SFT corpus", ((BaseCorpusConfig, ()),)),
     "gatt": Command(

@@ -35,6 +35,7 @@ from data_gen.constraints import ConstraintSampler, instruction_text
 from data_gen.teacher import Teacher, TurnRequest
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import TOPIC_KEYWORDS, UserTurn, on_topic_check
+from data_gen.value_swaps import families, reply_checks, swapped
 from gatt.checks import Check, Constraint, passes_all
 from gatt.config import REQUIRED, arg
 from gatt.distributed import my_items, process_state
@@ -102,6 +103,12 @@ class SynthesisConfig:
         "than round 1 from the same seed (recipes/demo.py `rounds`)",
         metavar="R",
     )
+    value_swaps: int = arg(
+        0,
+        "copies of each kept dialogue with a constraint's value swapped for another of its family, where the swap is "
+        "exact (data_gen/value_swaps.py): more values at no teacher cost, so GAtt learns to copy a value, not recall it",
+        metavar="N",
+    )
     kinds: tuple[str, ...] = arg(
         ("first",),
         kinds_help(
@@ -129,6 +136,8 @@ class SynthesisConfig:
             raise ValueError(f"samples_per_turn must be >= 1, got {self.samples_per_turn}")
         if self.redraws < 0:
             raise ValueError(f"redraws must be >= 0, got {self.redraws}")
+        if self.value_swaps < 0:
+            raise ValueError(f"value_swaps must be >= 0, got {self.value_swaps}")
         if self.round < 1:
             raise ValueError(f"round must be >= 1, got {self.round}")
         if not self.kinds or set(self.kinds) - set(KINDS):
@@ -209,10 +218,7 @@ def _key(turn: UserTurn) -> str:
 
 def turn_checks(constraints: Sequence[Constraint], turn: UserTurn) -> list[Check]:
     """Every constraint's reply checks, plus the probe's own checks when the turn is a probe."""
-    checks = [check for c in constraints for check in c.checks]
-    for c in constraints:
-        checks += [check for probe in c.probes if probe.question == turn.text for check in probe.checks]
-    return checks
+    return reply_checks(constraints, turn.text)
 
 
 def draw_dialogue(
@@ -405,10 +411,12 @@ def synthesize(
     out_dir = Path(out_dir)
     shard_dir = out_dir / f"{name}.shards"
     shard_dir.mkdir(parents=True, exist_ok=True)
-    # relevance_judge left at the gate's default stays out: shards written before the setting existed resume
-    judge = {} if config.relevance_judge is None else {"relevance_judge": config.relevance_judge}
+    # relevance_judge left at the gate's default and no value swaps stay out: shards written before those settings
+    # existed resume
+    later = {"relevance_judge": config.relevance_judge, "value_swaps": config.value_swaps}
+    later = {key: value for key, value in later.items() if value}
     settings = {
-        "config": {**{k: v for k, v in asdict(config).items() if k != "relevance_judge"}, **judge},
+        "config": {**{k: v for k, v in asdict(config).items() if k not in ("relevance_judge", "value_swaps")}, **later},
         "teacher": teacher.name,
         "constraints": [c.name for c in constraints],
         "user_pool": len(user_pool),
@@ -420,6 +428,7 @@ def synthesize(
     demonstrations = _demonstrations(shard_dir / "demonstrations.json", demonstrate) if config.demonstration else {}
     # Families drawn alike: a family with few values (all caps) gets as much GAtt data as the hobbies.
     sampler = ConstraintSampler(constraints, short_prob=config.short_prob, by_family=True) if constraints else None
+    pool = families(constraints)  # the values a value swap draws from
     num_shards = -(-config.num_dialogues // config.shard_size)
     state = process_state()
     mine = my_items(num_shards, state)
@@ -448,7 +457,7 @@ def synthesize(
                 d.demonstration = [m for c in d.constraints for m in demonstrations.get(c.name, [])]
             stats: Counter = Counter()
             synthesize_shard(dialogues, teacher, config, user_pool, stats, progress, tally)
-            lines = [json.dumps(_shard_entry(d, teacher.name, config), ensure_ascii=False) for d in dialogues]
+            lines = [json.dumps(_shard_entry(d, teacher.name, config, pool), ensure_ascii=False) for d in dialogues]
             # Stats first: the shard's .jsonl appearing is what marks it finished.
             made = {"process": state.process_index, "processes": state.num_processes, "counts": stats}
             write_text(path.with_suffix(".stats.json"), json.dumps(made))
@@ -491,8 +500,10 @@ def _shard_indices(shard: int, config: SynthesisConfig) -> range:
     return range(shard * config.shard_size, min((shard + 1) * config.shard_size, config.num_dialogues))
 
 
-def _shard_entry(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -> dict[str, Any]:
-    """A kept record, or the bookkeeping of a dropped dialogue (so the summary can count it)."""
+def _shard_entry(
+    dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig, pool: dict[str, list[Constraint]]
+) -> dict[str, Any]:
+    """A kept record and its value swaps, or the bookkeeping of a dropped dialogue (so the summary can count it)."""
     kept = len(dialogue.replies) >= config.min_turns
     entry: dict[str, Any] = {
         "kept": kept,
@@ -504,6 +515,13 @@ def _shard_entry(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig
     }
     if kept:
         entry["record"] = to_record(dialogue, teacher_name, config)
+    if kept and config.value_swaps:
+        rng = random.Random(f"{config.draw_key}-{dialogue.index}-swaps")
+        copies: dict[str, dict[str, Any]] = {}  # by the values swapped in: a draw made twice is written once
+        for n in range(1, config.value_swaps + 1):
+            if (copy := swapped(entry["record"], dialogue.constraints, pool, rng, n)) is not None:
+                copies.setdefault(json.dumps(copy["meta"]["swaps"], sort_keys=True), copy)
+        entry["swaps"] = list(copies.values())
     return entry
 
 
@@ -539,7 +557,7 @@ def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str, processes
         per_rank += [0] * (made["process"] + 1 - len(per_rank))
         per_rank[made["process"]] += len(lines)
         entries += [json.loads(line) for line in lines]
-    records = [e["record"] for e in entries if e["kept"]]
+    records = [record for e in entries if e["kept"] for record in (e["record"], *e.get("swaps", ()))]
     write_text(out_dir / f"{name}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     lengths = [e["turns"] for e in entries if e["kept"]]
     attempted, kept = Counter(), Counter()
@@ -550,6 +568,7 @@ def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str, processes
     summary = {
         "records": len(records),
         "dialogues": len(entries),
+        "value_swaps": sum(len(e.get("swaps", ())) for e in entries),
         "processes": processes,
         "per_rank": per_rank,
         "dropped": sum(not e["kept"] for e in entries),

@@ -144,13 +144,13 @@ def test_data_gen_gatt_from_a_yaml_file_equals_the_same_command_line(tmp_path: P
 
 def test_every_data_gen_flag_of_the_old_parsers_is_kept() -> None:
     """The flags each subcommand had before its parser was made from configs (a flag is the docs' contract), and
-    those added since (--relevance-judge)."""
+    those added since (--relevance-judge, --value-swaps)."""
     before = {
         "base": "num-dialogues seed out short-prob heldout-families max-turns",
         "gatt": "num-dialogues seed out short-prob heldout-families min-turns max-turns samples-per-turn redraws "
         "user-turns on-error shard-size strict-repeats strict-gate relevance-judge teacher temperature top-p repetition-penalty "
         "no-repeat-ngram-size max-new-tokens batch-size device teacher-dtype teacher-numerics teacher-device-map "
-        "constraints round demonstration kinds values-per-family trained-families",
+        "constraints round demonstration kinds values-per-family trained-families value-swaps",
         "replay": "num-dialogues seed out short-prob heldout-families min-turns max-turns samples-per-turn redraws "
         "user-turns on-error shard-size strict-repeats strict-gate relevance-judge teacher temperature top-p repetition-penalty "
         "no-repeat-ngram-size max-new-tokens batch-size device teacher-dtype teacher-numerics teacher-device-map",
