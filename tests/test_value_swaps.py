@@ -137,3 +137,6 @@ def test_synthesis_writes_the_swaps_after_each_record_deterministically(tmp_path
     main([*args[:-2], "--out", str(tmp_path / "c")])
     plain = [json.loads(line) for line in (tmp_path / "c" / "gatt.jsonl").read_text().splitlines()]
     assert plain == originals
+    # ...and records no value_swaps in its settings, so shard folders written before the option existed resume.
+    assert "value_swaps" not in json.loads((tmp_path / "c" / "gatt.shards" / "settings.json").read_text())["config"]
+    assert json.loads((tmp_path / "a" / "gatt.shards" / "settings.json").read_text())["config"]["value_swaps"] == 2
