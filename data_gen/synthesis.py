@@ -35,8 +35,8 @@ from data_gen.constraints import ConstraintSampler, instruction_text
 from data_gen.teacher import Teacher, TurnRequest
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import TOPIC_KEYWORDS, UserTurn, on_topic_check
-from data_gen.value_swaps import families, reply_checks, swapped
-from gatt.checks import Check, Constraint, passes_all
+from data_gen.value_swaps import families, swapped
+from gatt.checks import Check, Constraint, passes_all, reply_checks
 from gatt.config import REQUIRED, arg
 from gatt.distributed import my_items, process_state
 from gatt.embedding import EMBEDDING_JUDGE

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gatt.checks import Check, Constraint, passes_all
+from gatt.checks import Constraint, passes_all, reply_checks
 from gatt.events import constraint_entry, instruction_text
 
 CUSTOM_FAMILY = "custom"  # a constraint without a `family` key (gatt.checks.Constraint's default)
@@ -39,14 +39,6 @@ def families(constraints: Sequence[Constraint]) -> dict[str, list[Constraint]]:
         if c.family != CUSTOM_FAMILY and c.value:
             pool.setdefault(c.family, []).append(c)
     return pool
-
-
-def reply_checks(constraints: Sequence[Constraint], user_message: str) -> list[Check]:
-    """Every constraint's reply checks, plus a probe's own checks when the user message asks one."""
-    checks = [check for c in constraints for check in c.checks]
-    for c in constraints:
-        checks += [check for probe in c.probes if probe.question == user_message for check in probe.checks]
-    return checks
 
 
 def swapped(

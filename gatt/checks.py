@@ -480,6 +480,14 @@ def check_reply(reply: str, checks: Iterable[Check]) -> list[dict[str, Any]]:
     return [{**check.to_dict(), "passed": check.passes(reply)} for check in checks]
 
 
+def reply_checks(constraints: Sequence[Constraint], user_message: str) -> list[Check]:
+    """Every constraint's reply checks, plus a probe's own checks when the user message asks one."""
+    checks = [check for c in constraints for check in c.checks]
+    for c in constraints:
+        checks += [check for probe in c.probes if probe.question == user_message for check in probe.checks]
+    return checks
+
+
 def passes_all(reply: str, checks: Iterable[Check]) -> bool:
     """Whether the reply passes every check (True for no checks)."""
     return all(check.passes(reply) for check in checks)

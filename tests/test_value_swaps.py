@@ -9,8 +9,8 @@ from data_gen.__main__ import main
 from data_gen.constraints import catalogue, conflict
 from data_gen.toy_world import ToyResponder
 from data_gen.user_turns import all_user_turns
-from data_gen.value_swaps import families, reply_checks, swapped
-from gatt.checks import Check, Constraint, passes_all
+from data_gen.value_swaps import families, swapped
+from gatt.checks import Check, Constraint, passes_all, reply_checks
 from gatt.events import constraint_entry, instruction_text
 
 CATALOGUE = catalogue()
