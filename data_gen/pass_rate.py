@@ -21,7 +21,7 @@ from data_gen.synthesis import _key, gate_config, gate_turn, teacher_gate, turn_
 from data_gen.teacher import Teacher, TurnRequest
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import UserTurn
-from gatt.checks import Constraint, passes_all
+from gatt.checks import CUSTOM_FAMILY, Constraint, passes_all
 from gatt.config import arg
 from gatt.embedding import EMBEDDING_JUDGE
 from gatt.gate import RELEVANCE_JUDGE_HELP, RELEVANCE_JUDGES, GateItem
@@ -266,6 +266,6 @@ def format_pass_rates(result: dict[str, Any]) -> str:
     """What `python -m data_gen pass-rate` prints: the per-constraint table, then the per-family table unless
     every constraint is of the default family `custom` (a constraint file without `family` fields)."""
     tables = [format_constraint_rates(result)]
-    if set(result["per_family"]) != {"custom"}:
+    if set(result["per_family"]) != {CUSTOM_FAMILY}:
         tables.append(format_family_rates(result))
     return "\n\n".join(tables)

@@ -26,10 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gatt.checks import Constraint, passes_all, reply_checks
+from gatt.checks import CUSTOM_FAMILY, Constraint, passes_all, reply_checks
 from gatt.events import constraint_entry, instruction_text
-
-CUSTOM_FAMILY = "custom"  # a constraint without a `family` key (gatt.checks.Constraint's default)
 
 
 def families(constraints: Sequence[Constraint]) -> dict[str, list[Constraint]]:

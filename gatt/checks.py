@@ -346,6 +346,9 @@ class Probe:
         return cls(question=question, checks=checks)
 
 
+CUSTOM_FAMILY = "custom"  # the family of a constraint given without a `family` key
+
+
 @dataclass(frozen=True)
 class Constraint:
     """An instruction that must hold for a whole dialogue, with the checks a reply under it must pass.
@@ -360,7 +363,7 @@ class Constraint:
     short: str
     checks: tuple[Check, ...]
     probes: tuple[Probe, ...] = ()
-    family: str = "custom"
+    family: str = CUSTOM_FAMILY
     value: str = ""
     split: str = "train"
     paraphrases: tuple[str, ...] = ()
@@ -441,7 +444,7 @@ class Constraint:
             short=_require_text(spec, "short", where),
             checks=checks,
             probes=tuple(Probe.from_dict(p, f"{where} probes[{k}]") for k, p in enumerate(probes)),
-            family=_require_text(spec, "family", where) if "family" in spec else "custom",
+            family=_require_text(spec, "family", where) if "family" in spec else CUSTOM_FAMILY,
             value=value,
             split=split,
             paraphrases=tuple(paraphrases),

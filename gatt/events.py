@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from gatt import constraint_sets
-from gatt.checks import WORDINGS, Check, Constraint, check_wordings
+from gatt.checks import CUSTOM_FAMILY, WORDINGS, Check, Constraint, check_wordings
 
 KINDS = ("first", "late", "replace", "revoke", "add")
 WORDINGS_FILE = Path(__file__).with_name("events.yaml")
@@ -169,7 +169,7 @@ def second_constraint(
             c
             for c in pool
             if c.name not in names
-            and (c.family not in taken or c.family == "custom")
+            and (c.family not in taken or c.family == CUSTOM_FAMILY)
             and not any(conflict(c.family, t) for t in taken)
         ]
     return rng.choice(options) if options else None
