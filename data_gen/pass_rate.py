@@ -17,11 +17,11 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from data_gen.constraints import instruction_text
-from data_gen.synthesis import _key, gate_config, gate_turn, teacher_gate, turn_checks
+from data_gen.synthesis import _key, gate_config, gate_turn, teacher_gate
 from data_gen.teacher import Teacher, TurnRequest
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import UserTurn
-from gatt.checks import CUSTOM_FAMILY, Constraint, passes_all
+from gatt.checks import CUSTOM_FAMILY, Constraint, passes_all, reply_checks
 from gatt.config import arg
 from gatt.embedding import EMBEDDING_JUDGE
 from gatt.gate import RELEVANCE_JUDGE_HELP, RELEVANCE_JUDGES, GateItem
@@ -124,7 +124,7 @@ def _sample_and_judge(
     gate = teacher_gate(gate_config(strict_gate=config.strict_gate, relevance_judge=config.relevance_judge), teacher)
     items, owners = [], []
     checked = [
-        [passes_all(candidate, turn_checks([c], turn)) for candidate in candidates]
+        [passes_all(candidate, reply_checks([c], turn.text)) for candidate in candidates]
         for (c, turn, _), candidates in zip(cases, sampled)
     ]
     for case, ((c, turn, _), candidates) in enumerate(zip(cases, sampled)):

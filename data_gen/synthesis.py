@@ -36,7 +36,7 @@ from data_gen.teacher import Teacher, TurnRequest
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import TOPIC_KEYWORDS, UserTurn, on_topic_check
 from data_gen.value_swaps import families, swapped
-from gatt.checks import Check, Constraint, passes_all, reply_checks
+from gatt.checks import Constraint, passes_all, reply_checks
 from gatt.config import REQUIRED, arg
 from gatt.distributed import my_items, process_state
 from gatt.embedding import EMBEDDING_JUDGE
@@ -190,7 +190,7 @@ class _Dialogue:
         """Whether a candidate for the current turn passes the checks in force and follows no withdrawn instruction."""
         number = len(self.replies) + 1
         turn = self.turns[number - 1]
-        if not passes_all(reply, turn_checks(self.in_force(number), turn)):
+        if not passes_all(reply, reply_checks(self.in_force(number), turn.text)):
             return False
         question = turn.text if is_probe(self.constraints, turn) else None
         for old in withdrawn(self.events, number):
@@ -214,11 +214,6 @@ def gate_turn(constraints: Sequence[Constraint], turn: UserTurn, reply: str) -> 
 def _key(turn: UserTurn) -> str:
     # A user's own messages have no topic: then it is the message itself that must not come back.
     return f"topic:{turn.topic}" if turn.topic is not None else f"text:{turn.text}"
-
-
-def turn_checks(constraints: Sequence[Constraint], turn: UserTurn) -> list[Check]:
-    """Every constraint's reply checks, plus the probe's own checks when the turn is a probe."""
-    return reply_checks(constraints, turn.text)
 
 
 def draw_dialogue(

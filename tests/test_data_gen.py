@@ -22,11 +22,11 @@ from data_gen.constraints import (
     limit_families,
     limit_values,
 )
-from data_gen.synthesis import SynthesisConfig, _Dialogue, synthesize_shard, turn_checks
+from data_gen.synthesis import SynthesisConfig, _Dialogue, synthesize_shard
 from data_gen.teacher import TurnRequest
 from data_gen.toy_world import ToyResponder, base_corpus
 from data_gen.user_turns import UserTurn, all_user_turns, split_user_turns
-from gatt.checks import Check, Constraint, passes_all
+from gatt.checks import Check, Constraint, passes_all, reply_checks
 from gatt.processes import ProcessTree
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,7 +167,7 @@ def test_oracle_replies_pass_their_checks_for_every_constraint_and_probe():
     for constraint in constraints:
         for turn in turns:
             reply = responder.reply(turn, [constraint])
-            assert passes_all(reply, turn_checks([constraint], turn)), (constraint.name, turn.text, reply)
+            assert passes_all(reply, reply_checks([constraint], turn.text)), (constraint.name, turn.text, reply)
 
 
 def test_oracle_obeys_every_pair_of_families_that_do_not_conflict():
@@ -188,7 +188,7 @@ def test_oracle_obeys_every_pair_of_families_that_do_not_conflict():
             probes = [UserTurn(p.question, None) for p in (*first.probes, *second.probes)]
             for turn in (*chat, *probes):
                 reply = responder.reply(turn, [first, second])
-                assert passes_all(reply, turn_checks([first, second], turn)), (first.name, second.name, reply)
+                assert passes_all(reply, reply_checks([first, second], turn.text)), (first.name, second.name, reply)
     assert pairs > 400  # most of the space combines
     assert conflict("brevity", "hobby") and conflict("caps", "signoff") and conflict("caps", "lowercase")
 
