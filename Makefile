@@ -105,7 +105,7 @@ gpu-check:
 	$(PYTHON) benchmarks/gpu_check.py --device $(DEVICE) --size $(SIZE) --results $(GPU_RESULTS) $(if $(WHEELS),--wheels $(WHEELS))
 
 # The documentation site (MkDocs Material, API reference from the docstrings): built into site/, warnings are errors.
-# NO_MKDOCS_2_WARNING silences Material's banner that it reaches end of life in May 2027 (its successor, Zensical,
+# NO_MKDOCS_2_WARNING silences Material's banner that it reaches end of life (its successor, Zensical,
 # reads the same mkdocs.yml); the build's own warnings still fail it.
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict

@@ -1,6 +1,6 @@
 """What every benchmark of `benchmarks/run.py` shares: interleaved timing and the form of a result.
 
-Rules (issue 16): warm up, repeat, take the median, interleave the two sides (the order rotates each
+Rules (docs/benchmarks.md): warm up, repeat, take the median, interleave the two sides (the order rotates each
 round, so machine noise hits both alike). A result is one comparison, ours vs theirs:
 
     {"ratio": ours / theirs (higher is better), "ours": figure, "theirs": figure, "unit": "...",

@@ -45,10 +45,10 @@ from gatt.gate import RELEVANCE_JUDGES, AnswerGate, GateConfig, GateItem, GateTu
 from gatt.pretrained import load_smollm2
 
 LABELLED = Path(__file__).parent / "data" / "gate_labelled.jsonl"
-# The second audit (issue 44): replies to messages without topic words, of your own, under constraint files of your
-# own; reports' replies drawn per gate outcome and GAtt data's replies (ids `data.*`), labelled blind.
+# The second gate audit (docs/gate.md): replies to messages without topic words, of your own, under constraint files
+# of your own; reports' replies drawn per gate outcome and GAtt data's replies (ids `data.*`), labelled blind.
 OWN = Path(__file__).parent / "data" / "gate_labelled_own.jsonl"
-# The third audit (issue 59): replies to new messages without topic words, labelled blind before any verdict
+# The third gate audit (docs/gate.md): replies to new messages without topic words, labelled blind before any verdict
 FRESH = Path(__file__).parent / "data" / "gate_labelled_fresh.jsonl"
 THRESHOLDS = [round(0.2 + 0.02 * i, 2) for i in range(21)]  # the embedding judge's cosine thresholds tried: 0.2-0.6
 # the strict gate's relevance judges, and the embedding ones leaving replies not in English to the contrast

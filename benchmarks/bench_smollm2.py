@@ -41,7 +41,7 @@ held-out user turns, N dialogues x T turns, probes every 6th turn.
 - `smollm2_teacher_vs_hf_generate_batched`: the teacher row below against the faster of two batches a user would
   write over each batch of B dialogues (left-padded): one `generate(num_return_sequences=k)` per turn re-encoding
   each history (`--quick` only: at full size its prefill of B*k rows of up to ~2,000 tokens a turn takes about 2 hours
-  a batch on 2 CPU cores, measured 2026-11-29 over its first 4 turns), and one `generate()` per turn over the B*k rows
+  a batch on 2 CPU cores, measured over its first 4 turns), and one `generate()` per turn over the B*k rows
   carrying the batch's KV cache (`bench_teacher.CarriedGenerateTurn`); goal >= 2.5. Each batch runs on every side
   back to back, ours first (about 15 minutes a batch at full size, the carried cache about 60), its seconds and the GEMM rate before it kept in
   results/progress/smollm2_teacher_batched.json at full size (committed: the row spans sessions), so that a stopped

@@ -13,9 +13,10 @@ turn as [user, reply, on-topic checks]; `bench_gate.py` judges them again.
   python benchmarks/gate_audit_draw.py runs/audit/gen --constraints recipes/data/smollm2_constraints.yaml \\
       --turns 8 --dialogues 64 --seed 7 --out runs/audit/unlabelled.jsonl
 
-The third audit (issue 59) draws `--blind`: per (constraint, language, model), so that no verdict decides the sample.
+The third audit (docs/gate.md) draws `--blind`: per (constraint, language, model), so that no verdict decides the
+sample.
 
-The second audit (messages without topic words, issue 44) draws from reports on your own `--user-turns`
+The second audit (messages without topic words, docs/gate.md) draws from reports on your own `--user-turns`
 (`--probe-every` as the run had it) and adds `--records N` replies of GAtt data (`--records-file`, the
 `data_gen gatt` output the reports' model was trained on: every one of them passed the gate).
 """
@@ -172,7 +173,7 @@ def main() -> None:
         "--blind",
         action="store_true",
         help="cells of (constraint, language, model), no gate outcome: the sample does not depend on any verdict "
-        "(the third audit, issue 59)",
+        "(the third gate audit)",
     )
     parser.add_argument("--id-prefix", default="", help="prefix of every drawn row's id (a second run's rows)")
     parser.add_argument("--records-file", type=Path, help="GAtt data (gatt.jsonl) to draw --records replies from")

@@ -60,11 +60,11 @@ EXTRA = dict(re.findall(r"^[A-Z0-9_]+ := ([a-z0-9-]+)==([\w.]+)$", (ROOT / "Make
 MACHINE_OWN = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*)$")
 KEEP = {"numpy", "pandas", "pyarrow", "grpcio", "pillow", "kiwisolver", "contourpy", "fonttools", "psutil", "regex"}
 STAGES = ("install", "profile", "smollm2", "benchmarks", "deepspeed")
-# Seconds each stage may take: full on one GPU (8 minutes in all, model loading included, inside one 10-minute call
-# of a lent GPU); smoke on 2 CPU cores. Sized from an H200 run (2026-11-27, docs/scaling.md): install 18-24 s; the
+# Seconds each stage may take: full on one GPU (8 minutes in all, model loading included, inside one 10-minute
+# GPU job); smoke on 2 CPU cores. Sized from an H200 run (docs/scaling.md): install 18-24 s; the
 # profile (growing and graphs) about 60 s; smollm2's stages before the report about 195 s, its rollouts then compiled
 # (about 39 s a compile, twice a model: recorded graphs now); the benchmarks past 75 s. The profile first: the
-# figures the GPU is lent for, whatever overruns after it.
+# figures the check is for, whatever overruns after it.
 BUDGETS = {
     "full": {"install": 30, "profile": 70, "smollm2": 290, "benchmarks": 75, "deepspeed": 15},
     "smoke": {"install": 120, "profile": 120, "smollm2": 300, "benchmarks": 300, "deepspeed": 120},

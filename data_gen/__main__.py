@@ -19,7 +19,7 @@ The base and gatt outputs load with `datasets.load_dataset("json", data_files=..
 
 gatt and replay split their dialogues across processes: `torchrun --nproc_per_node N -m data_gen gatt ...`
 (or `accelerate launch -m data_gen gatt ...`) writes the same bytes as one process, each process making
-its share of the shards (README, "Scaling out": the measured throughput).
+its share of the shards (docs/scaling.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A dialogue the teacher kept under "Begin every answer with the title <<Memo>>." 
 "... <<Chronicle>>." once every "Memo" in its instruction and replies reads "Chronicle". GAtt data hold a few
 hundred dialogues, so most values of a family appear in none or one of them, and a small student learns the
 values it saw ("heading: Memo or Insight") instead of copying the value its system message names: at test time it
-writes <<Update>> and <<Insight>> under <<Chronicle>> from turn one (docs/main-job.md, "Value swaps"). A swapped
+writes <<Update>> and <<Insight>> under <<Chronicle>> from turn one (docs/main-job.md). A swapped
 copy shows the same replies under other values at no teacher cost, so only reading the value from the instruction
 fits them all.
 

@@ -522,7 +522,7 @@ def hold_out_families(
     constraints: Sequence[Constraint], families: Sequence[str], source: str = "constraints"
 ) -> list[Constraint]:
     """The constraints with every value of `families` held out (split `heldout`): kept out of the GAtt data and
-    reported as held-out families, e.g. a family the teacher cannot write (README: the real-model result).
+    reported as held-out families, e.g. a family the teacher cannot write (SmolLM2's languages: docs/smollm2.md).
     A family may be a shell pattern: `ifbench:*` holds out every IFBench type."""
     held = matching_families(constraints, families, source, " to hold out")
     return [replace(c, split="heldout") if c.family in held else c for c in constraints]

@@ -336,7 +336,7 @@ class EvalConfig(sampler_flags("the first --model's")):
         "exact",
         "how the models under test compute their replies: exact (fp32); bf16 (weights and activations, attention in "
         "fp32: faster rollouts on a CPU with bf16 instructions, slower on one without); int8 (dynamic quantisation "
-        "of the Linear layers, CPU only). The fast modes write other replies (gatt/numerics.py, README: measured). "
+        "of the Linear layers, CPU only). The fast modes write other replies (gatt/numerics.py, docs/evaluation.md). "
         "auto: bf16 where the device has fast bf16 arithmetic, else exact (the choice is printed)",
         choices=NUMERICS,
     )
@@ -355,7 +355,7 @@ class EvalConfig(sampler_flags("the first --model's")):
     )
     strict_gate: bool = arg(
         False,
-        "the answer gate for a real chat model (GateConfig.strict(), README: the gate audit): a near copy of an "
+        "the answer gate for a real chat model (GateConfig.strict(), audited in docs/gate.md): a near copy of an "
         "earlier reply is a repeat even where its topic word changed, and a reply to a turn with on-topic checks "
         "must also pass the likelihood contrast (a topic word in word salad is not an answer)",
     )

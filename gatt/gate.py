@@ -145,7 +145,7 @@ class GateConfig:
 
     @classmethod
     def strict(cls) -> GateConfig:
-        """The gate for a real chat model (README: the gate audit): a near copy is a repeat whatever its topic
+        """The gate for a real chat model (its audit: docs/gate.md): a near copy is a repeat whatever its topic
         word, a reply with on-topic checks must pass the likelihood contrast too, echoes, templates and word
         salad fail (what passes the contrast on messages without topic words), and a reply to a message without
         topic words is judged by the embedding judge, in any language (cross-validated on the labelled replies: 92.1%

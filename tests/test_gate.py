@@ -38,7 +38,7 @@ def failed(items: list[GateItem], gate: AnswerGate | None = None) -> list[tuple[
     return [v.failed for v in (gate or AnswerGate()).judge(items)]
 
 
-# --- the three degenerate replies of the issue: each passes its instruction's check ---------------------
+# --- three degenerate replies: each passes its instruction's check ---------------------------------------
 
 
 def test_the_opening_word_alone_every_turn_is_a_repeat():
@@ -249,7 +249,7 @@ def test_batched_log_likelihoods_equal_one_pair_at_a_time(architecture):
         assert count == len(target) and total == pytest.approx(float(direct), abs=1e-4)
 
 
-# --- messages without topic words (issue 44): echoes, templates, list loops, word salad; the strict gate -----
+# --- messages without topic words (the second gate audit): echoes, templates, list loops, word salad; strict gate --
 
 STRICT = AnswerGate(GateConfig.strict())
 RUN = "Is it better to run in the morning or in the evening?"

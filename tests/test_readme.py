@@ -2,7 +2,7 @@
 
 The blocks tested are the ```bash blocks that follow the line `<!-- tested: tests/test_readme.py -->` in
 README.md and in the pages of docs/ (in the site's order); a command edited there is the command run here,
-so the pages and the code cannot drift apart. The "with your own model" blocks (README, getting started),
+so the pages and the code cannot drift apart. The "with your own model" blocks (README.md and docs/getting-started.md),
 marked `<!-- tested with a small model: tests/test_readme.py -->`, run last, with the small model the training
 page's block made standing in for `path/to/chat-model` and small sizes appended (a later flag or key wins).
 """
