@@ -5,11 +5,16 @@ Measure this before choosing what a GAtt teacher can produce: synthesis keeps a 
 candidates passes, so a constraint with a per-reply rate p yields a turn with probability 1 - (1 - p)^k,
 and a dialogue of n turns about that to the power n. A persona without per-reply checks is measured on
 its probe questions. Half the prompts use the instruction's short form, as synthesis does by default.
+
+A rate of 0% says nothing of why: per constraint, each rejected candidate is counted under the type of the first
+check it fails (the teacher did not follow), or under each reason the answer gate gave (a reply that follows but is
+no answer, or a gate misjudging it), with the first reply rejected for the commonest reason to read.
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -17,14 +22,16 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from data_gen.constraints import instruction_text
-from data_gen.synthesis import _key, gate_config, gate_turn, teacher_gate
+from data_gen.synthesis import _key, by_count, first_failed, gate_config, gate_turn, teacher_gate
 from data_gen.teacher import Teacher, TurnRequest
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import UserTurn
-from gatt.checks import CUSTOM_FAMILY, Constraint, passes_all, reply_checks
+from gatt.checks import CUSTOM_FAMILY, Constraint, reply_checks
 from gatt.config import arg
 from gatt.embedding import EMBEDDING_JUDGE
 from gatt.gate import RELEVANCE_JUDGE_HELP, RELEVANCE_JUDGES, GateItem
+
+EXAMPLE_WIDTH = 100  # characters of a user turn or rejected reply in the printed table (the JSON keeps them whole)
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,8 @@ def _rates(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "checks_and_gate": share(sum(r["checks_and_gate"] for r in rows), candidates),
         "prompts": prompts,
         "best_of_k": share(sum(r["any_passed"] for r in rows), prompts),
+        "rejected": candidates - sum(r["checks_and_gate"] for r in rows),
+        "rejection_reasons": by_count(sum((r["reasons"] for r in rows), Counter())),
     }
     if all("bare_checks" in r for r in rows):
         out["without_instruction"] = {
@@ -73,6 +82,17 @@ def _rates(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "checks_and_gate": share(sum(r["bare_checks_and_gate"] for r in rows), candidates),
         }
     return out
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One candidate reply and what was found of it."""
+
+    reply: str
+    checks: bool  # it passes the constraint's checks
+    gated: bool  # it passes the checks and the answer gate
+    # Why it was rejected: the type of the first check it fails, or (having passed them) each answer-gate reason
+    reasons: tuple[str, ...] = ()
 
 
 Case = tuple[Constraint, UserTurn, str]  # the constraint, the user turn, the instruction text given ("": none)
@@ -98,8 +118,8 @@ def _sample_and_judge(
     rng: random.Random,
     demonstrations: dict[str, Demonstration],
     desc: str = "pass rates",
-) -> list[list[tuple[str, bool, bool]]]:
-    """Per case, each candidate with whether it passes the checks, and the checks and the gate.
+) -> list[list[Judged]]:
+    """Per case, each candidate with whether it passes the checks, and the checks and the gate, and if not, why.
 
     The teacher is called once per constraint (its prompts, in calls of at most `config.chunk`): the progress
     bar, in prompts, steps as each constraint's candidates are written, so it shows a rate and an ETA."""
@@ -123,22 +143,29 @@ def _sample_and_judge(
             progress.update(end - start)
     gate = teacher_gate(gate_config(strict_gate=config.strict_gate, relevance_judge=config.relevance_judge), teacher)
     items, owners = [], []
-    checked = [
-        [passes_all(candidate, reply_checks([c], turn.text)) for candidate in candidates]
+    failed = [
+        [first_failed(candidate, reply_checks([c], turn.text)) for candidate in candidates]
         for (c, turn, _), candidates in zip(cases, sampled)
     ]
     for case, ((c, turn, _), candidates) in enumerate(zip(cases, sampled)):
         pool = [t.text for t in user_pool if _key(t) != _key(turn)]
         others = tuple(rng.sample(pool, min(config.relevance_others, len(pool))))
         for j, candidate in enumerate(candidates):
-            if checked[case][j]:
+            if failed[case][j] is None:
                 items.append(GateItem(gate_turn([c], turn, candidate), (), others))
                 owners.append((case, j))
-    gated = {owner for owner, verdict in zip(owners, gate.judge(items)) if verdict.passed}
-    return [
-        [(candidate, checked[case][j], (case, j) in gated) for j, candidate in enumerate(candidates)]
-        for case, candidates in enumerate(sampled)
-    ]
+    gate_failed = {owner: verdict.failed for owner, verdict in zip(owners, gate.judge(items))}
+    judged = []
+    for case, candidates in enumerate(sampled):
+        row = []
+        for j, candidate in enumerate(candidates):
+            check = failed[case][j]
+            if check is not None:  # the gate judges only replies that pass the checks
+                row.append(Judged(candidate, False, False, (check.type,)))
+            else:
+                row.append(Judged(candidate, True, not gate_failed[case, j], gate_failed[case, j]))
+        judged.append(row)
+    return judged
 
 
 def _calls(cases: Sequence[Case], chunk: int) -> list[tuple[int, int]]:
@@ -163,7 +190,7 @@ def demonstrations(
     found: dict[str, Demonstration] = {}
     judged = _sample_and_judge(teacher, cases, user_pool, draw, rng, {}, desc="demonstrations")
     for (c, turn, instruction), candidates in zip(cases, judged):
-        reply = next((text for text, _, gated in candidates if gated), None)
+        reply = next((j.reply for j in candidates if j.gated), None)
         if reply is not None and c.name not in found:
             found[c.name] = [
                 {"role": "user", "content": with_instruction(turn.text, instruction)},
@@ -187,12 +214,13 @@ def measure_pass_rates(
     rng = random.Random(f"pass-rate-{config.seed}")
     cases = _cases(constraints, user_pool, config, rng)
     judged = _sample_and_judge(teacher, cases, user_pool, config, rng, demos)
-    bare: list[list[tuple[str, bool, bool]] | None] = [None] * len(cases)
+    bare: list[list[Judged] | None] = [None] * len(cases)
     if config.without_instruction:  # the same prompts, no instruction and no demonstration
         unreminded = [(c, turn, "") for c, turn, _ in cases]
         bare = list(_sample_and_judge(teacher, unreminded, user_pool, config, rng, {}, desc="without instruction"))
     rows: dict[str, dict[str, Any]] = {}
-    for (c, _, _), candidates, plain in zip(cases, judged, bare):
+    examples: dict[str, dict[str, dict[str, str]]] = {}  # per constraint, the first rejected reply of each reason
+    for (c, turn, _), candidates, plain in zip(cases, judged, bare):
         row = rows.setdefault(
             c.name,
             {
@@ -203,16 +231,21 @@ def measure_pass_rates(
                 "checks": 0,
                 "checks_and_gate": 0,
                 "any_passed": 0,
+                "reasons": Counter(),
             },
         )
         row["prompts"] += 1
         row["candidates"] += len(candidates)
-        row["checks"] += sum(checks for _, checks, _ in candidates)
-        row["checks_and_gate"] += sum(gated for _, _, gated in candidates)
-        row["any_passed"] += any(gated for _, _, gated in candidates)
+        row["checks"] += sum(j.checks for j in candidates)
+        row["checks_and_gate"] += sum(j.gated for j in candidates)
+        row["any_passed"] += any(j.gated for j in candidates)
+        for j in candidates:
+            row["reasons"].update(j.reasons)
+            for reason in j.reasons:
+                examples.setdefault(c.name, {}).setdefault(reason, {"user": turn.text, "reply": j.reply})
         if plain is not None:
-            row["bare_checks"] = row.get("bare_checks", 0) + sum(checks for _, checks, _ in plain)
-            row["bare_checks_and_gate"] = row.get("bare_checks_and_gate", 0) + sum(gated for _, _, gated in plain)
+            row["bare_checks"] = row.get("bare_checks", 0) + sum(j.checks for j in plain)
+            row["bare_checks_and_gate"] = row.get("bare_checks_and_gate", 0) + sum(j.gated for j in plain)
     families = sorted({row["family"] for row in rows.values()})
     return {
         "settings": {
@@ -227,25 +260,76 @@ def measure_pass_rates(
         },
         "per_family": {f: _rates([r for r in rows.values() if r["family"] == f]) for f in families},
         "per_constraint": {
-            name: {"family": r["family"], "split": r["split"], **_rates([r])} for name, r in rows.items()
+            name: {"family": r["family"], "split": r["split"], **_rates([r]), **_example(examples.get(name, {}), r)}
+            for name, r in rows.items()
         },
     }
 
 
+def _example(examples: dict[str, dict[str, str]], row: dict[str, Any]) -> dict[str, Any]:
+    """`rejection_example`: the first rejected reply of the constraint's commonest reason (none if none was)."""
+    reasons = by_count(row["reasons"])
+    if not reasons:
+        return {"rejection_example": None}
+    commonest = next(iter(reasons))
+    return {"rejection_example": {"reason": commonest, **examples[commonest]}}
+
+
+def format_reasons(rates: dict[str, Any]) -> str:
+    """The "rejected for" cell: each rejection reason with its count, commonest first ("-" where none was).
+
+    Args:
+        rates: A constraint's or family's figures, with `rejection_reasons`.
+
+    Returns:
+        The cell, e.g. "language 12, off_topic 3".
+    """
+    return ", ".join(f"{reason} {n}" for reason, n in rates["rejection_reasons"].items()) or "-"
+
+
+def _cell(text: str, width: int = EXAMPLE_WIDTH) -> str:
+    """`text` on one line, without the table's "|", cut to `width` characters."""
+    flat = " ".join(text.split()).replace("|", "/")
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
 def format_constraint_rates(result: dict[str, Any]) -> str:
     """The per-constraint table in markdown, one row per constraint in the order measured: its name, family,
-    split, prompts and candidates, and the JSON's `checks`, `checks_and_gate` and `best_of_k` as percentages."""
+    split, prompts and candidates, the JSON's `checks`, `checks_and_gate` and `best_of_k` as percentages, and
+    why candidates were rejected (`rejection_reasons`)."""
     k = result["settings"]["samples"]
     bare = result["settings"].get("without_instruction", False)
     header = ["constraint", "family", "split", "prompts", "candidates", "checks", "checks and gate", f"best of {k}"]
     header += ["checks without instruction"] if bare else []
+    header += ["rejected for"]
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for name, r in result["per_constraint"].items():
         cells = [name.replace("|", "/") or "(no name)", r["family"], r["split"], r["prompts"], r["candidates"]]
         cells += [f"{r[key]:.0%}" for key in ("checks", "checks_and_gate", "best_of_k")]
         cells += [f"{r['without_instruction']['checks']:.0%}"] if bare else []
+        cells += [format_reasons(r)]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
+
+
+def format_examples(result: dict[str, Any]) -> str:
+    """The table of rejected replies: per constraint with a rejection, its commonest reason, the user turn and the
+    first reply rejected for it, each cut to one line (the JSON's `rejection_example` keeps them whole).
+
+    Args:
+        result: What `measure_pass_rates` returned.
+
+    Returns:
+        The markdown table, or "" where no constraint had a rejection.
+    """
+    header = ["constraint", "commonest reason", "user turn", "rejected reply"]
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for name, r in result["per_constraint"].items():
+        example = r["rejection_example"]
+        if example is not None:
+            cells = [name.replace("|", "/") or "(no name)", example["reason"], _cell(example["user"])]
+            lines.append("| " + " | ".join([*cells, _cell(example["reply"])]) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def format_family_rates(result: dict[str, Any]) -> str:
@@ -254,18 +338,22 @@ def format_family_rates(result: dict[str, Any]) -> str:
     bare = result["settings"].get("without_instruction", False)
     header = ["family", "candidates", "checks", "checks and gate", f"best of {k}"]
     header += ["checks without instruction"] if bare else []
+    header += ["rejected for"]
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for family, r in result["per_family"].items():
         cells = [family, str(r["candidates"])] + [f"{r[key]:.0%}" for key in ("checks", "checks_and_gate", "best_of_k")]
         cells += [f"{r['without_instruction']['checks']:.0%}"] if bare else []
+        cells += [format_reasons(r)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def format_pass_rates(result: dict[str, Any]) -> str:
     """What `python -m data_gen pass-rate` prints: the per-constraint table, then the per-family table unless
-    every constraint is of the default family `custom` (a constraint file without `family` fields)."""
+    every constraint is of the default family `custom` (a constraint file without `family` fields), then the
+    rejected replies (`format_examples`) where any was."""
     tables = [format_constraint_rates(result)]
     if set(result["per_family"]) != {CUSTOM_FAMILY}:
         tables.append(format_family_rates(result))
-    return "\n\n".join(tables)
+    tables.append(format_examples(result))
+    return "\n\n".join(table for table in tables if table)

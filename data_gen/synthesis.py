@@ -24,7 +24,7 @@ import json
 import random
 import statistics
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from data_gen.teacher import Teacher, TurnRequest
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import TOPIC_KEYWORDS, UserTurn, on_topic_check
 from data_gen.value_swaps import families, swapped
-from gatt.checks import Constraint, passes_all, reply_checks
+from gatt.checks import Check, Constraint, passes_all, reply_checks
 from gatt.config import REQUIRED, arg
 from gatt.distributed import my_items, process_state
 from gatt.embedding import EMBEDDING_JUDGE
@@ -62,6 +62,38 @@ from gatt.gate import (
     GateTurn,
     relevance_embedder,
 )
+
+# Why a candidate was rejected: the type of the first check it fails, WITHDRAWN where it follows an instruction
+# withdrawn earlier in the dialogue, or the answer gate's REASONS (one candidate may fail several of those).
+WITHDRAWN = "withdrawn"
+
+
+def by_count(counts: Counter) -> dict[str, int]:
+    """Rejection reasons, commonest first (ties by name, so the order is the same however the counts were summed).
+
+    Args:
+        counts: The count of each reason.
+
+    Returns:
+        The reasons counted at least once, with their counts.
+    """
+    return {reason: n for reason, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])) if n > 0}
+
+
+def first_failed(reply: str, checks: Iterable[Check]) -> Check | None:
+    """The first check the reply fails, or None where it passes every one.
+
+    The checks are run as `passes_all` runs them, in order and none past the first failure, so asking why a
+    reply failed runs nothing `passes_all` would not (a user's `python` check included).
+
+    Args:
+        reply: The reply to check.
+        checks: The checks, in the order they are run.
+
+    Returns:
+        The first failing check, or None.
+    """
+    return next((check for check in checks if not check.passes(reply)), None)
 
 
 @dataclass(frozen=True)
@@ -188,16 +220,29 @@ class _Dialogue:
 
     def accepts(self, reply: str) -> bool:
         """Whether a candidate for the current turn passes the checks in force and follows no withdrawn instruction."""
+        return self.refusal(reply) is None
+
+    def refusal(self, reply: str) -> str | None:
+        """Why a candidate for the current turn is refused before the gate, or None where it is not.
+
+        Args:
+            reply: The candidate.
+
+        Returns:
+            The type of the first check in force it fails ("language", "startswith", ...), "withdrawn" where it
+            follows a withdrawn instruction, or None.
+        """
         number = len(self.replies) + 1
         turn = self.turns[number - 1]
-        if not passes_all(reply, reply_checks(self.in_force(number), turn.text)):
-            return False
+        failed = first_failed(reply, reply_checks(self.in_force(number), turn.text))
+        if failed is not None:
+            return failed.type
         question = turn.text if is_probe(self.constraints, turn) else None
         for old in withdrawn(self.events, number):
             shows = following_checks(old, question)
             if shows and passes_all(reply, shows):
-                return False
-        return True
+                return WITHDRAWN
+        return None
 
 
 def is_probe(constraints: Sequence[Constraint], turn: UserTurn) -> bool:
@@ -297,21 +342,26 @@ def synthesize_shard(
         sampled = teacher.sample(requests, k)
         # Candidates that pass the checks in force (and follow no withdrawn instruction) go to the answer gate,
         # all dialogues' in one batch.
-        passing = [[c for c in candidates if d.accepts(c)] for d, candidates in zip(active, sampled)]
+        refused = [[d.refusal(c) for c in candidates] for d, candidates in zip(active, sampled)]
+        passing = [[c for c, why in zip(candidates, whys) if why is None] for candidates, whys in zip(sampled, refused)]
         items = [item for d, p in zip(active, passing) for item in _gate_items(d, p, config, user_pool)]
         verdicts = iter(gate.judge(items))
-        for dialogue, candidates, checked in zip(active, sampled, passing):
+        for dialogue, candidates, checked, whys in zip(active, sampled, passing, refused):
             answers = []
+            reasons = Counter(why for why in whys if why is not None)  # why this turn's candidates were rejected
             for candidate in checked:
                 verdict = next(verdicts)
                 stats["gate_rejected_candidates"] += not verdict.passed
                 stats.update(f"gate_{reason}" for reason in verdict.failed)
+                reasons.update(verdict.failed)
                 if verdict.passed:
                     answers.append(candidate)
             kept = answers[0] if answers else None
             for family in {c.family for c in dialogue.constraints}:  # the teacher's pass rate per family
                 stats[f"candidates:{family}"] += len(candidates)
                 stats[f"passed:{family}"] += len(answers)
+                # A family's name may hold ":" (ifeval:...), a reason never: the reason is after the last one.
+                stats.update({f"rejected:{family}:{reason}": n for reason, n in reasons.items()})
             stats["candidates"] += len(candidates)
             stats["rejected_candidates"] += candidates.index(kept) if kept is not None else len(candidates)
             if not candidates:
@@ -560,6 +610,11 @@ def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str, processes
         for family in e["families"]:
             attempted[family] += 1
             kept[family] += e["kept"]
+    reasons: dict[str, Counter] = {f: Counter() for f in attempted}
+    for key, n in stats.items():
+        if key.startswith("rejected:"):
+            family, reason = key.removeprefix("rejected:").rsplit(":", 1)
+            reasons.setdefault(family, Counter())[reason] += n
     summary = {
         "records": len(records),
         "dialogues": len(entries),
@@ -583,6 +638,9 @@ def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str, processes
         "pass_rate_per_family": {
             f: round(stats[f"passed:{f}"] / max(stats[f"candidates:{f}"], 1), 4) for f in sorted(attempted)
         },
+        # Why the candidates of that family's dialogues were rejected, commonest first: the first check failed (its
+        # type), "withdrawn", or each answer-gate reason of a reply that passed the checks.
+        "rejection_reasons": {f: by_count(reasons[f]) for f in sorted(attempted)},
         "turns": {
             "min": min(lengths, default=0),
             "median": statistics.median(lengths) if lengths else 0,

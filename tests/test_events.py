@@ -173,6 +173,10 @@ def test_the_teacher_sees_the_instructions_in_force_at_each_turn():
     assert [m["content"] for m in revoked.request().messages if m["role"] == "user"][-1] == "Tell me about topic 1."
     assert not revoked.accepts("Je vous parle de ce sujet avec plaisir, c'est une question intéressante.")
     assert revoked.accepts("Topic 1: a fascinating subject. There is always something new to learn.")
+    # Why a candidate is refused before the gate: it follows the withdrawn instruction, or fails a check in force.
+    assert revoked.refusal("Je vous parle de ce sujet avec plaisir, c'est une question intéressante.") == "withdrawn"
+    assert revoked.refusal("Topic 1: a fascinating subject. There is always something new to learn.") is None
+    assert dialogue.refusal("Topic 3: a fascinating subject. There is always something new to learn.") == "language"
 
 
 @pytest.fixture(scope="module")

@@ -2,16 +2,18 @@
 own gated answers without an instruction)."""
 
 import json
+from collections import Counter
 
 import pytest
 
 from data_gen.__main__ import main
 from data_gen.pass_rate import PassRateConfig, format_pass_rates, measure_pass_rates
 from data_gen.synthesis import SynthesisConfig, synthesize
-from data_gen.teacher import TurnRequest
+from data_gen.teacher import ModelTeacher, TurnRequest
 from data_gen.user_turns import UserTurn, split_user_turns
 from gatt.checks import Check, Constraint, Probe
 from gatt.collator import GAttCollator
+from gatt.gate import REASONS
 from gatt.tokenizer import train_tokenizer
 
 POOL = [UserTurn("Tell me about owls.", "owls"), UserTurn("What do you know about volcanoes?", "volcanoes")]
@@ -62,8 +64,25 @@ def test_pass_rates_count_checks_gate_and_best_of_k_per_constraint_and_family():
         "checks_and_gate": pytest.approx(4 / 12, abs=1e-4),
         "prompts": 4,
         "best_of_k": 1.0,
+        # Why: "no." fails the check (4 prompts, so 4 times); "ok, nice weather." passes it and is off topic.
+        "rejected": 8,
+        "rejection_reasons": {"off_topic": 4, "regex": 4},
+        "rejection_example": {
+            "reason": "off_topic",
+            "user": ok["rejection_example"]["user"],
+            "reply": "ok, nice weather.",
+        },
     }
+    assert ok["rejection_example"]["user"] in [t.text for t in POOL]
     assert (never["checks"], never["checks_and_gate"], never["best_of_k"]) == (0.0, 0.0, 0.0)
+    assert (never["rejected"], never["rejection_reasons"]) == (12, {"regex": 12})  # the checks: the gate never judged
+    assert never["rejection_example"]["reply"].startswith("ok, ")  # the HalfTeacher's first reply: checked first
+    assert persona["rejection_reasons"] == {"contains_any": 4}
+    assert persona["rejection_example"] == {
+        "reason": "contains_any",
+        "user": "Who are you?",
+        "reply": "I am an assistant.",
+    }
     # A persona without per-reply checks is asked its probes, and judged by the probes' checks.
     assert (persona["candidates"], persona["checks"], persona["best_of_k"]) == (8, 0.5, 1.0)
     assert all(r.turn.text == "Who are you?" for r in teacher.requests if r.constraints[0] is PERSONA)
@@ -71,7 +90,13 @@ def test_pass_rates_count_checks_gate_and_best_of_k_per_constraint_and_family():
     texts = [r.messages[0]["content"] for r in teacher.requests if r.constraints[0] is OK]
     assert sum(t.endswith(OK.instruction) for t in texts) == 2 == sum(t.endswith(OK.short) for t in texts)
     assert list(result["per_family"]) == ["never", "opening", "persona"]
-    assert "| opening | 12 | 67% | 33% | 100% |" in format_pass_rates(result)
+    assert result["per_family"]["opening"]["rejection_reasons"] == {"off_topic": 4, "regex": 4}
+    printed = format_pass_rates(result)
+    assert "| opening | 12 | 67% | 33% | 100% | off_topic 4, regex 4 |" in printed
+    assert table_rows(printed, "constraint")[0][-1] == "off_topic 4, regex 4"
+    examples = table_rows(printed, "constraint | commonest reason")
+    assert examples[0][:2] == ["ok", "off_topic"] and examples[0][3] == "ok, nice weather."
+    assert [row[:2] for row in examples] == [["ok", "off_topic"], ["zz", "regex"], ["curie", "contains_any"]]
 
 
 def test_a_demonstration_puts_a_passing_exchange_of_the_same_constraint_before_each_prompt():
@@ -109,10 +134,15 @@ def percents(rates: dict) -> list[str]:
     return [f"{rates[key]:.0%}" for key in ("checks", "checks_and_gate", "best_of_k")]
 
 
+def reasons_cell(rates: dict) -> str:
+    """The "rejected for" cell the JSON's `rejection_reasons` should print as."""
+    return ", ".join(f"{reason} {n}" for reason, n in rates["rejection_reasons"].items()) or "-"
+
+
 def constraint_rows(result: dict) -> list[list[str]]:
-    """The per-constraint rows the JSON says should be printed."""
+    """The per-constraint rows the JSON says should be printed (without the column of checks without instruction)."""
     return [
-        [name, r["family"], r["split"], str(r["prompts"]), str(r["candidates"]), *percents(r)]
+        [name, r["family"], r["split"], str(r["prompts"]), str(r["candidates"]), *percents(r), reasons_cell(r)]
         for name, r in result["per_constraint"].items()
     ]
 
@@ -128,9 +158,11 @@ def test_pass_rate_command_writes_json_for_the_builtin_catalogue(tmp_path, capsy
     # Printed: a row per constraint, then a row per family, each with the JSON's figures.
     rows = table_rows(printed.err, "constraint")
     assert rows == constraint_rows(result) and len(rows) == len(result["per_constraint"]) > 100
-    assert all(row[3] == "2" and row[5:] == ["100%"] * 3 for row in rows)
+    assert all(row[3] == "2" and row[5:] == ["100%"] * 3 + ["-"] for row in rows)  # "-": nothing rejected
     families = table_rows(printed.err, "family")
-    assert [[f, str(r["candidates"]), *percents(r)] for f, r in result["per_family"].items()] == families
+    assert [[f, str(r["candidates"]), *percents(r), "-"] for f, r in result["per_family"].items()] == families
+    assert all(r["rejected"] == 0 and r["rejection_example"] is None for r in result["per_constraint"].values())
+    assert "| constraint | commonest reason |" not in printed.err  # no rejected reply to show
 
 
 class Bar:
@@ -198,9 +230,72 @@ def test_pass_rate_prints_a_row_per_constraint_with_the_jsons_figures_and_steps_
     rows = table_rows(printed.err, "constraint")
     assert rows == constraint_rows(result)  # one row per constraint, in the file's order, with the JSON's figures
     assert [row[:5] for row in rows] == [[name, "custom", "train", "2", "4"] for name in ("anything", "never", "curie")]
-    assert rows[0][5] == "100%" and rows[1][5:] == ["0%"] * 3  # every reply matches '.*'; none starts with ZZZ
+    assert rows[0][5] == "100%" and rows[1][5:8] == ["0%"] * 3  # every reply matches '.*'; none starts with ZZZ
+    assert rows[1][8] == "startswith 4"  # and says so
     assert "\n| family |" not in printed.err  # no family given: the per-constraint table says it all
     assert json.loads(printed.out) == result["per_family"] and list(result["per_family"]) == ["custom"]
+
+
+def test_pass_rate_says_why_the_small_models_replies_were_rejected(tmp_path, capsys, monkeypatch):
+    # The shipped chat model at toy size, asked questions without topic words: the gate judges relevance by the
+    # teacher's likelihood contrast, and no reply starts with ZZZ.
+    (tmp_path / "mine.yaml").write_text(
+        "constraints:\n"
+        "  - {name: anything, instruction: Answer., short: 'Answer', checks: [{type: regex, pattern: '(?s).*'}]}\n"
+        "  - {name: never, instruction: Start with ZZZ., short: 'Start: ZZZ', checks: [{type: startswith, text: ZZZ}]}\n"
+    )
+    (tmp_path / "turns.txt").write_text(
+        "Can you help me plan a trip to Lisbon next spring?\nWhat should I cook for dinner tonight?\n"
+        "How do I fix a flat bicycle tyre?\nWhy is the sky blue?\n"
+    )
+    written: dict[str, list[str]] = {}  # each constraint's candidates, as the teacher wrote them
+    sample = ModelTeacher.sample
+
+    def recording(self, requests, k):
+        out = sample(self, requests, k)
+        for request, candidates in zip(requests, out):
+            written.setdefault(request.constraints[0].name, []).extend(candidates)
+        return out
+
+    monkeypatch.setattr(ModelTeacher, "sample", recording)
+    out = tmp_path / "p.json"
+    args = ["--constraints", str(tmp_path / "mine.yaml"), "--user-turns", str(tmp_path / "turns.txt")]
+    args += ["--prompts", "4", "--samples", "2", "--max-new-tokens", "8", "--device", "cpu", "--out", str(out)]
+    main(["pass-rate", "--teacher", "embedded", *args])
+    result = json.loads(out.read_text())
+    printed = capsys.readouterr().err
+    anything, never = result["per_constraint"]["anything"], result["per_constraint"]["never"]
+    # Nothing starts with ZZZ: every candidate is rejected by the check, and the gate judged none of them.
+    assert never["rejected"] == never["candidates"] == len(written["never"]) == 8
+    assert never["rejection_reasons"] == {"startswith": 8}
+    assert never["rejection_example"]["reason"] == "startswith"
+    assert never["rejection_example"]["reply"] == written["never"][0]  # the first one rejected
+    assert never["rejection_example"]["user"] in (tmp_path / "turns.txt").read_text().splitlines()
+    # Every reply matches '.*': what is rejected, the gate rejected, each reply for one reason at least.
+    assert anything["checks"] == 1.0 and anything["checks_and_gate"] < 1.0
+    gated = round(anything["checks_and_gate"] * anything["candidates"])
+    assert anything["rejected"] == anything["candidates"] - gated > 0
+    assert set(anything["rejection_reasons"]) <= set(REASONS) and "off_topic" in anything["rejection_reasons"]
+    assert sum(anything["rejection_reasons"].values()) >= anything["rejected"]
+    example = anything["rejection_example"]
+    assert example["reason"] == next(iter(anything["rejection_reasons"])) and example["reply"] in written["anything"]
+    # A family's reasons are its constraints' summed, commonest first.
+    family = result["per_family"]["custom"]["rejection_reasons"]
+    assert family == Counter(anything["rejection_reasons"]) + Counter(never["rejection_reasons"])
+    assert list(family.values()) == sorted(family.values(), reverse=True)
+    assert result["per_family"]["custom"]["rejected"] == anything["rejected"] + never["rejected"]
+    # Printed: the reasons ending each row, then each constraint's commonest reason with its example.
+    assert table_rows(printed, "constraint") == constraint_rows(result)
+    examples = table_rows(printed, "constraint | commonest reason")
+    assert examples == [
+        [
+            name,
+            r["rejection_example"]["reason"],
+            r["rejection_example"]["user"],
+            " ".join(r["rejection_example"]["reply"].split()),
+        ]
+        for name, r in result["per_constraint"].items()
+    ]
 
 
 def test_pass_rate_measures_every_ifeval_type_on_one_drawn_value_each(tmp_path, capsys):
@@ -216,9 +311,10 @@ def test_pass_rate_measures_every_ifeval_type_on_one_drawn_value_each(tmp_path, 
     assert all(r["prompts"] == 1 and r["candidates"] == 1 for r in result["per_constraint"].values())
     assert result["settings"]["constraints"] == "ifeval" and result["settings"]["without_instruction"]
     rows = table_rows(capsys.readouterr().err, "constraint")
-    assert [row[:-1] for row in rows] == constraint_rows(result)  # and a last column: the checks without instruction
+    # and, before the reasons, a column of the checks without instruction
+    assert [row[:-2] + row[-1:] for row in rows] == constraint_rows(result)
     bare = [r["without_instruction"] for r in result["per_constraint"].values()]
-    assert [row[-1] for row in rows] == [f"{b['checks']:.0%}" for b in bare]
+    assert [row[-2] for row in rows] == [f"{b['checks']:.0%}" for b in bare]
     assert all(b["checks_and_gate"] <= b["checks"] <= 1 for b in bare)
 
 
@@ -279,5 +375,10 @@ def test_gatt_summary_gives_the_teachers_pass_rate_per_family(tmp_path):
     # Per turn: 3 candidates, 2 pass the check and 1 of those is on topic.
     assert summary["pass_rate_per_family"] == {"opening": pytest.approx(1 / 3, abs=1e-4)}
     assert summary["yield_per_family"] == {"opening": 1.0}
+    # and why the other two were rejected: "no." fails the check, "ok, nice weather." the gate (off topic)
+    third = summary["candidates"] // 3
+    assert summary["rejection_reasons"] == {"opening": {"off_topic": third, "regex": third}}
+    assert summary["gate_failed"]["off_topic"] == third  # the gate's own count, over every family
     summary = synthesize(tmp_path / "never", config, HalfTeacher(), [NEVER], train)
     assert summary["pass_rate_per_family"] == {"never": 0.0} and summary["records"] == 0
+    assert summary["rejection_reasons"] == {"never": {"regex": summary["candidates"]}}  # the gate judged none
