@@ -1,17 +1,17 @@
-"""Command line of the dialogue generator.
+"""Command line of the dialogue generator: `gatt-data` (`python -m data_gen` is the same command).
 
-  python -m data_gen base --num-dialogues N --seed S --out DIR
+  gatt-data base --num-dialogues N --seed S --out DIR
       the toy world's base SFT corpus (instructions local to their turn) -> DIR/base.jsonl
-  python -m data_gen gatt --teacher (oracle|MODEL_DIR) --num-dialogues N --min-turns A --max-turns B
-                          --samples-per-turn K --seed S --out DIR [--user-turns FILE|DIR] [--constraints FILE.yaml]
+  gatt-data gatt --teacher (oracle|MODEL_DIR) --num-dialogues N --min-turns A --max-turns B
+                  --samples-per-turn K --seed S --out DIR [--user-turns FILE|DIR] [--constraints FILE.yaml]
       GAtt dialogues by context distillation with rejection sampling -> DIR/gatt.jsonl (resumable)
-  python -m data_gen replay --teacher MODEL_DIR --num-dialogues N --min-turns A --max-turns B --out DIR [--user-turns FILE]
+  gatt-data replay --teacher MODEL_DIR --num-dialogues N --min-turns A --max-turns B --out DIR [--user-turns FILE]
       the teacher's own answers to dialogues without instruction, gated -> DIR/replay.jsonl (resumable):
       replay data that keeps a fine-tune from forgetting how the model answers
-  python -m data_gen pass-rate --teacher (oracle|MODEL_DIR) --out FILE.json [--constraints FILE.yaml] [--user-turns FILE]
+  gatt-data pass-rate --teacher (oracle|MODEL_DIR) --out FILE.json [--constraints FILE.yaml] [--user-turns FILE]
       each constraint's one-turn pass rate with the instruction in view (checks; checks and gate; best of k):
       FILE.json, and on stderr a table per constraint, then per family
-  python -m data_gen eval-set --out DIR [--seed S]
+  gatt-data eval-set --out DIR [--seed S]
       the built-in evaluation set -> DIR/constraints.yaml, DIR/user_turns.jsonl (the copy in
       gatt/eval/builtin is regenerated with --out gatt/eval/builtin)
 
@@ -50,7 +50,7 @@ from gatt.checks import (
     load_constraints,
     matching_families,
 )
-from gatt.cli import exit_on_bad_input
+from gatt.cli import command_name, exit_on_bad_input
 from gatt.config import REQUIRED, add_config_arguments, arg, config_keys, config_parser, configs_from
 from gatt.distributed import end_job, process_state
 from gatt.files import atomic_path, write_json
@@ -189,7 +189,9 @@ def command_keys(name: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     """One subcommand per COMMANDS entry, its flags made from its configs' fields, each with `--config FILE.yaml`."""
     parser = argparse.ArgumentParser(
-        prog="python -m data_gen", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=command_name("python -m data_gen"),
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():

@@ -3,7 +3,8 @@
 Each command's `main()` runs its work inside `exit_on_bad_input()`, which turns the errors that mean
 bad input (a missing file or model, a bad value or key, malformed YAML or JSON, a user's check that
 raises) into that one line, naming the file, key or record as the error's message does.
-`GATT_TRACEBACK=1` re-raises instead, for debugging.
+`GATT_TRACEBACK=1` re-raises instead, for debugging. `command_name` is the name a command's usage line shows:
+the installed command's (`gatt-data`) or the module form it also runs as (`python -m data_gen`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import yaml
 
@@ -29,3 +31,10 @@ def exit_on_bad_input() -> Iterator[None]:
         if os.environ.get("GATT_TRACEBACK"):
             raise
         sys.exit(f"error: {error or type(error).__name__}")
+
+
+def command_name(module_form: str) -> str:
+    """The command's name for its usage line: the installed command's (`gatt-data`) when one started this process,
+    else `module_form` (`python -m data_gen`), which runs the same code."""
+    name = Path(sys.argv[0]).name
+    return name if name.startswith("gatt-") else module_form

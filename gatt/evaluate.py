@@ -1,4 +1,5 @@
-"""Instruction adherence over 20+ turns: `python -m gatt.evaluate --model NAME=DIR ... --out DIR`.
+"""Instruction adherence over 20+ turns: `gatt-eval --model NAME=DIR ... --out DIR` (`python -m gatt.evaluate` is
+the same command).
 
 Each test dialogue gives one instruction in turn one (the system message by default), then user turns
 from a held-out pool; the model under test writes every reply, and every reply is checked against the
@@ -31,7 +32,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 import gatt  # noqa: F401  (registers the "gatt" attention and the library's model with transformers)
 from gatt.chat_model import load_chat_model
 from gatt.checks import CONSTRAINTS_HELP, hold_out_families
-from gatt.cli import exit_on_bad_input
+from gatt.cli import command_name, exit_on_bad_input
 from gatt.config import REQUIRED, arg, config_parser, parse_config
 from gatt.distributed import end_job, process_state
 from gatt.embedded import model_path
@@ -369,12 +370,13 @@ class EvalConfig(sampler_flags("the first --model's")):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    prog = command_name("python -m gatt.evaluate")
     return config_parser(
         EvalConfig,
-        prog="python -m gatt.evaluate",
+        prog=prog,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example: python -m gatt.evaluate --model base=embedded --model gatt=runs/demo/round-1/gatt/final "
+        epilog=f"example: {prog} --model base=embedded --model gatt=runs/demo/round-1/gatt/final "
         "--turns 30 --dialogues 64 --seed 0 --out runs/demo/report --repeat-instruction base --split-softmax base:0.5",
     )
 
@@ -386,6 +388,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report = run(parse_config(EvalConfig, argv, parser))
     end_job()
     return report
+
+
+def cli() -> None:
+    """`gatt-eval`: `main()` with no return value (an installed command exits with the value its function returns)."""
+    main()
 
 
 def run(args: EvalConfig) -> dict[str, Any]:

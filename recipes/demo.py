@@ -5,6 +5,7 @@
   python recipes/demo.py --config recipes/configs/demo_smollm2.yaml [key=value ...]  (make demo-smollm2)
   python recipes/demo.py --config recipes/configs/grpo_smollm2.yaml                  (make grpo-smollm2)
   python recipes/demo.py --config recipes/configs/grpo_smollm2_full.yaml             (make grpo-smollm2-full)
+  gatt-demo --config recipes/configs/demo.yaml [key=value ...]                       (the same: the installed command)
 
 The config holds the demo's own keys (DemoConfig) and one section per stage: the settings of the command that runs
 it, its flags' names with underscores (`data.gatt.max_turns=10` overrides one). Each stage runs its command on
@@ -39,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from demo_config import SECTIONS, DemoConfig, Section, inputs, load_config, section, validate
 
 from data_gen.__main__ import command_keys
 from gatt.cli import exit_on_bad_input
@@ -54,6 +54,7 @@ from gatt.grpo import PROMPTS, GRPOGattConfig
 from gatt.machine import REFERENCE_GFLOPS, available_cpus, machine_calibration
 from gatt.numerics import resolve_auto
 from gatt.stages import Stage, run_stages, stage_timings
+from recipes.demo_config import SECTIONS, DemoConfig, Section, inputs, load_config, section, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 CPUS = available_cpus()  # `accelerate launch` gives each process OMP_NUM_THREADS=1 unless set: half speed on a CPU
@@ -200,6 +201,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     command = shlex.join(["python", "recipes/demo.py", *(sys.argv[1:] if argv is None else argv)])
     with exit_on_bad_input():
         return run(load_config(args.config, args.overrides), command)
+
+
+def cli() -> None:
+    """`gatt-demo`: `main()` with no return value (an installed command exits with the value its function returns)."""
+    main()
 
 
 if __name__ == "__main__":

@@ -25,12 +25,13 @@ PLACEHOLDER = "path/to/chat-model"
 # Appended to each command of the own-model block: a few dialogues, steps and turns. A toy model trained for
 # 20 steps writes no reply that passes its checks, so the fine-tune takes the oracle's dialogues instead.
 SMALL_SIZES = {
-    "python -m data_gen gatt": " --num-dialogues 2 --max-turns 2 --samples-per-turn 2 --max-new-tokens 16",
-    "python -m data_gen replay": " --num-dialogues 2 --max-turns 2 --samples-per-turn 2 --max-new-tokens 16",
+    "gatt-data gatt": " --num-dialogues 2 --max-turns 2 --samples-per-turn 2 --max-new-tokens 16",
+    "gatt-data replay": " --num-dialogues 2 --max-turns 2 --samples-per-turn 2 --max-new-tokens 16",
     # the smoke model's replay (strict gate, 16 tokens) keeps no dialogue: the replay mix is tested in test_train
-    "accelerate launch recipes/train_gatt.py": " train_file=runs/smoke-data/gatt.jsonl num_epochs=0 max_steps=2 save_every=0"
+    "accelerate launch -m recipes.train_gatt": " train_file=runs/smoke-data/gatt.jsonl num_epochs=0 max_steps=2"
+    " save_every=0"
     " replay_file=null replay_ratio=0",
-    "python -m gatt.evaluate": " --turns 3 --dialogues 2 --no-instruction-dialogues 0 --max-new-tokens 16",
+    "gatt-eval": " --turns 3 --dialogues 2 --no-instruction-dialogues 0 --max-new-tokens 16",
 }
 
 
@@ -80,16 +81,15 @@ def test_block_commands_parse_comments_and_continuations() -> None:
 
 def test_the_pages_mark_the_quick_start_training_and_own_model_commands() -> None:
     commands = commands_to_run()
-    assert any(c.startswith("python recipes/demo.py --config recipes/configs/demo_smoke.yaml") for c in commands)
-    assert any(
-        c.startswith("accelerate launch recipes/train_gatt.py --config recipes/configs/smoke.yaml") for c in commands
-    )
+    assert any(c.startswith("gatt-demo --config recipes/configs/demo_smoke.yaml") for c in commands)
+    assert any(c.startswith("gatt-train --config recipes/configs/smoke.yaml") for c in commands)
+    # README's own-model block: the installed commands, the fine-tune under accelerate launch
     own = block_commands((ROOT / "README.md").read_text(encoding="utf-8"), SMALL_MODEL_MARK)
     starts = [
-        f"python -m data_gen gatt --teacher {PLACEHOLDER} ",
-        f"python -m data_gen replay --teacher {PLACEHOLDER} ",
-        f"accelerate launch recipes/train_gatt.py --config recipes/configs/lora_gatt.yaml model={PLACEHOLDER} ",
-        f"python -m gatt.evaluate --model base={PLACEHOLDER} ",
+        f"gatt-data gatt --teacher {PLACEHOLDER} ",
+        f"gatt-data replay --teacher {PLACEHOLDER} ",
+        f"accelerate launch -m recipes.train_gatt --config recipes/configs/lora_gatt.yaml model={PLACEHOLDER} ",
+        f"gatt-eval --model base={PLACEHOLDER} ",
     ]
     assert len(own) == len(starts) and all(
         " ".join(c.split()).startswith(s) for c, s in zip(own, starts, strict=True)
