@@ -97,11 +97,12 @@ def test_the_pages_mark_the_quick_start_training_and_own_model_commands() -> Non
 
 
 def test_commands_run_as_printed(tmp_path: Path) -> None:
-    # A fresh checkout's layout: the recipes and their configs; the package comes from this checkout.
+    # A fresh checkout's layout: the recipes and their configs; the package comes from this checkout. The installed
+    # commands import the copy's recipes (gatt-demo runs its stages in its checkout), as that checkout's install would.
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes", ignore=shutil.ignore_patterns("__pycache__"))
     env = {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
     for i, command in enumerate(commands_to_run()):
