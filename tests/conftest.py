@@ -5,7 +5,9 @@
 - Under pytest-xdist (`make test` runs `-n auto`), each worker gets its share of the CPUs for torch and for the
   processes its tests start (OMP_NUM_THREADS), so that two workers do not each run two threads on two cores.
 - The suite ends by printing the machine it ran on and its time at the project's reference speed, so that suite
-  times from different machines compare: pytest's seconds x this machine's fp32 GFLOP/s / 150.
+  times from different machines compare: converted by the project's own kind of work (`gatt.machine.work_seconds`),
+  with the fp32 matmul reading beside it. With GATT_SUITE_RECORD=FILE (`make test` sets it) the same goes to FILE as
+  JSON, the record results/test_suite.json is copied from.
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerBase
 
-from gatt.machine import REFERENCE_GFLOPS, available_cpus, cpu_name, matmul_gflops
+from gatt.files import write_json
+from gatt.machine import (
+    REFERENCE_WORK_SECONDS,
+    available_cpus,
+    machine_calibration,
+    matmul_gflops,
+    seconds_at_reference,
+)
 from gatt.modeling import GattForCausalLM
 
 
@@ -56,17 +65,25 @@ STARTED = pytest.StashKey[float]()
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     seconds = time.perf_counter() - config.stash.get(STARTED, time.perf_counter())
-    cpus = available_cpus()
-    fp32 = matmul_gflops(torch.float32, seconds=2.0, threads=cpus)
+    calibration = machine_calibration(available_cpus(), seconds=2.0)
     # bf16 small: without bf16 instructions it crawls
-    bf16 = matmul_gflops(torch.bfloat16, size=256, seconds=0.5, threads=cpus)
-    at_reference = seconds * fp32 / REFERENCE_GFLOPS
+    bf16 = matmul_gflops(torch.bfloat16, size=256, seconds=0.5, threads=calibration["threads"])
+    at_reference = seconds_at_reference(seconds, calibration)
+    work, fp32 = calibration["work_seconds"], calibration["fp32_matmul_gflops"]
     terminalreporter.write_sep("=", "machine calibration")
     terminalreporter.write_line(
-        f"{cpu_name()}, {available_cpus()} CPUs: fp32 {fp32} GFLOP/s, bf16 {bf16} GFLOP/s (torch {torch.__version__}, "
+        f"{calibration['cpu']}, {calibration['threads']} CPUs: the project's work {work} s (reference "
+        f"{REFERENCE_WORK_SECONDS} s), fp32 {fp32} GFLOP/s, bf16 {bf16} GFLOP/s (torch {torch.__version__}, "
         f"{torch.backends.cpu.get_cpu_capability()})"
     )
+    if record := os.environ.get("GATT_SUITE_RECORD"):
+        summary = {
+            "exit_status": int(exitstatus),
+            "seconds": round(seconds, 1),
+            "seconds_at_reference_speed": at_reference,
+        }
+        write_json(record, {**summary, "machine": calibration})
     terminalreporter.write_line(
         f"suite: {seconds:.0f} s here = {at_reference:.0f} s ({at_reference / 60:.1f} min) at the reference speed "
-        f"({REFERENCE_GFLOPS:.0f} GFLOP/s)"
+        f"(work {work} s, fp32 {fp32} GFLOP/s)"
     )

@@ -31,6 +31,7 @@ from gatt.checks import load_constraints  # noqa: E402
 from gatt.embedded import FOLDER as EMBEDDED_FOLDER  # noqa: E402
 from gatt.embedded import greedy_replies, read_record, ship, weights_sha256  # noqa: E402
 from gatt.events import KINDS  # noqa: E402
+from gatt.machine import REFERENCE_WORK_SECONDS  # noqa: E402
 from gatt.processes import TreeTimeout, running  # noqa: E402
 from gatt.stages import Stage, fingerprint, run_stage  # noqa: E402
 from gatt.train import TrainConfig  # noqa: E402
@@ -140,10 +141,11 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys, monkeyp
     ]
     machine = timings["machine"]  # the calibration that makes wall times from two machines comparable
     assert timings["total_seconds_at_reference_speed"] == round(
-        sum(seconds.values()) * machine["fp32_matmul_gflops"] / 150, 1
-    )
+        sum(seconds.values()) * REFERENCE_WORK_SECONDS / machine["work_seconds"], 1
+    )  # converted by the project's own kind of work, the matmul reading beside it
     assert machine["fp32_matmul_gflops"] > 0 and machine["threads"] >= 1 and machine["cpu"] and machine["torch"]
     assert machine["fp32_matmul_gflops"] == max(machine["fp32_matmul_gflops_start_end"])  # the faster of two readings
+    assert machine["work_seconds"] == min(machine["work_seconds_start_end"]) > 0
     assert "| Turn | base | base+repeat | gatt-r1 | gatt-r2 |" in printed
     # Same inputs: every stage is skipped. A changed GAtt stage reruns it and what follows, not what precedes.
     main(demo)

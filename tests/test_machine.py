@@ -7,7 +7,14 @@ from typing import Any
 
 import torch
 
-from gatt.machine import TRACKED_PACKAGES, machine_calibration, package_versions
+from gatt.machine import (
+    REFERENCE_WORK_SECONDS,
+    TRACKED_PACKAGES,
+    machine_calibration,
+    package_versions,
+    seconds_at_reference,
+    work_seconds,
+)
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -64,3 +71,23 @@ def test_every_committed_machine_record_names_its_versions() -> None:
             assert record["versions"]["torch"], path
             checked += 1
     assert checked >= 10
+
+
+def test_the_work_reading_leaves_threads_and_random_state_as_it_found_them() -> None:
+    """The project's own kind of work, timed: a positive reading, and nothing of the process changed by it (the demo
+    reads it in its own process before its stages draw anything)."""
+    threads = torch.get_num_threads()
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    seconds = work_seconds(threads=1, train_steps=1, decodes=1, repeats=1)
+    assert seconds > 0 and torch.get_num_threads() == threads
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_times_convert_by_the_work_reading() -> None:
+    """A machine that takes twice the reference's time for the project's work converts its wall time to half."""
+    assert seconds_at_reference(100.0, {"work_seconds": 2 * REFERENCE_WORK_SECONDS}) == 50.0
+    assert seconds_at_reference(100.0, {"work_seconds": REFERENCE_WORK_SECONDS / 4}) == 400.0
+    record = machine_calibration(threads=1, size=64, seconds=0.01)
+    assert record["work_seconds"] > 0 and record["fp32_matmul_gflops"] > 0  # both readings, side by side
