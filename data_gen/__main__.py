@@ -9,8 +9,8 @@
       the teacher's own answers to dialogues without instruction, gated -> DIR/replay.jsonl (resumable):
       replay data that keeps a fine-tune from forgetting how the model answers
   gatt-data pass-rate --teacher (oracle|MODEL_DIR) --out FILE.json [--constraints FILE.yaml] [--user-turns FILE]
-      each constraint's one-turn pass rate with the instruction in view (checks; checks and gate; best of k):
-      FILE.json, and on stderr a table per constraint, then per family
+      each constraint's one-turn pass rate with the instruction in view (checks; checks and gate; best of k) and
+      why its rejected replies were rejected: FILE.json, and on stderr a table per constraint, then per family
   gatt-data eval-set --out DIR [--seed S]
       the built-in evaluation set -> DIR/constraints.yaml, DIR/user_turns.jsonl (the copy in
       gatt/eval/builtin is regenerated with --out gatt/eval/builtin)
@@ -157,11 +157,15 @@ COMMANDS = {
         ((PassRateConfig, ()), (DataFiles, ("heldout_families", "trained_families")), (TeacherConfig, ())),
         "For each constraint, --prompts user turns (a probe-only persona: its probe questions) with the instruction "
         "appended, --samples candidates each: the share passing the checks, the checks and the answer gate, and the "
-        "share of prompts where one of the k passes both (what best-of-k rejection keeps). Writes FILE.json "
-        "(settings, per_constraint, per_family). Prints on stderr a markdown table with one row per constraint "
-        "(name, family, split, prompts, candidates, and the JSON's checks, checks_and_gate and best_of_k as "
-        "percentages), then the per-family table (left out when no constraint names a family: all are 'custom'), "
-        "and on stdout the per-family figures as JSON. The progress bar counts prompts and steps as each "
+        "share of prompts where one of the k passes both (what best-of-k rejection keeps), and why the others were "
+        "rejected: the first instruction check a reply fails (its type: language, startswith, ...) or the answer "
+        "gate's reasons (off_topic, repeat, template, salad, echo, loop, empty). Writes FILE.json (settings, "
+        "per_constraint with rejected, rejection_reasons and rejection_example, per_family with rejected and "
+        "rejection_reasons). Prints on stderr a markdown table with one row per constraint (name, family, split, "
+        "prompts, candidates, the JSON's checks, checks_and_gate and best_of_k as percentages, and the rejection "
+        "reasons with counts), a table of one rejected reply for each constraint's commonest reason, then the "
+        "per-family table (left out when no constraint names a family: all are 'custom'), and on stdout the "
+        "per-family figures as JSON. The progress bar counts prompts and steps as each "
         "constraint's candidates are written.",
     ),
     "constraints": Command(
