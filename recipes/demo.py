@@ -157,13 +157,14 @@ def run(config: DemoConfig, command: str = "") -> dict[str, Any]:
     out, plan = Path(config.out), stages(config)  # a config error stops here, before anything runs
     # From the shipped model: its weights are an input of every stage (a re-shipped model makes them all again).
     upstream = weights_sha256(EMBEDDED_FOLDER) if base_model_dir(config) == EMBEDDED_FOLDER else ""
-    calibration = machine_calibration(CPUS)
-    print(
-        f"machine: {calibration['cpu']}, {CPUS} threads, the project's work {calibration['work_seconds']} s, "
-        f"fp32 matmul {calibration['fp32_matmul_gflops']} GFLOP/s"
-    )
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # stages import this checkout
     env = {"OMP_NUM_THREADS": str(CPUS), **os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+    threads = int(env["OMP_NUM_THREADS"])  # the stages' threads: the calibration reads the machine as they use it
+    calibration = machine_calibration(threads)
+    print(
+        f"machine: {calibration['cpu']}, {threads} threads, the project's work {calibration['work_seconds']} s, "
+        f"fp32 matmul {calibration['fp32_matmul_gflops']} GFLOP/s"
+    )
     timings, skipped = run_stages(plan, out / "stamps", upstream, env, root=ROOT, timeout_s=config.stage_timeout)
     teachers = [round_teacher(config, r) for r in range(1, config.rounds + 1)]
     report = json.loads((out / "report" / "report.json").read_text())

@@ -80,7 +80,7 @@ def test_the_work_reading_leaves_threads_and_random_state_as_it_found_them() -> 
     torch.manual_seed(7)
     expected = torch.rand(3)
     torch.manual_seed(7)
-    seconds = work_seconds(threads=1, train_steps=1, decodes=1, repeats=1)
+    seconds = work_seconds(threads=1, seconds=0.01)
     assert seconds > 0 and torch.get_num_threads() == threads
     assert torch.equal(torch.rand(3), expected)
 
