@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gatt.files import write_json
-from gatt.machine import REFERENCE_GFLOPS, cpu_name
+from gatt.machine import REFERENCE_GFLOPS, cpu_name, seconds_at_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "results" / "calibration.json"
@@ -45,7 +45,7 @@ def row(timings: dict[str, Any], config: str) -> dict[str, Any]:
         "wall_seconds": wall,
         "work_seconds": machine["work_seconds"],
         "fp32_matmul_gflops": machine["fp32_matmul_gflops"],
-        "at_reference_by_work": timings["total_seconds_at_reference_speed"],
+        "at_reference_by_work": seconds_at_reference(wall, machine),
         "at_reference_by_matmul": round(wall * machine["fp32_matmul_gflops"] / REFERENCE_GFLOPS, 1),
     }
 

@@ -208,6 +208,30 @@ def benchmarks() -> str:
     return table(["comparison", "ratio", "unit", "goal", ""], rows)
 
 
+def calibration() -> str:
+    """benchmarks/bench_calibration.py: one job on several machines, its wall time converted to the reference by the
+    project's own kind of work and by an fp32 matmul, and how far the machines disagree by each."""
+    result = read("results/calibration.json")
+    rows = [
+        [
+            f"{r['cpu']}, {r['cores']} core{'s' if r['cores'] > 1 else ''}",
+            f"`{r['job']}`",
+            f"{r['wall_seconds']:.0f} s",
+            f"{r['work_seconds']:.2f} s",
+            f"{r['fp32_matmul_gflops']:.0f}",
+            f"{r['at_reference_by_work']:.0f} s",
+            f"{r['at_reference_by_matmul']:.0f} s",
+        ]
+        for r in result["rows"].values()
+    ]
+    rows += [
+        [f"spread, {job}", "", f"{s['wall']:.2f}x", "", "", f"{s['by_work']:.2f}x", f"{s['by_matmul']:.2f}x"]
+        for job, s in result["spread"].items()
+    ]
+    header = ["machine", "job", "wall", "work reading", "fp32 GFLOP/s", "at the reference, by work", "by matmul"]
+    return table(header, rows)
+
+
 def ratio(name: str, what: str) -> Callable[[], str]:
     """An inline figure: benchmark `name`'s ratio, "1.48x TRL's speed"."""
     return lambda: f"{read('results/benchmarks.json')[name]['ratio']:.2f}x {what}"
@@ -226,6 +250,7 @@ def stress_hangs() -> str:
 
 FIGURES: dict[str, Callable[[], str]] = {
     "demo-minutes": lambda: f"{read('results/demo/timings.json')['total_seconds'] / 60:.0f} minutes",
+    "test-minutes": lambda: f"{read('results/test_suite.json')['seconds'] / 60:.0f} minutes",
     "bench-attention": ratio("attention_vs_sdpa", "SDPA's speed"),
     "bench-teacher": ratio("teacher_vs_hf_generate_batched", "batched `generate()`"),
     "bench-train": ratio("train_vs_trl", "TRL's speed"),
@@ -261,6 +286,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "ifeval": ifeval,
     "split-softmax": split_softmax,
     "benchmarks": benchmarks,
+    "calibration": calibration,
     **FIGURES,
 }
 

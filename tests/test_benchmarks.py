@@ -102,18 +102,20 @@ def test_docs_table_is_the_committed_results(tmp_path) -> None:
 
 
 def test_the_calibration_benchmark_converts_a_job_by_both_readings() -> None:
-    """benchmarks/bench_calibration.py: one job's timings.json -> its time at the reference by the work reading (as
-    the job itself converted it) and by the matmul reading; the spread of two machines is largest / smallest."""
+    """benchmarks/bench_calibration.py: one job's timings.json -> its time at the reference by the work reading and by
+    the matmul reading; the spread of two machines is largest / smallest."""
     import bench_calibration
+
+    from gatt.machine import REFERENCE_GFLOPS, REFERENCE_WORK_SECONDS
 
     timings = {
         "total_seconds": 400.0,
-        "total_seconds_at_reference_speed": 550.0,
-        "machine": {"cpu": "AMD EPYC", "threads": 2, "work_seconds": 3.2, "fp32_matmul_gflops": 300.0},
+        "machine": {"cpu": "AMD EPYC", "threads": 2, "work_seconds": 2 * REFERENCE_WORK_SECONDS},
     }
+    timings["machine"]["fp32_matmul_gflops"] = 2 * REFERENCE_GFLOPS
     entry = bench_calibration.row(timings, "recipes/configs/demo.yaml")
-    assert entry["at_reference_by_work"] == 550.0 and entry["at_reference_by_matmul"] == 800.0
+    assert entry["at_reference_by_work"] == 200.0 and entry["at_reference_by_matmul"] == 800.0
     assert entry["cores"] == 2 and entry["wall_seconds"] == 400.0
-    other = {**entry, "at_reference_by_work": 500.0, "at_reference_by_matmul": 400.0}
+    other = {**entry, "at_reference_by_work": 220.0, "at_reference_by_matmul": 400.0}
     assert bench_calibration.spread([entry, other], "at_reference_by_work") == 1.1
     assert bench_calibration.spread([entry, other], "at_reference_by_matmul") == 2.0
