@@ -30,7 +30,7 @@ SECTIONS = {
     "topics.yaml": ("languages", "topics"),
     "topic_keywords.yaml": ("keywords",),
     "phrasings.yaml": ("phrasings",),
-    "catalogue.yaml": ("pools", "families"),
+    "catalogue.yaml": ("pools", "families", "heldout_tiers"),
     "toy_world.yaml": (
         "topic_replies",
         "generic_reply",
@@ -138,6 +138,11 @@ def phrasings() -> tuple[str, ...]:
 def pools() -> dict[str, Any]:
     """Pool name -> its YAML form: a list, a mapping of values to attributes, or a generator (constraints.py)."""
     return _mapping(*_section("catalogue.yaml", "pools"), lambda value, _: value)
+
+
+def heldout_tiers() -> tuple[Any, str]:
+    """catalogue.yaml's `heldout_tiers` as written, with where it is (validated in data_gen.constraints)."""
+    return _section("catalogue.yaml", "heldout_tiers")
 
 
 def family_specs() -> tuple[dict[str, Any], ...]:

@@ -278,6 +278,77 @@ def load_families() -> dict[str, Family]:
 
 FAMILY_RULES: dict[str, Family] = load_families()
 FAMILIES: tuple[str, ...] = tuple(FAMILY_RULES)
+# The held-out tiers of catalogue.yaml `heldout_tiers` (its comment says what each measures): the tier's name -> its
+# families, the kind tier ("kind") as every family of its kind.
+TIERS = ("wordings", "behaviours", "kind")
+
+
+def load_heldout_tiers(spec: Any = None, where: str = "") -> dict[str, tuple[str, ...]]:
+    """The held-out tiers: tier -> its families, in catalogue order.
+
+    Args:
+        spec: a `heldout_tiers` mapping (default: catalogue.yaml's): `wordings` and `behaviours` lists of families,
+            `kind` one of KINDS.
+        where: where `spec` comes from, for errors (default: catalogue.yaml's section).
+
+    Returns:
+        {"wordings": (...), "behaviours": (...), "kind": (every family of that kind)}.
+
+    Raises:
+        DataFileError: a missing or unknown key, an unknown family or kind, or a family in two tiers.
+    """
+    if spec is None:
+        spec, where = builtin_data.heldout_tiers()
+    if not isinstance(spec, dict) or set(spec) != set(TIERS):
+        raise DataFileError(f"{where}: expected the keys {', '.join(TIERS)}, got {spec!r}")
+    if spec["kind"] not in KINDS:
+        raise DataFileError(f"{where}: kind: expected one of {', '.join(KINDS)}, got {spec['kind']!r}")
+    tiers = {"kind": tuple(name for name, family in FAMILY_RULES.items() if family.kind == spec["kind"])}
+    for tier in ("wordings", "behaviours"):
+        names = spec[tier]
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise DataFileError(f"{where}: {tier}: expected a non-empty list of families, got {names!r}")
+        unknown = sorted(set(names) - set(FAMILIES))
+        if unknown:
+            raise DataFileError(f"{where}: {tier}: unknown families {unknown}")
+        tiers[tier] = tuple(name for name in FAMILIES if name in names)
+    named = [name for tier in TIERS for name in tiers[tier]]
+    twice = sorted({name for name in named if named.count(name) > 1})
+    if twice:
+        raise DataFileError(f"{where}: families in two tiers: {twice}")
+    return {tier: tiers[tier] for tier in TIERS}
+
+
+HELDOUT_TIERS: dict[str, tuple[str, ...]] = load_heldout_tiers()
+
+
+def check_signature(name: str) -> tuple[tuple[str, str], ...]:
+    """A family's checks as written in catalogue.yaml (type and templated parameters): two families with one
+    signature ask the same behaviour of a reply, with other values."""
+    spec = next(spec for spec in builtin_data.family_specs() if spec["family"] == name)
+    return tuple(sorted((check["type"], repr(sorted(check.items()))) for check in spec["checks"]))
+
+
+def tier_violations(tiers: Mapping[str, Sequence[str]]) -> list[str]:
+    """What makes a tier selection measure something else than it says, one line each: a held-out behaviour whose
+    checks a trained family (in no tier) has, or a held-out wording whose check type no trained family has."""
+    held = {name for names in tiers.values() for name in names}
+    trained = [name for name in FAMILIES if name not in held]
+    signatures = {check_signature(name): name for name in trained}
+    trained_types = {kind for name in trained for kind, _ in check_signature(name)}
+    problems = [
+        f"behaviours: {name} has the checks of trained family {signatures[check_signature(name)]}"
+        for name in tiers["behaviours"]
+        if check_signature(name) in signatures
+    ]
+    problems += [
+        f"wordings: {name}'s check type is no trained family's: a behaviour, not a wording"
+        for name in tiers["wordings"]
+        if not {kind for kind, _ in check_signature(name)} <= trained_types
+    ]
+    return problems
+
+
 # English name -> (ISO 639-1 code, the language's own name): the toy world's languages besides English.
 LANGUAGES: dict[str, tuple[str, str]] = {
     value: (attributes["code"], attributes["native"]) for value, attributes in FAMILY_RULES["language"].values.items()

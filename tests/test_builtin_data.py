@@ -155,7 +155,7 @@ BROKEN: list[tuple[str, str, str, Callable[[], object], str]] = [
         "pools:\n",
         "poolz:\n",
         builtin_data.pools,
-        "catalogue.yaml: expected the keys pools, families in this order, got poolz, families",
+        "catalogue.yaml: expected the keys pools, families, heldout_tiers in this order, got poolz, families, heldout_tiers",
     ),
     (
         "catalogue.yaml",
