@@ -56,7 +56,8 @@ def package_versions() -> dict[str, str | None]:
 REFERENCE_WORK_SECONDS = 5.2
 REFERENCE_GFLOPS = 150.0
 
-# The calibration's work: the embedded chat model's shape (gatt/embedded_model/config.json) at random weights.
+# The calibration's work: the embedded chat model's shape (gatt/embedded_model/config.json) at random weights, written
+# here rather than read from the folder, so that a re-made chat model leaves readings from before and after comparable.
 WORK_MODEL = {
     "vocab_size": 2048,
     "hidden_size": 128,
@@ -97,7 +98,7 @@ def work_seconds(threads: int | None = None, seconds: float = 2.0) -> float:
     """Seconds this machine takes for a fixed amount of the project's own kind of work: WORK_UNITS units, each an
     AdamW step of the embedded model's shape on a (8, 256) batch and a greedy decode of 16 tokens for 16 prompts of
     64 tokens with a KV cache, on `threads` threads (default: torch's now). Like `matmul_gflops`, it times units for
-    about `seconds` (at least three, after one to warm up) and takes the median unit, so a busy machine reads slow
+    about `seconds` (at least three, after three to warm up) and takes the median unit, so a busy machine reads slow
     but never takes long to read. torch's thread count and random state are left as they were.
 
     Args:
