@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gatt.files import write_json
-from gatt.machine import REFERENCE_GFLOPS, cpu_name, seconds_at_reference
+from gatt.machine import REFERENCE_GFLOPS, seconds_at_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "results" / "calibration.json"
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for cpus in args.cpu_sets:
         folder = args.out / f"{name}-cpus-{cpus.replace(',', '-')}"
         entry = row(run_job(args.config, cpus, folder), args.config)
-        result["rows"][f"{name} | {cpu_name()} x{entry['cores']}"] = entry
+        result["rows"][f"{name} | {entry['cpu']} x{entry['cores']}"] = entry
     rows = [r for r in result["rows"].values() if r["job"] == args.config]
     result.setdefault("spread", {})[args.config] = {
         "by_work": spread(rows, "at_reference_by_work"),

@@ -287,6 +287,17 @@ def format_reasons(rates: dict[str, Any]) -> str:
     return ", ".join(f"{reason} {n}" for reason, n in rates["rejection_reasons"].items()) or "-"
 
 
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A markdown table of `rows` under `header`."""
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+
+
+def _name(name: str) -> str:
+    """A constraint's name as a table cell."""
+    return name.replace("|", "/") or "(no name)"
+
+
 def _cell(text: str, width: int = EXAMPLE_WIDTH) -> str:
     """`text` on one line, without the table's "|", cut to `width` characters."""
     flat = " ".join(text.split()).replace("|", "/")
@@ -302,14 +313,13 @@ def format_constraint_rates(result: dict[str, Any]) -> str:
     header = ["constraint", "family", "split", "prompts", "candidates", "checks", "checks and gate", f"best of {k}"]
     header += ["checks without instruction"] if bare else []
     header += ["rejected for"]
-    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    rows = []
     for name, r in result["per_constraint"].items():
-        cells = [name.replace("|", "/") or "(no name)", r["family"], r["split"], r["prompts"], r["candidates"]]
+        cells = [_name(name), r["family"], r["split"], r["prompts"], r["candidates"]]
         cells += [f"{r[key]:.0%}" for key in ("checks", "checks_and_gate", "best_of_k")]
         cells += [f"{r['without_instruction']['checks']:.0%}"] if bare else []
-        cells += [format_reasons(r)]
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
-    return "\n".join(lines)
+        rows.append([*cells, format_reasons(r)])
+    return _markdown(header, rows)
 
 
 def format_examples(result: dict[str, Any]) -> str:
@@ -323,13 +333,17 @@ def format_examples(result: dict[str, Any]) -> str:
         The markdown table, or "" where no constraint had a rejection.
     """
     header = ["constraint", "commonest reason", "user turn", "rejected reply"]
-    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-    for name, r in result["per_constraint"].items():
-        example = r["rejection_example"]
-        if example is not None:
-            cells = [name.replace("|", "/") or "(no name)", example["reason"], _cell(example["user"])]
-            lines.append("| " + " | ".join([*cells, _cell(example["reply"])]) + " |")
-    return "\n".join(lines) if len(lines) > 2 else ""
+    rows = [
+        [
+            _name(name),
+            r["rejection_example"]["reason"],
+            _cell(r["rejection_example"]["user"]),
+            _cell(r["rejection_example"]["reply"]),
+        ]
+        for name, r in result["per_constraint"].items()
+        if r["rejection_example"] is not None
+    ]
+    return _markdown(header, rows) if rows else ""
 
 
 def format_family_rates(result: dict[str, Any]) -> str:
@@ -339,13 +353,12 @@ def format_family_rates(result: dict[str, Any]) -> str:
     header = ["family", "candidates", "checks", "checks and gate", f"best of {k}"]
     header += ["checks without instruction"] if bare else []
     header += ["rejected for"]
-    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    rows = []
     for family, r in result["per_family"].items():
-        cells = [family, str(r["candidates"])] + [f"{r[key]:.0%}" for key in ("checks", "checks_and_gate", "best_of_k")]
+        cells = [family, r["candidates"]] + [f"{r[key]:.0%}" for key in ("checks", "checks_and_gate", "best_of_k")]
         cells += [f"{r['without_instruction']['checks']:.0%}"] if bare else []
-        cells += [format_reasons(r)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append([*cells, format_reasons(r)])
+    return _markdown(header, rows)
 
 
 def format_pass_rates(result: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,9 @@ PAIRED = {
 }
 
 
+@cache
 def read(path: str) -> dict[str, Any]:
-    """A committed result file, by its path under the repository."""
+    """A committed result file, by its path under the repository (read once: several blocks show one file)."""
     return json.loads((ROOT / path).read_text(encoding="utf-8"))
 
 
