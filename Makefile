@@ -18,7 +18,7 @@ LATEST_VENV ?= .venv-latest
 # `python -m pytest tests/test_collator.py`.
 PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist worksteal
 
-.PHONY: install test test-latest lock demo any-turn any-turn-smollm2 base-model ship-base-model demo-smollm2 grpo-embedded grpo-smollm2 grpo-smollm2-full smollm2-full smollm2-ifeval smollm2-ifeval-gpu bench gpu-check docs docs-serve lint
+.PHONY: install test test-latest lock demo demo-seeds any-turn any-turn-smollm2 base-model ship-base-model demo-smollm2 grpo-embedded grpo-smollm2 grpo-smollm2-full smollm2-full smollm2-ifeval smollm2-ifeval-gpu bench gpu-check docs docs-serve lint
 
 install:
 	$(PYTHON) -m pip install --quiet -r $(LOCK)
@@ -43,9 +43,16 @@ lock:
 	CUSTOM_COMPILE_COMMAND="make lock" $(PYTHON) -m piptools compile --quiet --upgrade --extra dev --strip-extras --no-emit-index-url --no-emit-find-links \
 		--constraint $(TORCH_PIN) --output-file $(LOCK) pyproject.toml
 
-# The main job: GAtt from the embedded chat model shipped in the package. BASE=rebuild trains that model first.
+# The main job: GAtt from the embedded chat model shipped in the package, into runs/demo/seed-$(SEED). BASE=rebuild trains
+# that model first. demo-seeds: make demo at seeds 0, 1, 2, then their mean and spread (recipes/seeds_report.py) into
+# runs/demo (results/demo holds the committed ones).
+SEED ?= 0
 demo: install
-	$(PYTHON) recipes/demo.py --config recipes/configs/demo.yaml $(if $(filter rebuild,$(BASE)),rebuild_base=true)
+	$(PYTHON) recipes/demo.py --config recipes/configs/demo.yaml seed=$(SEED) out=runs/demo/seed-$(SEED) $(if $(filter rebuild,$(BASE)),rebuild_base=true)
+
+demo-seeds: install
+	for seed in 0 1 2; do $(MAKE) demo SEED=$$seed || exit 1; done
+	$(PYTHON) recipes/seeds_report.py runs/demo/seed-0 runs/demo/seed-1 runs/demo/seed-2 --out runs/demo
 
 # Instructions at any turn (docs/any-turn.md): make demo's GAtt model and one trained on every dialogue kind (late,
 # replaced, withdrawn, added), from the same chat model, reported per kind into runs/any-turn/report.

@@ -31,7 +31,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 import gatt  # noqa: F401  (registers the "gatt" attention and the library's model with transformers)
 from gatt.chat_model import load_chat_model
-from gatt.checks import CONSTRAINTS_HELP, hold_out_families
+from gatt.checks import CONSTRAINTS_HELP, hold_out_families, matching_families
 from gatt.cli import command_name, exit_on_bad_input
 from gatt.config import REQUIRED, arg, config_parser, parse_config
 from gatt.distributed import end_job, process_state
@@ -82,6 +82,24 @@ def parse_models(specs: list[str]) -> dict[str, str]:
         check_model_folder(path, f"--model {name}=")
         models[name] = path
     return models
+
+
+def parse_tiers(specs: list[str]) -> dict[str, list[str]]:
+    """--heldout-tiers' TIER=FAMILY,FAMILY entries as {tier: families}, in the order given.
+
+    Raises:
+        ValueError: an entry without a name or families, or a tier named twice.
+    """
+    tiers: dict[str, list[str]] = {}
+    for spec in specs:
+        name, sep, families = spec.partition("=")
+        members = [f.strip() for f in families.split(",") if f.strip()]
+        if not sep or not name or not members:
+            raise ValueError(f"--heldout-tiers expects TIER=FAMILY,FAMILY, got {spec!r}")
+        if name in tiers:
+            raise ValueError(f"--heldout-tiers names the tier {name!r} twice")
+        tiers[name] = members
+    return tiers
 
 
 SAMPLING_ONLY = ("temperature", "top_p")  # used by --sample only
@@ -273,6 +291,15 @@ class EvalConfig(sampler_flags("the first --model's")):
         nargs="*",
         metavar="FAMILY",
     )
+    heldout_tiers: list[str] = arg(
+        [],
+        "held-out families in named tiers, TIER=FAMILY,FAMILY (e.g. behaviours=brevity,lowercase): each tier's "
+        "families are held out as a whole, and each tier gets as many dialogues as the trained values, with its "
+        "per-turn table, paired differences and per-family rows in the report (report.json `tiers`, "
+        "MODEL.tier_per_turn, `paired_tiers`; tiers.png)",
+        nargs="*",
+        metavar="TIER=FAMILIES",
+    )
     kinds: list[str] = arg(
         ["first"],
         kinds_help(
@@ -407,10 +434,13 @@ def run(args: EvalConfig) -> dict[str, Any]:
     decoding, decoding_sources = report_decoding(args, models)
     no_instruction = args.dialogues // 4 if args.no_instruction_dialogues is None else args.no_instruction_dialogues
     constraints = load_eval_constraints(args.constraints)
-    if args.heldout_families:
-        constraints = hold_out_families(
-            constraints, args.heldout_families, str(args.constraints or "built-in constraints")
-        )
+    source = str(args.constraints or "built-in constraints")
+    tiers = {  # each tier's families by name (a shell pattern matches several)
+        tier: sorted(matching_families(constraints, families, f"{source}: --heldout-tiers {tier}"))
+        for tier, families in parse_tiers(args.heldout_tiers).items()
+    }
+    if held := [*args.heldout_families, *(family for families in tiers.values() for family in families)]:
+        constraints = hold_out_families(constraints, held, source)
     dialogues = plan_dialogues(
         constraints,
         load_eval_turns(args.user_turns),
@@ -422,6 +452,7 @@ def run(args: EvalConfig) -> dict[str, Any]:
         probe_every=args.probe_every,
         kinds=list(dict.fromkeys(args.kinds)),
         strata=args.strata,
+        tiers=tiers,
     )
     config = RolloutConfig(
         max_new_tokens=args.max_new_tokens,
@@ -490,6 +521,7 @@ def run(args: EvalConfig) -> dict[str, Any]:
         **({"kinds": args.kinds} if args.kinds != ["first"] else {}),
         **({"strata": args.strata} if sorted(args.strata) != sorted(STRATA) else {}),
         **({"heldout_families": args.heldout_families} if args.heldout_families else {}),
+        **({"heldout_tiers": tiers} if tiers else {}),
         "user_turns": str(args.user_turns or "built-in held-out pool"),
         "placement": args.placement,
         "probe_every": args.probe_every,

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from data_gen.__main__ import command_keys
+from data_gen.constraints import tier_violations
 from gatt.cli import exit_on_bad_input
 from gatt.config import config_keys, read_yaml_config, yaml_values
 from gatt.embedded import FOLDER as EMBEDDED_FOLDER
@@ -54,7 +55,17 @@ from gatt.grpo import PROMPTS, GRPOGattConfig
 from gatt.machine import available_cpus, machine_calibration
 from gatt.numerics import resolve_auto
 from gatt.stages import Stage, run_stages, stage_timings
-from recipes.demo_config import SECTIONS, DemoConfig, Section, inputs, load_config, section, validate
+from recipes.demo_config import (
+    SECTIONS,
+    DemoConfig,
+    Section,
+    eval_dialogues,
+    heldout_tiers,
+    inputs,
+    load_config,
+    section,
+    validate,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CPUS = available_cpus()  # `accelerate launch` gives each process OMP_NUM_THREADS=1 unless set: half speed on a CPU
@@ -133,6 +144,8 @@ def stages(config: DemoConfig) -> list[Stage]:
     models += [f"{student_name(config.rounds, config.rounds)}+grpo={out / 'grpo' / 'final'}"] if grpo else []
     models += [f"gatt-any={out / 'any' / 'gatt' / 'final'}"] if config.any_turn is not None else []
     report = {**inputs(config, config_keys(EvalConfig)), **section(config, "eval"), "model": models}
+    if (dialogues := eval_dialogues(config)) is not None:
+        report["dialogues"] = dialogues
     report |= {"out": out / "report", **({"repeat_instruction": ["base"]} if config.baselines else {})}
     plan.append(stage("report", [*python, "-m", "gatt.evaluate"], report, out / "report"))
     return plan
@@ -155,6 +168,9 @@ def round_teacher(config: DemoConfig, r: int) -> str:
 def run(config: DemoConfig, command: str = "") -> dict[str, Any]:
     """Run (or skip) every stage of `config`; `command` is the command line, for make base-model's record."""
     out, plan = Path(config.out), stages(config)  # a config error stops here, before anything runs
+    tiers = heldout_tiers(config)
+    for problem in tier_violations(tiers) if tiers else []:
+        print(f"warning: held-out tiers: {problem}")  # a selection that measures something else than it says
     # From the shipped model: its weights are an input of every stage (a re-shipped model makes them all again).
     upstream = weights_sha256(EMBEDDED_FOLDER) if base_model_dir(config) == EMBEDDED_FOLDER else ""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # stages import this checkout

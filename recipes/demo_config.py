@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from data_gen.__main__ import command_keys
+from data_gen.constraints import HELDOUT_TIERS, load_heldout_tiers
 from gatt.config import check_section, config_keys, dataclass_from_dict, read_yaml_config
 from gatt.evaluate import EvalConfig
 from gatt.grpo import GRPOGattConfig
@@ -32,6 +33,9 @@ class DemoConfig:
     constraints: str = ""  # YAML with split tags, for the GAtt data and the report (default: the built-in catalogue)
     user_turns: str = ""  # your user messages for the teacher, the replay data and the report (default: built-in)
     heldout_families: list[str] = field(default_factory=list)  # kept out of the GAtt data, reported as held out
+    # held-out families in tiers, each reported on its own: "catalogue" (data_gen/data/catalogue.yaml's
+    # heldout_tiers), a YAML file with a heldout_tiers mapping of that form, or "" (none)
+    heldout_tiers: str = ""
     data: dict[str, Section] = field(default_factory=dict)  # base, gatt, replay
     train: dict[str, Section] = field(default_factory=dict)  # base, gatt, grpo (RL on the checks after GAtt)
     eval: Section = field(default_factory=dict)
@@ -101,10 +105,42 @@ def section(config: DemoConfig, name: str) -> Section:
     return check_section(values.get(key) or {} if key else values, name, *SECTIONS[name])
 
 
+def heldout_tiers(config: DemoConfig) -> dict[str, tuple[str, ...]]:
+    """The held-out tiers `config.heldout_tiers` names: {tier: its families} ({} for none).
+
+    Raises:
+        DataFileError: a tiers file without a valid `heldout_tiers` mapping (the message names the file and key).
+    """
+    if config.heldout_tiers in ("", "catalogue"):
+        return dict(HELDOUT_TIERS) if config.heldout_tiers else {}
+    values = read_yaml_config(config.heldout_tiers)
+    return load_heldout_tiers(values.get("heldout_tiers"), f"{config.heldout_tiers}: heldout_tiers")
+
+
+# The report's dialogues with tiers: at least this many a unit (trained values, held-out values, each tier), and at
+# least PER_FAMILY for each of a tier's families.
+UNIT_DIALOGUES, PER_FAMILY = 64, 8
+
+
+def eval_dialogues(config: DemoConfig) -> int | None:
+    """The report's dialogues with an instruction where the tiers decide them (eval.dialogues not given): every unit
+    of the plan (trained values, held-out values, each tier, the held-out families in none) gets as many."""
+    tiers = heldout_tiers(config)
+    if not tiers or "dialogues" in section(config, "eval"):
+        return None
+    tiered = {family for families in tiers.values() for family in families}
+    units = 2 + len(tiers) + bool(set(config.heldout_families) - tiered)
+    return units * max(UNIT_DIALOGUES, PER_FAMILY * max(len(families) for families in tiers.values()))
+
+
 def inputs(config: DemoConfig, keys: Collection[str]) -> Section:
-    """The demo's shared settings (seed, your constraints, user turns and held-out families) a command takes."""
-    shared = {"seed": config.seed, "constraints": config.constraints, "user_turns": config.user_turns}
-    shared["heldout_families"] = config.heldout_families
+    """The demo's shared settings (seed, your constraints, user turns, held-out families and tiers) a command takes:
+    the tiers' families are held out with `heldout_families`, and an evaluation is given the tiers themselves."""
+    shared: Section = {"seed": config.seed, "constraints": config.constraints, "user_turns": config.user_turns}
+    tiers = heldout_tiers(config)
+    tiered = [family for families in tiers.values() for family in families]
+    shared["heldout_families"] = [f for f in config.heldout_families if f not in tiered] + tiered
+    shared["heldout_tiers"] = [f"{tier}={','.join(families)}" for tier, families in tiers.items()]
     return {key: value for key, value in shared.items() if key in keys and value not in ("", [])}
 
 

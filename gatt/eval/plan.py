@@ -2,14 +2,16 @@
 
 The same plan is rolled out with every model under test, so their dialogues differ only in the replies.
 Constraints fall in three strata: values GAtt trained on ("train"), held-out values of trained families
-("heldout_value"), and families held out as a whole ("heldout_family", the paper's zero-shot case).
+("heldout_value"), and families held out as a whole ("heldout_family", the paper's zero-shot case). Held-out
+families may be declared in named tiers (`tiers`: e.g. wordings, behaviours, a kind): each tier is then a unit of
+the plan as the other strata are, with as many dialogues, and its dialogues carry the tier's name.
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gatt.checks import Check, Constraint
@@ -51,6 +53,7 @@ class EvalDialogue:
     turns: tuple[PlannedTurn, ...]
     kind: str = "first"  # gatt/events.py KINDS, or "none" for a dialogue without instruction
     events: tuple[Event, ...] = ()
+    tier: str = ""  # the held-out tier of its family (a heldout_family dialogue); "" outside any tier
 
     @property
     def instructed(self) -> bool:
@@ -68,6 +71,42 @@ def stratify(constraints: Sequence[Constraint]) -> dict[str, list[Constraint]]:
         )
         strata[stratum].append(c)
     return strata
+
+
+Unit = tuple[str, str]  # (stratum, tier): what the plan deals its dialogues over in turn
+
+
+def plan_units(
+    constraints: Sequence[Constraint], strata: Sequence[str], tiers: Mapping[str, Sequence[str]]
+) -> dict[Unit, list[Constraint]]:
+    """The plan's units in the order it deals them, each with its constraints: without tiers the strata (train,
+    heldout_value, heldout_family); with tiers train, heldout_value, then one unit per tier (its held-out families),
+    and the held-out families in no tier last.
+
+    Raises:
+        ValueError: a tier's family that is not held out as a whole, or a family in two tiers.
+    """
+    by_stratum = {name: members for name, members in stratify(constraints).items() if members and name in strata}
+    if not tiers:
+        return {(name, ""): members for name, members in by_stratum.items()}
+    tier_of: dict[str, str] = {}
+    for tier, families in tiers.items():
+        for family in families:
+            if family in tier_of:
+                raise ValueError(f"held-out tiers: {family} is in {tier_of[family]} and in {tier}")
+            tier_of[family] = tier
+    held = {c.family for c in stratify(constraints)["heldout_family"]}
+    if trained := sorted(set(tier_of) - held):
+        raise ValueError(f"held-out tiers: {', '.join(trained)} not held out as a whole (hold the tiers' families out)")
+    units: dict[Unit, list[Constraint]] = {}
+    for name, members in by_stratum.items():
+        if name != "heldout_family":
+            units[name, ""] = members
+            continue
+        for tier in [*tiers, ""]:
+            if in_tier := [c for c in members if tier_of.get(c.family, "") == tier]:
+                units[name, tier] = in_tier
+    return units
 
 
 def draw_turns(rng: random.Random, pool: Sequence[EvalTurn], turns: int) -> list[EvalTurn]:
@@ -101,10 +140,14 @@ def plan_dialogues(
     probe_every: int = 4,
     kinds: Sequence[str] = ("first",),
     strata: Sequence[str] = STRATA,
+    tiers: Mapping[str, Sequence[str]] | None = None,
 ) -> list[EvalDialogue]:
     """`dialogues` with an instruction (kinds in turn, then strata and families balanced) and `no_instruction`
     without any. A kind other than `first` changes its instruction at a turn from 2 to 11 of 30 (gatt/events.py),
-    so that 19 turns follow the change; its second constraint is of the dialogue's stratum."""
+    so that 19 turns follow the change; its second constraint is of the dialogue's stratum.
+
+    Without `tiers` half the dialogues test trained values and a quarter each held-out values and held-out
+    families; with `tiers` (tier -> its held-out families, see `plan_units`) every unit gets as many."""
     if dialogues < 0 or no_instruction < 0 or turns < 1:
         raise ValueError(
             f"need dialogues >= 0, no_instruction >= 0 and turns >= 1, got {dialogues}, {no_instruction}, {turns}"
@@ -115,12 +158,15 @@ def plan_dialogues(
         raise ValueError(f"strata must be some of {', '.join(STRATA)}, got {list(strata)}")
     if not pool:
         raise ValueError("the user-turn pool is empty")
-    by_stratum = {name: members for name, members in stratify(constraints).items() if members and name in strata}
-    if dialogues and not by_stratum:
+    by_unit = plan_units(constraints, strata, tiers or {})
+    if dialogues and not by_unit:
         raise ValueError(f"no constraints to evaluate in {', '.join(strata)}")
     rng = random.Random(seed)
-    cycle = [s for s in STRATUM_CYCLE if s in by_stratum] or list(by_stratum)
-    drawn: Counter[tuple[str, str]] = Counter()  # dialogues of each (stratum, kind) so far: families in turn in each
+    if tiers:
+        cycle = list(by_unit)
+    else:
+        cycle = [(s, "") for s in STRATUM_CYCLE if (s, "") in by_unit] or list(by_unit)
+    drawn: Counter[tuple[Unit, str]] = Counter()  # dialogues of each (unit, kind) so far: families in turn in each
     plan = []
     for i in range(dialogues + no_instruction):
         user = draw_turns(rng, pool, turns)
@@ -129,24 +175,24 @@ def plan_dialogues(
             plan.append(EvalDialogue(f"e-{i:05d}", "none", None, None, chat, kind="none"))
             continue
         kind = kinds[i % len(kinds)]
-        stratum = cycle[(i // len(kinds)) % len(cycle)]
-        members = by_stratum[stratum]
+        unit = cycle[(i // len(kinds)) % len(cycle)]
+        stratum, members = unit[0], by_unit[unit]
         if kind == "replace":  # a family with another value to change to, where the stratum has one
             members = [c for c in members if sum(o.family == c.family for o in members) > 1] or members
         families = sorted({c.family for c in members})
-        family = families[drawn[stratum, kind] % len(families)]  # families in turn, values at random
-        drawn[stratum, kind] += 1
+        family = families[drawn[unit, kind] % len(families)]  # families in turn, values at random
+        drawn[unit, kind] += 1
         constraint = rng.choice([c for c in members if c.family == family])
         short = rng.random() < short_prob
         instruction = constraint.short if short else constraint.instruction
         events_rng = random.Random(f"{seed}-{i}-events")  # first-kind plans draw nothing from it
-        events = draw_events(
-            kind, [constraint], instruction, by_stratum[stratum], turns, events_rng, short=short, after=19
-        )
+        events = draw_events(kind, [constraint], instruction, by_unit[unit], turns, events_rng, short=short, after=19)
         planned = tuple(_turns(events, user, short, rng, probe_start, probe_every))
         given = instruction if events[0].turn == 1 else None
         plan.append(
-            EvalDialogue(f"e-{i:05d}", stratum, constraint, given, planned, dialogue_kind(events), tuple(events))
+            EvalDialogue(
+                f"e-{i:05d}", stratum, constraint, given, planned, dialogue_kind(events), tuple(events), unit[1]
+            )
         )
     return plan
 

@@ -18,6 +18,7 @@ from gatt.eval.scoring import (
     paired_differences,
     score_model,
 )
+from gatt.eval.tiers import FAMILY_TURNS, family_rows, paired_tiers, tier_families, tiers_figure
 from gatt.files import write_bytes
 from gatt.gate import REASONS
 
@@ -35,7 +36,8 @@ PAIRED: dict[str, tuple[tuple[str, ...], str]] = {
     "paired_heldout": (("heldout_value",), "held-out values of trained families"),
     "paired_heldout_family": (("heldout_family",), "held-out families"),
 }
-NOT_MODELS: tuple[str, ...] = ("settings", "followable", *PAIRED, "rounds")  # report keys that are not a model's scores
+# report keys that are not a model's scores
+NOT_MODELS: tuple[str, ...] = ("settings", "followable", *PAIRED, "tiers", "paired_tiers", "rounds")
 
 
 def build_report(
@@ -56,6 +58,10 @@ def build_report(
     for key, (strata, _) in PAIRED.items():
         if paired := paired_differences(firsts, baselines, strata):
             report[key] = paired
+    if tiers := tier_families(transcripts):  # the held-out tiers the plan declared: their families and differences
+        report["tiers"] = tiers
+        if paired := paired_tiers(firsts, baselines):
+            report["paired_tiers"] = paired
     reminded = followable(report, first_turn(transcripts))
     return report if reminded is None else {**report, "followable": reminded}
 
@@ -179,6 +185,33 @@ def _paired_section(paired: dict[str, dict[str, dict[str, Any]]], stratum: str) 
         "the mean of the per-dialogue differences."
     )
     return [f"## Paired differences on {stratum}", text, _table("Turn", pairs, rows)]
+
+
+def _tier_sections(report: dict[str, Any]) -> list[str]:
+    """Each held-out tier's per-turn table and paired differences, then adherence per family at turns 10, 20, 30."""
+    models, parts = _models(report), []
+    for tier, families in report.get("tiers", {}).items():
+        tables = [report[m].get("tier_per_turn", {}).get(tier, {}) for m in models]
+        rows = [(str(t), [_cell(table.get(str(t))) for table in tables]) for t in _table_turns(tables)]
+        parts += [
+            f"## Adherence per turn (held-out tier `{tier}`: {', '.join(families)})",
+            _table("Turn", models, rows),
+        ]
+    for tier, paired in report.get("paired_tiers", {}).items():
+        parts += _paired_section(paired, f"held-out tier `{tier}`")
+    if report.get("tiers"):
+        turns = " / ".join(map(str, FAMILY_TURNS))
+        text = (
+            f"Adherence (%) at turns {turns} per family: trained values for a trained family, every value for a "
+            "held-out one (its tier in brackets); n: the family's dialogues at the first of those turns."
+        )
+        columns = [f"{m}: turn {turns}" for m in models]
+        parts += [
+            "## Adherence per family at turns " + turns,
+            text,
+            _table("Family", columns, family_rows(report, models)),
+        ]
+    return parts
 
 
 KIND_DS: tuple[int, ...] = (0, 1, 2, 5, 10, 19)  # the report.md rows of the per-kind tables (and the last d)
@@ -338,6 +371,7 @@ def _markdown(report: dict[str, Any]) -> str:
     for key, (_, stratum) in PAIRED.items():
         if report.get(key):
             parts += _paired_section(report[key], stratum)
+    parts += _tier_sections(report)
     if report.get("rounds"):
         parts += _rounds_section(report["rounds"])
     if _has_kinds(report):
@@ -499,12 +533,14 @@ def _write_tables(report: dict[str, Any], out_dir: Path) -> None:
 
 
 def write_report(report: dict[str, Any], transcripts: list[Transcript], out_dir: Path) -> None:
-    """Write report.json, report.md, adherence.png, attention.png and transcripts.jsonl into `out_dir`, and
-    kinds.png where dialogues of other kinds than `first` were rolled out."""
+    """Write report.json, report.md, adherence.png, attention.png and transcripts.jsonl into `out_dir`,
+    kinds.png where dialogues of other kinds than `first` were rolled out, and tiers.png where held-out tiers were."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_tables(report, out_dir)
     write_bytes(out_dir / "adherence.png", _png(_adherence_figure(report)))
+    if report.get("tiers"):
+        write_bytes(out_dir / "tiers.png", _png(tiers_figure(report, _models(report))))
     if _has_kinds(report):
         write_bytes(out_dir / "kinds.png", _png(_kinds_figure(report)))
     maps = {m: attention_per_head([t for t in transcripts if t["model"] == m]) for m in _models(report)}

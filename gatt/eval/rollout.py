@@ -130,6 +130,7 @@ def transcript(row: _Rollout) -> dict[str, Any]:
     return {
         "id": d.id,
         "stratum": d.stratum,
+        **({"tier": d.tier} if d.tier else {}),
         "kind": d.kind,
         "events": [{"turn": e.turn, "kind": e.action, "text": e.text} for e in d.events],
         "constraint": None

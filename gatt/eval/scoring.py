@@ -105,8 +105,19 @@ def share(successes: int, n: int) -> dict[str, Any]:
     return {"share": scored["adherence"], "n": n, "ci95": scored["ci95"]}
 
 
+def tier_stratum(tier: str) -> str:
+    """The stratum name that selects one held-out tier's dialogues ("heldout_family:behaviours")."""
+    return f"heldout_family:{tier}"
+
+
+def tiers_of(transcripts: Iterable[Transcript]) -> list[str]:
+    """The held-out tiers the transcripts' dialogues carry, in order of appearance."""
+    return list(dict.fromkeys(t["tier"] for t in transcripts if t.get("tier")))
+
+
 def _select(transcripts: Iterable[Transcript], strata: Sequence[str]) -> list[Transcript]:
-    return [t for t in transcripts if t["stratum"] in strata]
+    """The dialogues of `strata`: a stratum's name, or `tier_stratum(TIER)` for one held-out tier's."""
+    return [t for t in transcripts if t["stratum"] in strata or (t.get("tier") and tier_stratum(t["tier"]) in strata)]
 
 
 def _scored_turns(transcripts: Iterable[Transcript], key: Key = "passed") -> list[dict[str, Any]]:
@@ -244,11 +255,16 @@ def answer_gate(transcripts: Iterable[Transcript]) -> dict[str, Any] | None:
 
 
 def adherence_scores(transcripts: Sequence[Transcript], key: Key = "passed") -> dict[str, Any]:
-    """The scores that depend on what counts as adherent: per turn and stratum, per family, survival, no regression."""
-    return {
+    """The scores that depend on what counts as adherent: per turn and stratum (and held-out tier, where the
+    dialogues carry tiers), per family, survival, no regression."""
+    scores: dict[str, Any] = {
         "per_turn": adherence_per_turn(transcripts, TRAIN, key),
         "heldout_per_turn": adherence_per_turn(transcripts, ("heldout_value",), key),
         "heldout_family_per_turn": adherence_per_turn(transcripts, ("heldout_family",), key),
+    }
+    if tiers := tiers_of(transcripts):  # the held-out families above, split by the tier each was declared in
+        scores["tier_per_turn"] = {tier: adherence_per_turn(transcripts, (tier_stratum(tier),), key) for tier in tiers}
+    return scores | {
         "per_family": per_family(transcripts, key),
         "survival": {"train": survival(transcripts, TRAIN, key), "heldout": survival(transcripts, HELDOUT, key)},
         "no_regression": no_regression(transcripts, key),
