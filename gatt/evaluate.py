@@ -435,10 +435,10 @@ def run(args: EvalConfig) -> dict[str, Any]:
     no_instruction = args.dialogues // 4 if args.no_instruction_dialogues is None else args.no_instruction_dialogues
     constraints = load_eval_constraints(args.constraints)
     source = str(args.constraints or "built-in constraints")
-    tiers = {  # each tier's families by name (a shell pattern matches several)
-        tier: sorted(matching_families(constraints, families, f"{source}: --heldout-tiers {tier}"))
-        for tier, families in parse_tiers(args.heldout_tiers).items()
-    }
+    tiers: dict[str, list[str]] = {}  # each tier's families by name (a pattern matches several), in constraint order
+    for tier, patterns in parse_tiers(args.heldout_tiers).items():
+        matched = matching_families(constraints, patterns, f"{source}: --heldout-tiers {tier}")
+        tiers[tier] = list(dict.fromkeys(c.family for c in constraints if c.family in matched))
     if held := [*args.heldout_families, *(family for families in tiers.values() for family in families)]:
         constraints = hold_out_families(constraints, held, source)
     dialogues = plan_dialogues(

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
 from gatt.files import write_text
@@ -26,16 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("README.md", "docs/results.md")
 BLOCK = re.compile(r"(<!-- result: (\S+) -->\n?)(.*?)(<!-- /result -->)", re.S)
 TURNS = ("2", "4", "6", "10", "20", "30")
-STRATA = {
-    "trained values": "per_turn",
-    "held-out values": "heldout_per_turn",
-    "held-out families": "heldout_family_per_turn",
-}
-PAIRED = {
-    "per_turn": "paired",
-    "heldout_per_turn": "paired_heldout",
-    "heldout_family_per_turn": "paired_heldout_family",
-}
 
 
 @cache
@@ -75,46 +66,56 @@ def per_turn(path: str, models: Sequence[str], paired: Sequence[str] = (), turns
     return table(["turn", *models, *paired], rows)
 
 
+SEEDS = "results/demo/seeds.json"  # make demo-seeds: make demo at seeds 0, 1, 2 (recipes/seeds_report.py)
+
+
+def spread(cell: dict[str, Any]) -> str:
+    """A cell over seeds, its mean and its range: "91.1% (89.1-93.8)"."""
+    return f"{pct(cell['mean'])} ({100 * cell['min']:.1f}-{100 * cell['max']:.1f})"
+
+
 def main_result() -> str:
-    """make demo, seed 0: each model per turn on trained values, GAtt on the two held-out strata (README)."""
-    report = read("results/demo/report.json")
-    rows = [[m, *(pct(report[m]["per_turn"][t]["adherence"]) for t in TURNS)] for m in ("base", "base+repeat", "gatt")]
-    rows += [
-        [f"gatt, {name}", *(pct(report["gatt"][stratum][t]["adherence"]) for t in TURNS)]
-        for name, stratum in list(STRATA.items())[1:]
-    ]
+    """make demo over three seeds: each model on trained values, then GAtt on held-out values and on each held-out
+    tier, per turn: the mean of the seeds and their range (README)."""
+    seeds = read(SEEDS)["adherence"]
+    rows = [[m, *(spread(seeds[m]["trained values"][t]) for t in TURNS)] for m in ("base", "base+repeat", "gatt")]
+    rows += [[f"gatt, {label}", *(spread(seeds["gatt"][label][t]) for t in TURNS)] for label in list(seeds["gatt"])[1:]]
     return table(["model", *(f"turn {t}" for t in TURNS)], rows)
 
 
 def embedded_strata() -> str:
-    """make demo, seed 0: base, base+repeat and gatt on every stratum, and gatt - base+repeat paired, per turn."""
-    report = read("results/demo/report.json")
+    """make demo over three seeds: base, base+repeat and gatt on every stratum and tier (means), and gatt -
+    base+repeat paired, pooled over the seeds' dialogues."""
+    summary = read(SEEDS)
+    seeds, paired = summary["adherence"], summary["paired_pooled"]["gatt - base+repeat"]
     rows = []
-    for name, stratum in STRATA.items():
+    for label in seeds["gatt"]:
         for t in TURNS:
-            cells = [pct(report[m][stratum][t]["adherence"]) for m in ("base", "base+repeat", "gatt")]
-            rows.append([name, t, *cells, diff(report[PAIRED[stratum]]["gatt - base+repeat"][t])])
-    return table(["stratum", "turn", "base", "base+repeat", "gatt", "gatt - base+repeat"], rows)
+            cells = [pct(seeds[m][label][t]["mean"]) for m in ("base", "base+repeat", "gatt")]
+            rows.append([label, t, *cells, diff(paired[label][t]), str(paired[label][t]["n"])])
+    return table(["stratum", "turn", "base", "base+repeat", "gatt", "gatt - base+repeat, pooled", "n"], rows)
 
 
 def embedded_more() -> str:
-    """make demo, seed 0: attention on the instruction at turn 20, no regression without an instruction, the time."""
-    report, timings = read("results/demo/report.json"), read("results/demo/timings.json")
-    head = {m: report[m]["attention_on_instruction_max_head"]["20"] for m in ("base", "gatt")}
-    topic = {m: report[m]["no_regression"]["on_topic"] for m in ("base", "gatt")}
-    machine = timings["machine"]
+    """make demo over three seeds: attention on the instruction at turn 20, no regression without an instruction, the
+    time of each seed with its machine's work reading."""
+    summary = read(SEEDS)
+    heads, topic = summary["attention_max_head_turn_20"], summary["no_regression_on_topic"]
+    ratios = [g / b for g, b in zip(heads["gatt"], heads["base"])]
+    times = ", ".join(f"{s:.0f} s" for s in summary["seconds"])
+    works = ", ".join(f"{w} s" for w in summary["work_seconds"])
     return table(
         ["measure", "base", "gatt"],
         [
-            ["max-head attention on the instruction, turn 20", f"{head['base']:.3f}", f"{head['gatt']:.3f}"],
-            ["gatt / base", "", f"{head['gatt'] / head['base']:.1f}x"],
-            ["on topic without an instruction", pct(topic["base"]), pct(topic["gatt"])],
             [
-                "make demo, wall on 2 cores (at the reference)",
-                "",
-                f"{timings['total_seconds']:.0f} s ({timings['total_seconds_at_reference_speed']:.0f} s)",
+                "max-head attention on the instruction, turn 20",
+                f"{mean(heads['base']):.3f}",
+                f"{mean(heads['gatt']):.3f}",
             ],
-            ["its machine", "", f"{machine['cpu']}, work {machine.get('work_seconds', 'n/a')} s"],
+            ["gatt / base (per seed)", "", ", ".join(f"{r:.1f}x" for r in ratios)],
+            ["on topic without an instruction", pct(mean(topic["base"])), pct(mean(topic["gatt"]))],
+            ["make demo, wall on 2 cores, per seed", "", times],
+            ["the machine's work reading, per seed", "", works],
         ],
     )
 
@@ -251,7 +252,7 @@ def stress_hangs() -> str:
 
 
 FIGURES: dict[str, Callable[[], str]] = {
-    "demo-minutes": lambda: f"{read('results/demo/timings.json')['total_seconds'] / 60:.0f} minutes",
+    "demo-minutes": lambda: f"{max(read(SEEDS)['seconds']) / 60:.0f} minutes",
     "test-minutes": lambda: f"{read('results/test_suite.json')['seconds'] / 60:.0f} minutes",
     "bench-attention": ratio("attention_vs_sdpa", "SDPA's speed"),
     "bench-teacher": ratio("teacher_vs_hf_generate_batched", "batched `generate()`"),

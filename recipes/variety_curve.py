@@ -11,8 +11,8 @@ values of each family (`--values`: `--values-per-family K`), both nested fixed-s
 and the report of the GAtt model alone. K = all is a finished main job's own GAtt model (--demo-run), read from
 its report (so --config should be the one that made it). Then OUT/families.json and OUT/families.png (or
 variety.json and variety.png): the families and distinct values the GAtt data held -> GAtt adherence at --turn
-on trained values, held-out values and held-out families, each with its n and 95% Wilson interval (every
-turn's figures under `per_turn`).
+on trained values, held-out values, held-out families and each held-out tier, each with its n and 95% Wilson
+interval (every turn's figures under `per_turn`).
 `key=value` overrides DemoConfig fields of --config for every point.
 """
 
@@ -67,11 +67,13 @@ def point(config: DemoConfig, axis: str, k: str, out: Path, turn: str, demo_run:
         data = {**config.data, "gatt": {**config.data.get("gatt", {}), name: int(k)}}
         report = run(dataclasses.replace(config, out=str(folder), data=data, baselines=False))
     gatt = report[report["rounds"][0]["student"] if report.get("rounds") else "gatt"]  # trained on round 1's data
+    series = {stratum: gatt[key] for stratum, key in STRATA.items()}
+    series |= {f"tier: {tier}": gatt["tier_per_turn"][tier] for tier in report.get("tiers", {})}  # held-out tiers
     return {
         name: k,
         "distinct_values": distinct_values(gatt_data_dir(folder, 1) / "gatt.jsonl"),
-        **{stratum: gatt[key].get(turn) for stratum, key in STRATA.items()},  # {"adherence", "n", "ci95"}
-        "per_turn": {stratum: gatt[key] for stratum, key in STRATA.items()},  # every turn, for the docs
+        **{stratum: per_turn.get(turn) for stratum, per_turn in series.items()},  # {"adherence", "n", "ci95"}
+        "per_turn": series,  # every turn, for the docs
     }
 
 
@@ -89,7 +91,7 @@ def plot(points: list[dict[str, Any]], axis: str, turn: str, path: Path) -> None
         x = [sum(p["distinct_values"].values()) for p in points]
         axes.set_xscale("log")
         axes.set_xlabel("distinct constraint values in the GAtt data (all families)")
-    for name in STRATA:
+    for name in points[0]["per_turn"]:
         y = [adherence(p, name) for p in points]
         low = [y_ - 100 * p[name]["ci95"][0] if p[name] else 0.0 for y_, p in zip(y, points, strict=True)]
         high = [100 * p[name]["ci95"][1] - y_ if p[name] else 0.0 for y_, p in zip(y, points, strict=True)]
