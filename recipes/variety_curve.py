@@ -1,8 +1,8 @@
 """Held-out adherence against the variety of the GAtt data: does GAtt learn "keep what the system message
 says", or a list of constraints?
 
-  python recipes/variety_curve.py --families 5 10 20 all [--demo-run runs/demo] [--out runs/families] [key=value ...]
-  python recipes/variety_curve.py --values 1 4 all [--demo-run runs/demo] [--out runs/variety] [key=value ...]
+  python recipes/variety_curve.py --families 5 10 20 all [--seeds 0 1 2] [--out runs/families] [key=value ...]
+  python recipes/variety_curve.py --values 1 4 all [--demo-run runs/demo/seed-0] [--out runs/variety] [key=value ...]
 
 Two axes of variety, one per run. For each K, the main job's GAtt stages run again on its chat model (the
 shipped one, as in --config), under OUT/K/ (stages skip and resume as in recipes/demo.py): GAtt data with the
@@ -33,6 +33,7 @@ from demo import ROOT, DemoConfig, load_config, run  # noqa: E402
 
 from gatt.cli import exit_on_bad_input  # noqa: E402
 from gatt.eval.rounds import gatt_data_dir  # noqa: E402
+from gatt.eval.scoring import rate  # noqa: E402
 from gatt.files import write_text  # noqa: E402
 
 STRATA = {
@@ -57,13 +58,14 @@ AXES = {"families": "trained_families", "values": "values_per_family"}
 
 
 def point(config: DemoConfig, axis: str, k: str, out: Path, turn: str, demo_run: Path) -> dict[str, Any]:
-    """One K of `axis`: run its stages (K = all: the demo run's own GAtt model and report) and read back its figures."""
+    """One K of `axis` at `config.seed`: run its stages (K = all: the demo run's own GAtt model and report) and read
+    back its figures."""
     name = AXES[axis]
     if k == "all":
         folder = demo_run
         report = json.loads((folder / "report" / "report.json").read_text())
     else:
-        folder = out / k
+        folder = out / k if config.seed == 0 else out / k / f"seed-{config.seed}"
         data = {**config.data, "gatt": {**config.data.get("gatt", {}), name: int(k)}}
         report = run(dataclasses.replace(config, out=str(folder), data=data, baselines=False))
     gatt = report[report["rounds"][0]["student"] if report.get("rounds") else "gatt"]  # trained on round 1's data
@@ -75,6 +77,19 @@ def point(config: DemoConfig, axis: str, k: str, out: Path, turn: str, demo_run:
         **{stratum: per_turn.get(turn) for stratum, per_turn in series.items()},  # {"adherence", "n", "ci95"}
         "per_turn": series,  # every turn, for the docs
     }
+
+
+def pooled(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """One K's points at several seeds as one: each stratum's replies at the turn pooled (successes and n added,
+    a Wilson interval on the sum), the distinct values of the first seed's data, each seed's point under `seeds`."""
+    if len(points) == 1:
+        return points[0]
+    out: dict[str, Any] = {key: points[0][key] for key in (*AXES.values(), "distinct_values") if key in points[0]}
+    for stratum in points[0]["per_turn"]:
+        cells = [p[stratum] for p in points if p[stratum]]
+        passed = sum(round(c["adherence"] * c["n"]) for c in cells)
+        out[stratum] = rate(passed, sum(c["n"] for c in cells)) if cells else None
+    return {**out, "per_turn": points[0]["per_turn"], "seeds": points}
 
 
 def adherence(p: dict[str, Any], name: str) -> float:
@@ -124,7 +139,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         help="the DemoConfig YAML the points share (default: recipes/configs/demo.yaml)",
     )
     parser.add_argument(
-        "--demo-run", type=Path, default=Path("runs/demo"), help="a finished make-demo folder: the point K = all"
+        "--demo-run",
+        default="runs/demo/seed-{seed}",
+        help="a finished make-demo folder, the point K = all; {seed} is each seed (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        help="run every point at these seeds and pool each point's replies over them (default: the config's seed)",
     )
     parser.add_argument(
         "--out", type=Path, help="one folder per point, and the curve (default: runs/families or runs/variety)"
@@ -140,18 +163,26 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         if bad:
             raise ValueError(f"--{axis} takes positive integers or 'all', got {', '.join(bad)}")
         config = load_config(args.config, args.overrides)
-        points = [point(config, axis, k, out, args.turn, args.demo_run) for k in ks]
+        seeds = args.seeds or [config.seed]
+        points = []
+        for k in ks:
+            at_seeds = []
+            for seed in seeds:
+                demo_run = Path(str(args.demo_run).format(seed=seed))
+                at_seeds.append(point(dataclasses.replace(config, seed=seed), axis, k, out, args.turn, demo_run))
+            points.append(pooled(at_seeds))
         out.mkdir(parents=True, exist_ok=True)
         write_text(
             out / f"{name}.json",
-            json.dumps({"turn": args.turn, "demo_run": str(args.demo_run), "points": points}, indent=2) + "\n",
+            json.dumps({"turn": args.turn, "demo_run": args.demo_run, "seeds": seeds, "points": points}, indent=2)
+            + "\n",
         )
         plot(points, axis, args.turn, out / f"{name}.png")
     for p in points:
         print(
             f"K={p[AXES[axis]]:>4} families={len(p['distinct_values']):>3} "
             f"distinct={sum(p['distinct_values'].values()):>4} "
-            + "  ".join(f"{stratum} {adherence(p, stratum):5.1f}%" for stratum in STRATA)
+            + "  ".join(f"{stratum} {adherence(p, stratum):5.1f}%" for stratum in p["per_turn"])
         )
     print(f"wrote {out / f'{name}.json'} and {out / f'{name}.png'}")
     return points

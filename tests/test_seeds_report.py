@@ -57,3 +57,15 @@ def test_the_seeds_summary_gives_mean_min_max_and_refuses_a_repeated_seed(tmp_pa
     assert "## tier: b" in (tmp_path / "out" / "seeds.md").read_text()
     with pytest.raises(ValueError, match="repeat a seed"):
         main([str(runs[0]), str(runs[0]), "--out", str(tmp_path / "again")])
+
+
+def test_a_families_curve_point_pools_its_seeds_replies() -> None:
+    from recipes.variety_curve import pooled
+
+    def at_seed(passed: int) -> dict:
+        cell = {"adherence": passed / 8, "n": 8, "ci95": [0.0, 1.0]}
+        return {"trained_families": "5", "distinct_values": {"hobby": 3}, "tier: b": cell, "per_turn": {"tier: b": {}}}
+
+    point = pooled([at_seed(2), at_seed(5), at_seed(8)])
+    assert point["tier: b"]["adherence"] == 15 / 24 and point["tier: b"]["n"] == 24
+    assert [p["tier: b"]["n"] for p in point["seeds"]] == [8, 8, 8] and point["trained_families"] == "5"
