@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     summary = summarize(args.runs)
     for seed, run in zip(summary["seeds"], args.runs):
+        if (args.out / f"seed-{seed}").resolve() == run.resolve():
+            continue  # the run is already the seed's folder (make demo-seeds into runs/demo)
         for name in RUN_FILES:
             if (run / name).exists() and (run / "report").exists():
                 (args.out / f"seed-{seed}").mkdir(parents=True, exist_ok=True)

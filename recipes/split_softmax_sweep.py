@@ -1,7 +1,7 @@
 """Fine-tuning with GAtt vs boosting attention at inference: split-softmax at several strengths beside GAtt.
 
   python recipes/split_softmax_sweep.py --base embedded --gatt runs/demo/round-1/gatt/final \
-      --like results/demo/report.json --strengths 0.25 0.5 0.75 --out results/split-softmax/embedded
+      --like results/demo/width-128/report.json --strengths 0.25 0.5 0.75 --out results/split-softmax/embedded
 
 One `python -m gatt.evaluate` run with the settings of an earlier report (`--like`: same dialogues, turns,
 seed, decoding) rolls out base, base+repeat, gatt and base+split at every strength; then:
