@@ -62,6 +62,8 @@ _FAMILY_KEYS = (
     "probe_checks",
 )
 _REQUIRED = ("family", "kind", "instruction", "short", "slot", "reply", "checks", "probes")
+
+
 @dataclass(frozen=True)
 class ReplyRule:
     """How the scripted responder obeys a family (catalogue.yaml `reply`); templates are filled per value."""
