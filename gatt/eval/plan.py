@@ -86,7 +86,8 @@ def plan_units(
     Raises:
         ValueError: a tier's family that is not held out as a whole, or a family in two tiers.
     """
-    by_stratum = {name: members for name, members in stratify(constraints).items() if members and name in strata}
+    every = stratify(constraints)
+    by_stratum = {name: members for name, members in every.items() if members and name in strata}
     if not tiers:
         return {(name, ""): members for name, members in by_stratum.items()}
     tier_of: dict[str, str] = {}
@@ -95,7 +96,7 @@ def plan_units(
             if family in tier_of:
                 raise ValueError(f"held-out tiers: {family} is in {tier_of[family]} and in {tier}")
             tier_of[family] = tier
-    held = {c.family for c in stratify(constraints)["heldout_family"]}
+    held = {c.family for c in every["heldout_family"]}
     if trained := sorted(set(tier_of) - held):
         raise ValueError(f"held-out tiers: {', '.join(trained)} not held out as a whole (hold the tiers' families out)")
     units: dict[Unit, list[Constraint]] = {}

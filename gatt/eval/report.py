@@ -18,7 +18,7 @@ from gatt.eval.scoring import (
     paired_differences,
     score_model,
 )
-from gatt.eval.tiers import FAMILY_TURNS, family_rows, paired_tiers, tier_families, tiers_figure
+from gatt.eval.tiers import FAMILY_TURNS, family_rows, paired_tiers, tier_families
 from gatt.files import write_bytes
 from gatt.gate import REASONS
 
@@ -453,6 +453,29 @@ def _adherence_figure(report: dict[str, Any]) -> Figure:
     return fig
 
 
+def _tiers_figure(report: dict[str, Any]) -> Figure:
+    """One panel per stratum (trained values, held-out values) and held-out tier: adherence per turn of every
+    model, with 95% bands: where each tier falls, and against what its reminded teacher holds."""
+    models = _models(report)
+    panels = [("per_turn", None, "trained values"), ("heldout_per_turn", None, "held-out values")]
+    panels += [("tier_per_turn", tier, f"tier: {tier}") for tier in report.get("tiers", {})]
+    fig = Figure(figsize=(3.6 * len(panels), 3.8), layout="constrained")
+    axes = fig.subplots(1, len(panels), sharey=True)
+    for ax, (key, tier, title) in zip(axes, panels):
+        for i, m in enumerate(models):
+            series = report[m].get(key, {})
+            turns, values, lo, hi = _turn_series(series.get(tier, {}) if tier else series)
+            if turns:
+                ax.plot(turns, values, color=f"C{i}", marker="o", markersize=2, label=m)
+                ax.fill_between(turns, lo, hi, color=f"C{i}", alpha=0.15)
+        ax.set(xlabel="Turn", title=title, ylim=(0, 102))
+    axes[0].set_ylabel("Adherence (%)")
+    if axes[0].lines:
+        fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right center")
+    fig.suptitle("Adherence per turn by stratum and held-out tier (bands: 95% Wilson intervals)")
+    return fig
+
+
 def _attention_figure(report: dict[str, Any], maps: dict[str, dict[str, list[list[float]]]]) -> Figure:
     """Per model, the share of attention on the instruction of every (layer, head) per turn (cf. Figure 10);
     without per-head maps, the mean and max-head shares per turn as lines."""
@@ -540,7 +563,7 @@ def write_report(report: dict[str, Any], transcripts: list[Transcript], out_dir:
     _write_tables(report, out_dir)
     write_bytes(out_dir / "adherence.png", _png(_adherence_figure(report)))
     if report.get("tiers"):
-        write_bytes(out_dir / "tiers.png", _png(tiers_figure(report, _models(report))))
+        write_bytes(out_dir / "tiers.png", _png(_tiers_figure(report)))
     if _has_kinds(report):
         write_bytes(out_dir / "kinds.png", _png(_kinds_figure(report)))
     maps = {m: attention_per_head([t for t in transcripts if t["model"] == m]) for m in _models(report)}

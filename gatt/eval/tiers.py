@@ -1,4 +1,4 @@
-"""The held-out tiers in the report: each tier's families, its paired differences, its tables and its figure.
+"""The held-out tiers in the report: each tier's families, its paired differences and its per-family rows.
 
 A tier is a named group of families held out as a whole (gatt/eval/plan.py `plan_units`), e.g. wordings (a trained
 check with other words), behaviours (a check no trained family has) or a whole kind. Its dialogues carry its name
@@ -7,8 +7,6 @@ check with other words), behaviours (a check no trained family has) or a whole k
 
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-from matplotlib.figure import Figure
 
 from gatt.eval.scoring import Transcript, paired_differences, tier_stratum, tiers_of
 
@@ -53,30 +51,3 @@ def family_rows(report: Mapping[str, Any], models: Sequence[str]) -> list[tuple[
             cells.append(" / ".join(_percent(table.get(str(t))) for t in FAMILY_TURNS) + f" (n={n})")
         rows.append((f"{family} ({tier_of.get(family, 'trained')})", cells))
     return rows
-
-
-def tiers_figure(report: Mapping[str, Any], models: Sequence[str]) -> Figure:
-    """One panel per stratum (trained values, held-out values) and held-out tier: adherence per turn of every
-    model, with 95% bands: where each tier falls, and against what its reminded teacher holds."""
-    panels = [("per_turn", None, "trained values"), ("heldout_per_turn", None, "held-out values")]
-    panels += [("tier_per_turn", tier, f"tier: {tier}") for tier in report.get("tiers", {})]
-    fig = Figure(figsize=(3.6 * len(panels), 3.8), layout="constrained")
-    axes = fig.subplots(1, len(panels), sharey=True)
-    for ax, (key, tier, title) in zip(axes, panels):
-        for i, m in enumerate(models):
-            series = report[m].get(key, {})
-            series = series.get(tier, {}) if tier else series
-            turns = [int(t) for t in series]
-            if not turns:
-                continue
-            values = [100 * r["adherence"] for r in series.values()]
-            ax.plot(turns, values, color=f"C{i}", marker="o", markersize=2, label=m)
-            lo = [100 * r["ci95"][0] for r in series.values()]
-            hi = [100 * r["ci95"][1] for r in series.values()]
-            ax.fill_between(turns, lo, hi, color=f"C{i}", alpha=0.15)
-        ax.set(xlabel="Turn", title=title, ylim=(0, 102))
-    axes[0].set_ylabel("Adherence (%)")
-    if axes[0].lines:
-        fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right center")
-    fig.suptitle("Adherence per turn by stratum and held-out tier (bands: 95% Wilson intervals)")
-    return fig
