@@ -271,6 +271,6 @@ def test_the_grammar_reads_what_it_means() -> None:
     assert PAGE_CITE.search('(docs/data.md, "Formats")').groups() == ("docs/data.md", "Formats")
     assert not PAGE_CITE.search("(docs/data.md, the formats)")
     assert has_heading(ROOT / "docs" / "data.md", "formats") and not has_heading(ROOT / "docs" / "data.md", "Form")
-    assert REPO_PATH.search("see results/demo/report.md.").group(1) == "results/demo/report.md"
+    assert REPO_PATH.search("see results/demo/seeds.md.").group(1) == "results/demo/seeds.md"
     assert not REPO_PATH.search("results/<run>/report.md") and not REPO_PATH.search("recipes/configs/*.yaml")
-    assert PLACEHOLDER.search("benchmarks/bench_X.py") and not PLACEHOLDER.search("results/demo/report.md")
+    assert PLACEHOLDER.search("benchmarks/bench_X.py") and not PLACEHOLDER.search("results/demo/seeds.md")

@@ -166,7 +166,8 @@ def test_builtin_constraints_have_both_splits_and_a_heldout_family() -> None:
     assert heldout == set(HELDOUT_FAMILIES) and "brevity" in heldout and len(heldout) >= 6
     assert {builtin_families()[f]["kind"] for f in heldout} == {"copy", "form", "language", "persona"}
     # Held-out values inside trained families too, so both kinds of transfer are measured.
-    assert any(c.split == "heldout" for c in constraints if c.family == "language")
+    assert any(c.split == "heldout" for c in constraints if c.family == "hobby")
+    assert all(c.split == "heldout" for c in constraints if c.family == "language")  # the held-out kind, whole
 
 
 def test_user_constraint_file_and_its_errors(tmp_path: Path) -> None:

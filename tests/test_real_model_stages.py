@@ -237,8 +237,9 @@ def test_pass_rate_prints_a_row_per_constraint_with_the_jsons_figures_and_steps_
 
 
 def test_pass_rate_says_why_the_small_models_replies_were_rejected(tmp_path, capsys, monkeypatch):
-    # The shipped chat model at toy size, asked questions without topic words: the gate judges relevance by the
-    # teacher's likelihood contrast, and no reply starts with ZZZ.
+    # The shipped chat model at toy size, asked questions without topic words and cut at 3 tokens: the gate judges
+    # relevance by the teacher's likelihood contrast (a 3-token reply carries little of it), and no reply starts
+    # with ZZZ.
     (tmp_path / "mine.yaml").write_text(
         "constraints:\n"
         "  - {name: anything, instruction: Answer., short: 'Answer', checks: [{type: regex, pattern: '(?s).*'}]}\n"
@@ -260,7 +261,7 @@ def test_pass_rate_says_why_the_small_models_replies_were_rejected(tmp_path, cap
     monkeypatch.setattr(ModelTeacher, "sample", recording)
     out = tmp_path / "p.json"
     args = ["--constraints", str(tmp_path / "mine.yaml"), "--user-turns", str(tmp_path / "turns.txt")]
-    args += ["--prompts", "4", "--samples", "2", "--max-new-tokens", "8", "--device", "cpu", "--out", str(out)]
+    args += ["--prompts", "4", "--samples", "2", "--max-new-tokens", "3", "--device", "cpu", "--out", str(out)]
     main(["pass-rate", "--teacher", "embedded", *args])
     result = json.loads(out.read_text())
     printed = capsys.readouterr().err

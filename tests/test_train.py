@@ -352,7 +352,9 @@ def test_distill_weight_adds_the_hidden_state_distance_to_the_start_model_readin
     # distill_view=near: the teacher reads each supervised reply one turn after the instruction, a different target
     near = step_one(data, tmp_path / "near", 0.5, "distill_view=near")
     assert near["supervised_tokens"] == plain["supervised_tokens"] and near["distill"] > 0.01
-    assert near["distill"] != pytest.approx(distilled["distill"], rel=1e-3)
+    # (Step 1 on the CPU is deterministic: had the view been ignored, the two distances would be equal to the bit.
+    # With this barely trained start model the two targets are close: 2.9e-5 apart, relative, on this data.)
+    assert near["distill"] != distilled["distill"]
     assert near["loss"] == pytest.approx(plain["loss"] + 0.5 * near["distill"], rel=1e-4)
     records = [{**r, "instruction": "", "instruction_short": ""} for r in read_records(data)]
     bare = tmp_path / "bare.jsonl"
