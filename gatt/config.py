@@ -122,12 +122,22 @@ def read_yaml_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[st
     return values
 
 
-def dataclass_from_dict(cls: type[T], values: dict[str, Any], source: str = "config") -> T:
-    """`cls(**values)`, refusing unknown keys (naming them and listing the valid ones) and missing required ones."""
+def override_keys(overrides: Sequence[str]) -> set[str]:
+    """The top-level keys `key=value` overrides set (`a.b=v` sets `a`)."""
+    return {override.partition("=")[0].strip().split(".")[0] for override in overrides}
+
+
+def dataclass_from_dict(
+    cls: type[T], values: dict[str, Any], source: str = "config", overridden: Collection[str] = ()
+) -> T:
+    """`cls(**values)`, refusing unknown keys (naming them, where they were given, and the valid ones) and missing
+    required ones. `overridden`: the keys given on the command line (`override_keys`), the others read from `source`."""
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(values) - set(names))
     if unknown:
-        raise ValueError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(names)}")
+        given = [key for key in unknown if key in overridden]
+        where = "the command line" if given else source
+        raise ValueError(f"{where}: unknown key(s) {', '.join(given or unknown)}; valid keys: {', '.join(names)}")
     if missing := _missing(cls, values):
         raise ValueError(f"{source}: missing required key(s) {', '.join(f.name for f in missing)}")
     _refuse_bad_choices(cls, values, source)

@@ -189,10 +189,14 @@ def load_user_texts(path: str | Path, *, on_error: OnError = "raise") -> list[st
     _check_on_error(on_error)
     path = Path(path)
     if path.is_file() and path.suffix.lower() == ".txt":
-        return unique_texts(path.read_text(encoding="utf-8").splitlines())
-    if path.is_file() and path.suffix.lower() not in (".jsonl", ".parquet"):
+        texts = unique_texts(path.read_text(encoding="utf-8").splitlines())
+    elif path.is_file() and path.suffix.lower() not in (".jsonl", ".parquet"):
         raise unsupported(path, f"{TEXT_FORMAT}, {DIALOGUE_FORMATS}")
-    dialogues, skipped = load_dialogues(path, on_error=on_error)
-    if skipped:
-        logger.warning("%s: skipped %d malformed dialogue(s)", path, skipped)
-    return unique_texts(text for dialogue in dialogues for text in user_texts(dialogue))
+    else:
+        dialogues, skipped = load_dialogues(path, on_error=on_error)
+        if skipped:
+            logger.warning("%s: skipped %d malformed dialogue(s)", path, skipped)
+        texts = unique_texts(text for dialogue in dialogues for text in user_texts(dialogue))
+    if not texts:
+        raise ValueError(f"{path}: no user message in it (an empty file?)")
+    return texts

@@ -19,7 +19,7 @@ import random
 import shutil
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +44,7 @@ from transformers import (
 
 import gatt  # noqa: F401  (registers the "gatt" model type and attention)
 from gatt.collator import IGNORE_INDEX, RENDERINGS, GAttCollator, later_events
-from gatt.config import REQUIRED, arg, dataclass_from_dict, read_yaml_config
+from gatt.config import REQUIRED, arg, dataclass_from_dict, override_keys, read_yaml_config
 from gatt.distill import hidden_distance, layer_outputs
 from gatt.distributed import check_launch, last_reference_in_python, on_cpu
 from gatt.embedded import model_path
@@ -154,9 +154,10 @@ class TrainConfig:
     keep_checkpoints: int = arg(2, "checkpoints kept (the newest)")
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
-        """Build from a mapping; unknown keys are refused naming them and listing the valid ones."""
-        config = dataclass_from_dict(cls, values, source)
+    def from_dict(cls, values: dict[str, Any], source: str = "config", overridden: Collection[str] = ()) -> TrainConfig:
+        """Build from a mapping; unknown keys are refused naming them, where they were given (`overridden`: on the
+        command line) and the valid ones."""
+        config = dataclass_from_dict(cls, values, source, overridden)
         config.model, config.tokenizer = (
             None if v is None else model_path(v) for v in (config.model, config.tokenizer)
         )
@@ -210,7 +211,7 @@ class TrainConfig:
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
     """Read a YAML config and apply `key=value` overrides (values parsed as YAML)."""
-    return TrainConfig.from_dict(read_yaml_config(path, overrides), source=str(path))
+    return TrainConfig.from_dict(read_yaml_config(path, overrides), str(path), override_keys(overrides))
 
 
 # The command that writes each data file `python -m data_gen` makes, by file name (DIR/<name>.jsonl).

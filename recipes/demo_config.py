@@ -12,7 +12,7 @@ from typing import Any
 
 from data_gen.__main__ import command_keys
 from data_gen.constraints import HELDOUT_TIERS, load_heldout_tiers
-from gatt.config import check_section, config_keys, dataclass_from_dict, read_yaml_config
+from gatt.config import check_section, config_keys, dataclass_from_dict, override_keys, read_yaml_config
 from gatt.evaluate import EvalConfig
 from gatt.grpo import GRPOGattConfig
 from gatt.train import TrainConfig
@@ -95,7 +95,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> DemoConfig:
     old = {key: moved_to(key) for key in values if key not in {f.name for f in dataclasses.fields(DemoConfig)}}
     if places := [f"{key} -> {place}" for key, place in old.items() if place]:
         raise ValueError(f"{path}: keys moved into the stage sections (recipes/demo_config.py): {'; '.join(places)}")
-    return dataclass_from_dict(DemoConfig, values, str(path))
+    return dataclass_from_dict(DemoConfig, values, str(path), override_keys(overrides))
 
 
 def section(config: DemoConfig, name: str) -> Section:

@@ -15,7 +15,7 @@ import argparse
 
 from data_gen.eval_set import training_turns
 from gatt.cli import exit_on_bad_input
-from gatt.config import config_parser, dataclass_from_dict, read_yaml_config
+from gatt.config import config_parser, dataclass_from_dict, override_keys, read_yaml_config
 from gatt.eval.inputs import load_eval_turns
 from gatt.grpo import GRPOGattConfig, train_grpo
 
@@ -30,7 +30,7 @@ def main() -> None:
         if overrides and not file:
             raise ValueError("key=value overrides need a --config file (or give the flags: --max-steps 10)")
         values = {**(read_yaml_config(file, overrides) if file else {}), **given}
-        config = dataclass_from_dict(GRPOGattConfig, values, str(file or "the command line"))
+        config = dataclass_from_dict(GRPOGattConfig, values, str(file or "the command line"), override_keys(overrides))
         config.validate(str(file or "the command line"))
         turns = load_eval_turns(config.user_turns) if config.user_turns else training_turns(config.seed)
         summary = train_grpo(config, turns, resume=resume)

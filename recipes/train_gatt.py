@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 from gatt.cli import exit_on_bad_input
-from gatt.config import config_parser, read_yaml_config
+from gatt.config import config_parser, override_keys, read_yaml_config
 from gatt.train import TrainConfig, train
 
 
@@ -46,7 +46,8 @@ def main() -> None:
         if overrides and not file:
             raise ValueError("key=value overrides need a --config file (or give the flags: --max-steps 200)")
         values = {**(read_yaml_config(file, overrides) if file else {}), **given}
-        train(TrainConfig.from_dict(values, source=str(file or "the command line")), resume=resume)
+        config = TrainConfig.from_dict(values, str(file or "the command line"), override_keys(overrides))
+        train(config, resume=resume)
 
 
 if __name__ == "__main__":

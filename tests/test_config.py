@@ -66,6 +66,21 @@ def test_bad_input_names_the_file_key_or_flag(tmp_path: Path) -> None:
         parse_config(Toy, ["--out", "x", "--mode", "slow"])  # argparse refuses a value outside the choices
 
 
+def test_an_unknown_key_is_reported_where_it_was_given(tmp_path: Path) -> None:
+    """A training config's unknown key, in the YAML file or as a key=value override, names the file or the command
+    line (an override used to be reported as if the file held it)."""
+    from gatt.train import load_config
+
+    good = ROOT / "recipes" / "configs" / "smoke.yaml"
+    with pytest.raises(ValueError, match=r"^the command line: unknown key\(s\) nosuch; valid keys: output_dir"):
+        load_config(good, ["max_steps=3", "nosuch=1"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text() + "bogus: 1\n")
+    with pytest.raises(ValueError, match=r"bad\.yaml: unknown key\(s\) bogus; valid keys"):
+        load_config(bad, ["max_steps=3"])
+    assert load_config(good, ["max_steps=3"]).max_steps == 3
+
+
 def test_a_config_files_value_outside_its_fields_choices_is_refused_naming_the_key(tmp_path: Path) -> None:
     file = tmp_path / "c.yaml"
     file.write_text(yaml.safe_dump({"out": "x", "mode": "slow"}))

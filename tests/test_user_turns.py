@@ -309,6 +309,20 @@ def test_txt_file_one_message_per_line(tmp_path: Path) -> None:
     ]
 
 
+def test_a_file_with_no_user_message_is_one_clear_error(tmp_path: Path) -> None:
+    # data_gen gatt drew its user turns from the pool and ended in random.choice's IndexError on an empty one.
+    from data_gen.__main__ import main
+
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n   \n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"blank\.txt: no user message in it"):
+        load_user_turns(blank)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=r"^error: .*blank\.txt: no user message in it"):
+        main(["gatt", "--teacher", "oracle", "--num-dialogues", "2", "--user-turns", str(blank), "--out", str(out)])
+    assert not (out / "gatt.jsonl").exists()
+
+
 def test_blank_lines_in_jsonl_are_ignored(tmp_path: Path) -> None:
     path = tmp_path / "gaps.jsonl"
     path.write_text("\n" + json.dumps({"messages": DIALOGUES[2]}) + "\n\n", encoding="utf-8")
