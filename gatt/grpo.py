@@ -43,7 +43,7 @@ from gatt.eval.cache import weight_files
 from gatt.eval.inputs import EvalTurn, load_eval_constraints
 from gatt.eval.plan import EvalDialogue, plan_dialogues
 from gatt.eval.rollout import RolloutConfig, rollout
-from gatt.files import write_json, write_text
+from gatt.files import atomic_path, write_json, write_text
 from gatt.gate import AnswerGate, GateConfig, GateItem, GateTurn, relevance_embedder, words
 from gatt.numerics import resolve_auto
 from gatt.train import lora_config
@@ -342,8 +342,9 @@ def train_grpo(config: GRPOGattConfig, turns: Sequence[EvalTurn], *, resume: boo
         return {}
     final = trainer.accelerator.unwrap_model(trainer.model)
     final = final.merge_and_unload() if config.lora_r > 0 else final
-    final.save_pretrained(out / "final")
-    tokenizer.save_pretrained(out / "final")
+    with atomic_path(out / "final") as folder:
+        final.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
     summary = {
         "settings": asdict(config),
         "prompts": len(records),

@@ -48,6 +48,7 @@ from gatt.config import REQUIRED, arg, dataclass_from_dict, override_keys, read_
 from gatt.distill import hidden_distance, layer_outputs
 from gatt.distributed import check_launch, last_reference_in_python, on_cpu
 from gatt.embedded import model_path
+from gatt.files import atomic_path, write_text
 from gatt.model_folder import check_model_folder, loading_model
 from gatt.modeling import GattConfig, GattForCausalLM
 from gatt.numerics import resolve_auto
@@ -605,7 +606,7 @@ class Trainer:
         if acc.is_main_process:
             self.out.mkdir(parents=True, exist_ok=True)
             _truncate_metrics(metrics_path, self.state.step)
-            (self.out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
+            write_text(self.out / "config.yaml", yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
         acc.init_trackers("gatt")
         progress = tqdm(total=config.max_steps, initial=self.state.step, desc="train", disable=not acc.is_main_process)
         last: dict[str, Any] = {}
@@ -699,9 +700,9 @@ class Trainer:
         model = acc.unwrap_model(self.model)
         if self.config.lora_r > 0 and self.config.merge_lora:
             model = model.merge_and_unload()
-        final = self.out / "final"
-        model.save_pretrained(final, state_dict=state_dict)
-        self.tokenizer.save_pretrained(final)
+        with atomic_path(self.out / "final") as final:  # whole or not at all: a stage that sees it may use it
+            model.save_pretrained(final, state_dict=state_dict)
+            self.tokenizer.save_pretrained(final)
 
 
 def latest_checkpoint(output_dir: Path) -> Path | None:
@@ -715,7 +716,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
     if not path.exists():
         return
     kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in kept))
+    write_text(path, "".join(line + "\n" for line in kept))
 
 
 def train(config: TrainConfig, resume: bool = False) -> dict[str, Any]:

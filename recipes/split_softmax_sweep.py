@@ -85,7 +85,7 @@ def run_evaluation(argv: list[str], folder: Path) -> tuple[dict[str, Any], list[
     if not (stamp.exists() and json.loads(stamp.read_text()) == argv and (folder / "transcripts.jsonl").exists()):
         stamp.unlink(missing_ok=True)
         evaluate_main(argv)
-        stamp.write_text(json.dumps(argv) + "\n")
+        write_text(stamp, json.dumps(argv) + "\n")
     else:
         print(f"[sweep] {folder}: evaluated with the same command before, reused", file=sys.stderr)
     transcripts = [json.loads(line) for line in (folder / "transcripts.jsonl").read_text().splitlines()]
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             shutil.copyfile(folder / name, target / name)
     summary = sweep_summary(report, strengths)
     write_text(args.out / "sweep.json", json.dumps(summary, indent=2) + "\n")
-    (args.out / "sweep.md").write_text(sweep_markdown(summary))
+    write_text(args.out / "sweep.md", sweep_markdown(summary))
     sweep_figure(summary, args.title or args.out.name).savefig(args.out / "sweep.png", dpi=120)
     print(sweep_markdown(summary))
     return summary
