@@ -53,6 +53,7 @@ from gatt.checks import (
 from gatt.cli import command_name, exit_on_bad_input
 from gatt.config import REQUIRED, add_config_arguments, arg, config_keys, config_parser, configs_from
 from gatt.distributed import end_job, process_state
+from gatt.events import SHORT_PROB, SHORT_PROB_HELP
 from gatt.files import atomic_path, write_json
 
 _HELDOUT_HELP = (
@@ -69,7 +70,7 @@ class BaseCorpusConfig:
     num_dialogues: int = arg(REQUIRED, "dialogues to generate")
     seed: int = arg(0, "same seed and inputs -> byte-identical output")
     out: Path = arg(REQUIRED, "output folder")
-    short_prob: float = arg(0.5, "chance of the shortened instruction form")
+    short_prob: float = arg(SHORT_PROB, SHORT_PROB_HELP)
     heldout_families: list[str] | None = arg(None, _HELDOUT_HELP, nargs="*", metavar="FAMILY")
     max_turns: int = arg(
         12, "longest dialogue with local instructions or none (system-prompt dialogues have 1-2 turns)"

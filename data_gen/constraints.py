@@ -26,8 +26,11 @@ from typing import Any
 from data_gen import builtin_data
 from data_gen.builtin_data import DataFileError
 from gatt.checks import Check, Constraint, Probe, split_values
+from gatt.events import (
+    SHORT_PROB,
+    instruction_text,  # noqa: F401  (data_gen's name for it)
+)
 from gatt.events import conflict as _gatt_conflict
-from gatt.events import instruction_text  # noqa: F401  (data_gen's name for it)
 
 KINDS = ("copy", "form", "language", "persona")
 # What a family's `reply` rule may say (catalogue.yaml's header explains each).
@@ -425,7 +428,7 @@ class ConstraintSampler:
     as often as all caps) or, with `by_family`, over families first and then over the family's values."""
 
     constraints: Sequence[Constraint]
-    short_prob: float = 0.5
+    short_prob: float = SHORT_PROB
     max_combined: int = 3
     combine_prob: float = 0.3  # chance of adding each further constraint, so single constraints dominate
     by_family: bool = False

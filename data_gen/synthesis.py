@@ -42,6 +42,8 @@ from gatt.distributed import my_items, process_state
 from gatt.embedding import EMBEDDING_JUDGE
 from gatt.events import (
     KINDS,
+    SHORT_PROB,
+    SHORT_PROB_HELP,
     Event,
     constraint_entry,
     dialogue_kind,
@@ -105,7 +107,7 @@ class SynthesisConfig:
     max_turns: int = arg(24, "longest dialogue drawn")
     samples_per_turn: int = arg(4, "candidates per turn (k) for rejection")
     seed: int = arg(0, "same seed and inputs -> byte-identical output")
-    short_prob: float = arg(0.5, "chance of the shortened instruction form")
+    short_prob: float = arg(SHORT_PROB, SHORT_PROB_HELP)
     probe_prob: float = 0.15
     shard_size: int = arg(64, "dialogues per resumable shard")
     redraws: int = arg(

@@ -18,11 +18,11 @@ from gatt.checks import Constraint
 from gatt.config import REQUIRED, arg
 from gatt.embedded import model_path
 from gatt.gate import RelevanceScorer
-from gatt.generation import SAMPLER_DEFAULTS, ChatBatch, Sampler, sampler_flags, sampler_settings
+from gatt.generation import MAX_NEW_TOKENS, SAMPLER_DEFAULTS, ChatBatch, Sampler, sampler_flags, sampler_settings
 from gatt.model_folder import check_model_folder
 from gatt.numerics import NUMERICS
 
-MAX_NEW_TOKENS, BATCH_SIZE = 64, 32  # a teacher's reply length limit, and prompts per generate() call
+BATCH_SIZE = 32  # prompts per generate() call
 
 
 @dataclass(frozen=True)

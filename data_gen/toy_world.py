@@ -30,6 +30,7 @@ from gatt.checks import Constraint
 
 # How both the base corpus and GAtt synthesis attach an instruction to a user message (the eval's upper bound too).
 from gatt.collator import append_instruction as with_instruction
+from gatt.events import SHORT_PROB
 
 # The responder's sentences per language (data_gen/data/toy_world.yaml, whose comments say why they read as
 # they do). TOPIC_REPLIES' {T} is the topic's English noun phrase as a label.
@@ -152,7 +153,7 @@ def base_corpus(
     catalogue: Sequence[Constraint],
     user_pool: Sequence[UserTurn],
     *,
-    short_prob: float = 0.5,
+    short_prob: float = SHORT_PROB,
     max_turns: int = 12,
 ) -> Iterator[dict[str, Any]]:
     """Yield base SFT records {"id", "kind", "messages"} in the Hugging Face `messages` format: dialogues with

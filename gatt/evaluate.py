@@ -44,7 +44,7 @@ from gatt.eval.plan import STRATA, EvalDialogue, plan_dialogues
 from gatt.eval.report import NOT_MODELS, build_report, summary_tables, write_report
 from gatt.eval.rollout import DECODERS, GENERATE_AT_MOST, RolloutConfig, distributed_rollout
 from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
-from gatt.events import KINDS, kinds_help
+from gatt.events import KINDS, SHORT_PROB, SHORT_PROB_HELP, kinds_help
 from gatt.gate import (
     RELEVANCE_JUDGE_HELP,
     RELEVANCE_JUDGES,
@@ -55,6 +55,7 @@ from gatt.gate import (
 )
 from gatt.generation import (
     FLAG_GIVEN,
+    MAX_NEW_TOKENS,
     folder_sampler_settings,
     sampler_flags,
     sampler_settings,
@@ -344,8 +345,8 @@ class EvalConfig(sampler_flags("the first --model's")):
     )
     placement: str = arg("system", "where turn one gives the instruction", choices=["system", "first_user"])
     probe_every: int = arg(4, "a probe every N turns from turn 2; 0: none")
-    short_prob: float = arg(0.5, "chance of the instruction's short form")
-    max_new_tokens: int = arg(64, "reply length limit")
+    short_prob: float = arg(SHORT_PROB, SHORT_PROB_HELP)
+    max_new_tokens: int = arg(MAX_NEW_TOKENS, "reply length limit")
     batch_size: int = arg(32, "dialogues rolled out together")
     sample: bool = arg(False, "sample (seeded) instead of greedy decoding")
     no_attention: bool = arg(False, "skip the attention-to-instruction probe")

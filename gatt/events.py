@@ -29,6 +29,9 @@ from gatt import constraint_sets
 from gatt.checks import CUSTOM_FAMILY, WORDINGS, Check, Constraint, check_wordings
 
 KINDS = ("first", "late", "replace", "revoke", "add")
+# How often a dialogue's instruction is in its short form ("half the time shortened", the paper's GAtt data), and the
+# flag's help: the GAtt data, the base corpus and the report's dialogues draw it alike.
+SHORT_PROB, SHORT_PROB_HELP = 0.5, "chance of the instruction's short form"
 WORDINGS_FILE = Path(__file__).with_name("events.yaml")
 
 # The built-in catalogue's families: each one's kind and the families it cannot hold together with (one sentence

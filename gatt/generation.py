@@ -248,6 +248,8 @@ class Sampler:
         return torch.multinomial(scores.softmax(-1), 1, generator=self.generator)[:, 0]
 
 
+MAX_NEW_TOKENS = 64  # a reply's length limit in tokens, wherever replies are generated (teacher, report, GRPO)
+
 # The `Sampler` flags' built-in defaults: what a flag not given takes when the model folder's
 # generation_config.json does not set it (as `generate()` reads its defaults from that file).
 SAMPLER_DEFAULTS: dict[str, float | int] = {

@@ -45,6 +45,7 @@ from gatt.eval.plan import EvalDialogue, plan_dialogues
 from gatt.eval.rollout import RolloutConfig, rollout
 from gatt.files import atomic_path, write_json, write_text
 from gatt.gate import AnswerGate, GateConfig, GateItem, GateTurn, relevance_embedder, words
+from gatt.generation import MAX_NEW_TOKENS
 from gatt.numerics import resolve_auto
 from gatt.train import lora_config
 
@@ -70,7 +71,7 @@ class GRPOGattConfig:
     prompts_per_dialogue: int = arg(4, "distinct turns each dialogue is cut at")
     probe_every: int = arg(4, "an attribute probe every N turns from turn 2 (probe-only families)")
     rollout_batch_size: int = arg(64, "dialogues rolled out together for the prompts")
-    max_new_tokens: int = arg(64, "tokens a reply may have: the rollouts' and every completion's")
+    max_new_tokens: int = arg(MAX_NEW_TOKENS, "tokens a reply may have: the rollouts' and every completion's")
     repetition_penalty: float = arg(1.0, "over the reply being written, in the rollouts and completions; 1.0: off")
     strict_gate: bool = arg(False, "the reward's answer gate is the strict one (a real chat model's)")
     # GRPO (TRL's GRPOConfig)

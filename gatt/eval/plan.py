@@ -18,6 +18,7 @@ from gatt.checks import Check, Constraint
 from gatt.eval.inputs import EvalTurn
 from gatt.events import (
     KINDS,
+    SHORT_PROB,
     Event,
     dialogue_kind,
     draw_events,
@@ -136,7 +137,7 @@ def plan_dialogues(
     turns: int,
     seed: int,
     no_instruction: int = 0,
-    short_prob: float = 0.5,
+    short_prob: float = SHORT_PROB,
     probe_start: int = 2,
     probe_every: int = 4,
     kinds: Sequence[str] = ("first",),

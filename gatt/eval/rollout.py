@@ -25,6 +25,7 @@ from gatt.distributed import gather_items, my_items
 from gatt.eval.plan import EvalDialogue, PlannedTurn
 from gatt.generation import DECODERS as CHAT_BATCH_DECODERS
 from gatt.generation import (
+    MAX_NEW_TOKENS,
     ChatBatch,
     Sampler,
     decoder_options,
@@ -36,7 +37,7 @@ from gatt.generation import (
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    max_new_tokens: int = 64
+    max_new_tokens: int = MAX_NEW_TOKENS
     batch_size: int = 32  # dialogues rolled out together
     do_sample: bool = False  # greedy by default
     temperature: float = 0.7
