@@ -198,5 +198,5 @@ def load_user_texts(path: str | Path, *, on_error: OnError = "raise") -> list[st
             logger.warning("%s: skipped %d malformed dialogue(s)", path, skipped)
         texts = unique_texts(text for dialogue in dialogues for text in user_texts(dialogue))
     if not texts:
-        raise ValueError(f"{path}: no user message in it (an empty file?)")
+        raise ValueError(f"{path}: no user turns found")
     return texts

@@ -315,10 +315,10 @@ def test_a_file_with_no_user_message_is_one_clear_error(tmp_path: Path) -> None:
 
     blank = tmp_path / "blank.txt"
     blank.write_text("\n   \n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"blank\.txt: no user message in it"):
+    with pytest.raises(ValueError, match=r"blank\.txt: no user turns found"):
         load_user_turns(blank)
     out = tmp_path / "out"
-    with pytest.raises(SystemExit, match=r"^error: .*blank\.txt: no user message in it"):
+    with pytest.raises(SystemExit, match=r"^error: .*blank\.txt: no user turns found"):
         main(["gatt", "--teacher", "oracle", "--num-dialogues", "2", "--user-turns", str(blank), "--out", str(out)])
     assert not (out / "gatt.jsonl").exists()
 
