@@ -36,7 +36,6 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 # The demo run's first GAtt round (`recipes/demo.py` lays each round out as round-R/{data/gatt,gatt}).
 GATT = Path("round-1") / "gatt"
-sys.path.insert(0, str(ROOT))
 
 from gatt.files import write_text  # noqa: E402
 from gatt.machine import machine_calibration  # noqa: E402

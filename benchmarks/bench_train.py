@@ -75,15 +75,12 @@ import gc
 import json
 import os
 import shutil
-import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest import mock
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_common, bench_collator (as when run as a script)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

@@ -47,7 +47,6 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 # The project (gatt) is imported only after the install stage: it needs the lock's transformers, which a GPU
 # machine's own Python may not have yet.
 

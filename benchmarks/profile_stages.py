@@ -14,13 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's gatt
-
 
 from gatt.cli import exit_on_bad_input  # noqa: E402
 from gatt.files import write_json  # noqa: E402

@@ -46,13 +46,10 @@ import importlib
 import inspect
 import json
 import platform
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules beside this file
 
 import torch  # noqa: E402
 

@@ -29,24 +29,18 @@ from data_gen.user_turns import UserTurn
 from gatt.checks import CUSTOM_FAMILY, Constraint, reply_checks
 from gatt.config import arg
 from gatt.embedding import EMBEDDING_JUDGE
-from gatt.gate import RELEVANCE_JUDGE_HELP, RELEVANCE_JUDGES, GateItem
+from gatt.gate import GateItem, gate_flags
 
 EXAMPLE_WIDTH = 100  # characters of a user turn or rejected reply in the printed table (the JSON keeps them whole)
 
 
 @dataclass(frozen=True)
-class PassRateConfig:
+class PassRateConfig(gate_flags(frozen=True)):
     prompts: int = arg(8, "user turns per constraint")
     samples: int = arg(2, "candidates per prompt (k)")
     seed: int = arg(0, "prompt draw and sampling seed")
     relevance_others: int = 3  # contrast questions where a turn has no on-topic check
     chunk: int = 64  # at most this many prompts per teacher call; a call never mixes constraints (progress steps)
-    strict_gate: bool = arg(
-        False,
-        "the answer gate for a real chat model (gatt.evaluate --strict-gate): strict repeats, and a reply to a turn "
-        "with topic words must pass the likelihood contrast too",
-    )
-    relevance_judge: str | None = arg(None, RELEVANCE_JUDGE_HELP, choices=RELEVANCE_JUDGES)
     demonstration: bool = arg(
         False,
         "precede each prompt with one exchange of the same constraint whose reply passed the checks and the gate in a "

@@ -56,12 +56,11 @@ from gatt.events import (
 from gatt.files import write_text
 from gatt.gate import (
     REASONS,
-    RELEVANCE_JUDGE_HELP,
-    RELEVANCE_JUDGES,
     AnswerGate,
     GateConfig,
     GateItem,
     GateTurn,
+    gate_flags,
     relevance_embedder,
 )
 
@@ -99,7 +98,7 @@ def first_failed(reply: str, checks: Iterable[Check]) -> Check | None:
 
 
 @dataclass(frozen=True)
-class SynthesisConfig:
+class SynthesisConfig(gate_flags(frozen=True)):
     """What decides the output: the same config, inputs and teacher give byte-identical records."""
 
     num_dialogues: int = arg(REQUIRED, "dialogues to generate")
@@ -119,12 +118,6 @@ class SynthesisConfig:
         "reject a near copy of an earlier reply even where its topic word changed (the gate lets such template "
         "answers pass); a real model's teacher needs it, or the fine-tuned model learns to repeat itself",
     )
-    strict_gate: bool = arg(
-        False,
-        "the answer gate for a real chat model (gatt.evaluate --strict-gate): --strict-repeats, and a reply to a turn "
-        "with topic words must pass the likelihood contrast too",
-    )
-    relevance_judge: str | None = arg(None, RELEVANCE_JUDGE_HELP, choices=RELEVANCE_JUDGES)
     demonstration: bool = arg(
         False,
         "open the teacher's prompt with one exchange of each constraint whose reply passed the checks and the gate "

@@ -128,19 +128,39 @@ def override_keys(overrides: Sequence[str]) -> set[str]:
 
 
 def dataclass_from_dict(
-    cls: type[T], values: dict[str, Any], source: str = "config", overridden: Collection[str] = ()
+    cls: type[T],
+    values: dict[str, Any],
+    source: str = "config",
+    overridden: Collection[str] = (),
+    *,
+    shared: Collection[str] = (),
 ) -> T:
-    """`cls(**values)`, refusing unknown keys (naming them, where they were given, and the valid ones) and missing
-    required ones. `overridden`: the keys given on the command line (`override_keys`), the others read from `source`."""
+    """`cls` from `values`, the project's one config loader: an unknown key is refused (naming it, where it was
+    given and the valid keys), so is a missing required one and a value outside its field's choices; each value is
+    converted to its field's type where YAML wrote it otherwise (a path as a string, a tuple as a list).
+    `overridden`: the keys given on the command line (`override_keys`), the others read from `source`. `shared`: keys
+    that the same command's other configs take (`configs_from`), left to them."""
     names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(values) - set(names))
+    unknown = sorted(set(values) - set(names) - set(shared))
     if unknown:
         given = [key for key in unknown if key in overridden]
         where = "the command line" if given else source
         raise ValueError(f"{where}: unknown key(s) {', '.join(given or unknown)}; valid keys: {', '.join(names)}")
+    values = {name: value for name, value in values.items() if name in names}
     if missing := _missing(cls, values):
-        raise ValueError(f"{source}: missing required key(s) {', '.join(f.name for f in missing)}")
+        keys, flags = ", ".join(f.name for f in missing), ", ".join(_flag(f) for f in missing)
+        raise ValueError(
+            f"{source}: missing required key(s) {keys}; give {flags} on the command line, or {keys} in a --config file"
+        )
     _refuse_bad_choices(cls, values, source)
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+        if _scalar(hints[name]) is Path and isinstance(value, str):
+            values[name] = Path(value)
+        elif typing.get_origin(hints[name]) is list and isinstance(value, tuple):
+            values[name] = list(value)
+        elif typing.get_origin(hints[name]) is tuple and isinstance(value, list):
+            values[name] = tuple(value)
     return cls(**values)
 
 
@@ -167,27 +187,6 @@ def _missing(cls: type, values: dict[str, Any]) -> list[dataclasses.Field]:
     ]
 
 
-def config_from(cls: type[T], values: dict[str, Any], source: str = "config") -> T:
-    """`cls` from `values` (those of its fields; the others keep their defaults), each converted to its field's
-    type where YAML wrote it otherwise (a path as a string, a tuple as a list); a value outside its field's choices
-    is refused naming the key and `source`."""
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    values = {name: value for name, value in values.items() if name in names}
-    if missing := _missing(cls, values):
-        flags, keys = ", ".join(_flag(f) for f in missing), ", ".join(f.name for f in missing)
-        raise ValueError(f"missing {flags}: give it on the command line, or as {keys} in a --config file")
-    _refuse_bad_choices(cls, values, source)
-    for name, value in values.items():
-        if _scalar(hints[name]) is Path and isinstance(value, str):
-            values[name] = Path(value)
-        elif typing.get_origin(hints[name]) is list and isinstance(value, tuple):
-            values[name] = list(value)
-        elif typing.get_origin(hints[name]) is tuple and isinstance(value, list):
-            values[name] = tuple(value)
-    return cls(**values)
-
-
 def configs_from(classes: Sequence[type], given: dict[str, Any], parser: argparse.ArgumentParser) -> tuple[Any, ...]:
     """The dataclasses `classes` from what `parser` parsed (`given`, its `config` the YAML file read first): the
     file's keys are checked against the settings `parser` takes."""
@@ -196,7 +195,7 @@ def configs_from(classes: Sequence[type], given: dict[str, Any], parser: argpars
     names = [a.dest for a in parser._actions if a.option_strings and a.dest not in ("help", "config")]
     source = f"--config {file}" if file is not None else "the command line"
     values = {**(check_section(read_yaml_config(file), source, names) if file is not None else {}), **given}
-    return tuple(config_from(cls, values, source) for cls in classes)
+    return tuple(dataclass_from_dict(cls, values, source, shared=names) for cls in classes)
 
 
 def parse_config(cls: type[T], argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> T:

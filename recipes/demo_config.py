@@ -17,6 +17,8 @@ from gatt.evaluate import EvalConfig
 from gatt.grpo import GRPOGattConfig
 from gatt.train import TrainConfig
 
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: config files named in a config are relative to it
+
 Section = dict[str, Any]
 
 
@@ -48,9 +50,9 @@ class DemoConfig:
 # Each section: the settings its command takes, and those the demo sets itself (refused in the section).
 TRAIN_KEYS = ["config", *config_keys(TrainConfig)]  # `config`: a TrainConfig YAML read first
 SECTIONS: dict[str, tuple[list[str], tuple[str, ...]]] = {
-    "data.base": (command_keys("base"), ("out", "seed")),
-    "data.gatt": (command_keys("gatt"), ("out", "teacher", "round", "seed")),
-    "data.replay": (command_keys("replay"), ("out", "teacher", "seed")),
+    "data.base": (["config", *command_keys("base")], ("out", "seed")),
+    "data.gatt": (["config", *command_keys("gatt")], ("out", "teacher", "round", "seed")),
+    "data.replay": (["config", *command_keys("replay")], ("out", "teacher", "seed")),
     "train.base": (TRAIN_KEYS, ("train_file", "output_dir", "seed")),
     "train.gatt": (TRAIN_KEYS, ("model", "train_file", "replay_file", "output_dir", "seed")),
     "train.grpo": (["config", *config_keys(GRPOGattConfig)], ("model", "output_dir", "seed")),
@@ -99,10 +101,21 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> DemoConfig:
 
 
 def section(config: DemoConfig, name: str) -> Section:
-    """The section `name` (data.gatt, eval, ...) of `config`, its keys checked against its command's settings."""
+    """The section `name` (data.gatt, eval, ...) of `config`, its keys checked against its command's settings. A data
+    section's `config: FILE` (a YAML file of that command's settings, relative to the checkout) is read first and the
+    section's other keys override it, as a train section's `config` is a TrainConfig YAML."""
     head, _, key = name.partition(".")
     values = getattr(config, head) or {}
-    return check_section(values.get(key) or {} if key else values, name, *SECTIONS[name])
+    values = check_section(values.get(key) or {} if key else values, name, *SECTIONS[name])
+    if "config" in values and (head == "data" or name == "any_turn.data"):
+        file = values.pop("config")
+        keys, set_elsewhere = SECTIONS[name]
+        values = {
+            **check_section(read_yaml_config(ROOT / file), f"{name}.config {file}", keys, set_elsewhere),
+            **values,
+        }
+        values.pop("config", None)
+    return values
 
 
 def heldout_tiers(config: DemoConfig) -> dict[str, tuple[str, ...]]:

@@ -21,20 +21,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from demo import ROOT, DemoConfig, load_config, run  # noqa: E402
-
-from gatt.cli import exit_on_bad_input  # noqa: E402
-from gatt.eval.rounds import gatt_data_dir  # noqa: E402
-from gatt.eval.scoring import rate  # noqa: E402
-from gatt.files import write_text  # noqa: E402
+from gatt.cli import exit_on_bad_input
+from gatt.eval.scoring import rate
+from gatt.files import write_text
+from recipes.demo import ROOT, DemoConfig, load_config, run
+from recipes.rounds import gatt_data_dir
 
 STRATA = {
     "trained values": "per_turn",

@@ -1,18 +1,13 @@
 """The rollout and teacher benchmarks (benchmarks/bench_eval.py, bench_teacher.py): both sides do the same work."""
 
 import argparse
-import sys
-from pathlib import Path
-
-import pytest
-import torch
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 
 import bench_common  # noqa: E402
 import bench_crossover  # noqa: E402
 import bench_eval  # noqa: E402
 import bench_teacher  # noqa: E402
+import pytest
+import torch
 from test_generation import model, tokenizer  # noqa: E402,F401  (the tiny model and tokenizer fixtures)
 
 import gatt.eval.rollout  # noqa: E402

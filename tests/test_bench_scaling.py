@@ -13,7 +13,6 @@ from data_gen.__main__ import main as data_gen_main
 from gatt.processes import running
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_scaling  # noqa: E402
 

@@ -2,19 +2,14 @@
 the identities each side asserts, the ratios computed from the figures beside them)."""
 
 import json
-import sys
-from pathlib import Path
-
-import pytest
-import torch
-
-from gatt.machine import cpu_name
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 
 import bench_smollm2  # noqa: E402
+import pytest
 import run as runner  # noqa: E402
+import torch
 from test_generation import model, tokenizer  # noqa: E402,F401  (the tiny model and tokenizer fixtures)
+
+from gatt.machine import cpu_name
 
 
 @pytest.fixture(scope="module")

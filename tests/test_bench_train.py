@@ -6,17 +6,12 @@ the rendered token ids and the supervised tokens of TRL's prepared rows equal ou
 TRL's padding-free batch keeps the dialogues apart (position ids restart at 0 for each).
 """
 
-import sys
-from pathlib import Path
-
+import bench_train_trl  # noqa: E402
 import pytest
 
 from gatt.collator import IGNORE_INDEX, GAttCollator
 from gatt.tokenizer import train_tokenizer
 from gatt.train import TrainConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import bench_train_trl  # noqa: E402
 
 # SmolLM2-135M-Instruct's chat template, as its GGUF file ships it.
 SMOLLM2_TEMPLATE = (

@@ -11,7 +11,6 @@ import pytest
 from gatt import processes
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "recipes"))
 
 BAD_INPUTS = {
     "evaluate: a missing model": (

@@ -13,7 +13,7 @@ from data_gen.__main__ import build_parser as data_gen_parser
 from data_gen.__main__ import parse as data_gen_parse
 from data_gen.synthesis import SynthesisConfig
 from data_gen.teacher import TeacherConfig
-from gatt.config import REQUIRED, arg, config_from, config_parser, dataclass_from_dict, parse_config
+from gatt.config import REQUIRED, arg, config_parser, dataclass_from_dict, parse_config
 from gatt.evaluate import EvalConfig, build_parser
 from gatt.grpo import GRPOGattConfig
 from gatt.train import TrainConfig
@@ -58,7 +58,9 @@ def test_bad_input_names_the_file_key_or_flag(tmp_path: Path) -> None:
     file.write_text(yaml.safe_dump({"out": "x", "turn": 3}))
     with pytest.raises(ValueError, match=r"--config .*c\.yaml: unknown key\(s\) turn; the keys are out, turns"):
         parse_config(Toy, ["--config", str(file)])
-    with pytest.raises(ValueError, match=r"missing --out: give it on the command line, or as out in a --config"):
+    with pytest.raises(
+        ValueError, match=r"missing required key\(s\) out; give --out on the command line, or out in a --config file"
+    ):
         parse_config(Toy, [])
     with pytest.raises(FileNotFoundError, match="config file not found: .*nowhere.yaml"):
         parse_config(Toy, ["--config", str(tmp_path / "nowhere.yaml")])
@@ -90,9 +92,11 @@ def test_a_config_files_value_outside_its_fields_choices_is_refused_naming_the_k
     with pytest.raises(ValueError, match=r"train\.yaml: distill_view must be one of reminded, near, both, got 'far'"):
         TrainConfig.from_dict({**train, "distill_view": "far"}, "train.yaml")
     with pytest.raises(ValueError, match=r"kinds must be one of .*, got 'sideways'"):  # a list: each element
-        config_from(EvalConfig, {"model": ["a=b"], "out": "o", "kinds": ["first", "sideways"]})
+        dataclass_from_dict(EvalConfig, {"model": ["a=b"], "out": "o", "kinds": ["first", "sideways"]})
     assert TrainConfig.from_dict({**train, "distill_view": "near"}).distill_view == "near"
-    assert config_from(EvalConfig, {"model": ["a=b"], "out": "o", "relevance_judge": None}).relevance_judge is None
+    assert (
+        dataclass_from_dict(EvalConfig, {"model": ["a=b"], "out": "o", "relevance_judge": None}).relevance_judge is None
+    )
 
 
 def test_eval_config_from_a_yaml_file_equals_the_same_command_line(tmp_path: Path) -> None:
@@ -115,7 +119,7 @@ def test_eval_config_from_a_yaml_file_equals_the_same_command_line(tmp_path: Pat
     )
     assert parse_config(EvalConfig, ["--config", str(file)], build_parser()) == from_flags
     assert from_flags.repeat_instruction == [] and from_flags.heldout_families == [] and from_flags.dialogues == 64
-    assert config_from(EvalConfig, {"model": ["a=b"], "out": "o"}).repeat_instruction is None  # not given: none
+    assert dataclass_from_dict(EvalConfig, {"model": ["a=b"], "out": "o"}).repeat_instruction is None  # not given: none
 
 
 def _evaluate_commands() -> list[list[str]]:
@@ -184,10 +188,8 @@ def test_every_data_gen_flag_of_the_old_parsers_is_kept() -> None:
 def test_every_committed_demo_config_writes_stage_configs_that_their_commands_parse(tmp_path: Path) -> None:
     """Each stage of each demo config (recipes/demo.py writes its section as the stage's YAML) parses with its
     command's own parser, and the section's settings arrive."""
-    import sys
 
-    sys.path.insert(0, str(ROOT / "recipes"))
-    from demo import load_config, stages
+    from recipes.demo import load_config, section, stages
 
     demo_configs = [
         p for p in sorted((ROOT / "recipes" / "configs").glob("*.yaml")) if "out" in yaml.safe_load(p.read_text())
@@ -204,7 +206,7 @@ def test_every_committed_demo_config_writes_stage_configs_that_their_commands_pa
             elif "data_gen" in stage.command:
                 name, configs = data_gen_parse([stage.command[stage.command.index("data_gen") + 1], *argv])
                 if name == "gatt":
-                    assert configs[0].max_turns == config.data["gatt"]["max_turns"], path
+                    assert configs[0].max_turns == section(config, "data.gatt")["max_turns"], path
             elif "recipes/grpo_gatt.py" in " ".join(stage.command):
                 grpo = dataclass_from_dict(GRPOGattConfig, yaml.safe_load(stage.config.read_text()), str(stage.config))
                 grpo.validate(str(stage.config))
@@ -214,12 +216,31 @@ def test_every_committed_demo_config_writes_stage_configs_that_their_commands_pa
                 assert trained.output_dir == str(stage.output), path
 
 
+def test_a_data_section_reads_its_config_file_and_its_own_keys_override_it(tmp_path: Path) -> None:
+    """A data section's `config: FILE` (relative to the checkout) holds its command's settings; the section's other
+    keys win; a key the command does not take (or the recipe sets), in the file, is refused naming the section and the file."""
+    from recipes.demo_config import load_config, section
+
+    demo = ROOT / "recipes" / "configs" / "demo.yaml"
+    shared = yaml.safe_load((ROOT / "recipes" / "configs" / "gatt_data.yaml").read_text())
+    assert section(load_config(demo), "data.gatt") == shared
+    changed = section(load_config(demo, ["data.gatt.num_dialogues=5"]), "data.gatt")
+    assert changed == {**shared, "num_dialogues": 5}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("num_dialogues: 4\nnum_turns: 3\n")
+    with pytest.raises(ValueError, match=rf"data.gatt.config {re.escape(str(bad))}: unknown key\(s\) num_turns"):
+        section(load_config(demo, [f"data.gatt.config={bad}"]), "data.gatt")  # an absolute path stays itself
+    teacher = tmp_path / "teacher.yaml"
+    teacher.write_text("teacher: other\n")  # set by the recipe itself, in the file too
+    with pytest.raises(ValueError, match="teacher set by the recipe itself"):
+        section(load_config(demo, [f"data.gatt.config={teacher}"]), "data.gatt")
+
+
 def test_a_training_flag_equals_its_key_value_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """recipes/train_gatt.py: the YAML file, then key=value, then the flags; each field of TrainConfig is a flag."""
     import sys
 
-    sys.path.insert(0, str(ROOT / "recipes"))
-    import train_gatt
+    from recipes import train_gatt
 
     seen = []
     monkeypatch.setattr(train_gatt, "train", lambda config, resume: seen.append((config, resume)))

@@ -18,7 +18,6 @@ from gatt.embedded import model_path
 from gatt.model_folder import check_model_folder, damaged_file, loading_model
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "recipes"))
 REMEDY = "; re-export or re-train this model"
 
 

@@ -14,18 +14,12 @@ import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "recipes"))
-
-import train_gatt  # noqa: E402
 from accelerate.state import AcceleratorState, GradientState  # noqa: E402
-from demo import DemoConfig, load_config, main, stages  # noqa: E402
-from variety_curve import distinct_values  # noqa: E402
-from variety_curve import main as variety_curve  # noqa: E402
 
 import data_gen.__main__  # noqa: E402
 import gatt.evaluate  # noqa: E402
 import gatt.pretrained  # noqa: E402
-import gatt.stages  # noqa: E402
+import recipes.stages  # noqa: E402
 from data_gen.constraints import HELDOUT_FAMILIES  # noqa: E402
 from gatt.checks import load_constraints  # noqa: E402
 from gatt.embedded import FOLDER as EMBEDDED_FOLDER  # noqa: E402
@@ -33,8 +27,12 @@ from gatt.embedded import greedy_replies, read_record, ship, weights_sha256  # n
 from gatt.events import KINDS  # noqa: E402
 from gatt.machine import REFERENCE_WORK_SECONDS  # noqa: E402
 from gatt.processes import TreeTimeout, running  # noqa: E402
-from gatt.stages import Stage, fingerprint, run_stage  # noqa: E402
 from gatt.train import TrainConfig  # noqa: E402
+from recipes import train_gatt  # noqa: E402
+from recipes.demo import DemoConfig, load_config, main, stages  # noqa: E402
+from recipes.stages import Stage, fingerprint, run_stage  # noqa: E402
+from recipes.variety_curve import distinct_values  # noqa: E402
+from recipes.variety_curve import main as variety_curve  # noqa: E402
 
 # The `main` each stage command runs: `python -m MODULE ARGS` or `python SCRIPT ARGS`.
 STAGE_MAINS = {
@@ -46,7 +44,7 @@ STAGE_MAINS = {
 
 
 def in_process_stage(command, env, started, key, before, every=0.0, timeout_s=0.0, cwd=None) -> tuple[int, float]:
-    """`gatt.stages.run_stage`'s contract (exit code, seconds with `before`, the started stamp), the stage's command run
+    """`recipes.stages.run_stage`'s contract (exit code, seconds with `before`, the started stamp), the stage's command run
     by its `main` in this process: a process would spend seconds on imports and on loading the language detector,
     most of each stage of these tiny demos. Stages as processes run in README's demo-smoke command
     (tests/test_readme.py) and the heartbeat test."""
@@ -89,7 +87,7 @@ def smoke_config(tmp_path: Path, name: str = "demo_smoke.yaml") -> Path:
 
 def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys, monkeypatch):
     """Two GAtt rounds: round 2's teacher is round 1's model, its data carries its round, its student learns from both."""
-    monkeypatch.setattr(gatt.stages, "run_stage", in_process_stage)
+    monkeypatch.setattr(recipes.stages, "run_stage", in_process_stage)
     config = smoke_config(tmp_path)
     out = tmp_path / "demo"
     demo = ["--config", str(config), f"out={out}", "rounds=2"]
@@ -217,7 +215,7 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys, monkeyp
 def test_base_model_trains_the_chat_model_from_scratch_and_packages_it_with_its_record(tmp_path, monkeypatch):
     """make base-model's wiring (rebuild_base, rounds 0) at toy size: data, tokenizer, training, the base model's
     report and the packaged folder that make ship-base-model puts in the package."""
-    monkeypatch.setattr(gatt.stages, "run_stage", in_process_stage)
+    monkeypatch.setattr(recipes.stages, "run_stage", in_process_stage)
     out = tmp_path / "base-model"
     report = main(["--config", str(smoke_config(tmp_path)), f"out={out}", "rebuild_base=true", "rounds=0"])
     assert set(report) == {"settings", "base", "base+repeat", "followable", "rounds"} and report["rounds"] == []
@@ -354,7 +352,7 @@ def test_rounds_continue_trains_each_round_from_the_last_model_on_its_own_data()
 def test_any_turn_trains_gatt_and_gatt_any_and_reports_every_kind(tmp_path, monkeypatch):
     """make any-turn's wiring: today's GAtt model and one trained on every dialogue kind, from the same chat model;
     the report rolls out every kind with base, base+repeat, gatt and gatt-any."""
-    monkeypatch.setattr(gatt.stages, "run_stage", in_process_stage)
+    monkeypatch.setattr(recipes.stages, "run_stage", in_process_stage)
     out = tmp_path / "any"
     kinds = "[first, late, replace, revoke, add]"
     argv = ["--config", str(smoke_config(tmp_path)), f"out={out}", "any_turn.data.num_dialogues=10"]
@@ -440,7 +438,7 @@ USER_TURNS = [
 def test_smollm2_demo_runs_every_stage_on_a_users_own_files(tmp_path, monkeypatch, smollm2):
     """make demo-smollm2's wiring on the real model: the user's constraints (a probe-only persona, their own python
     checks) and a .txt of their messages reach every stage, and every stage makes its output."""
-    monkeypatch.setattr(gatt.stages, "run_stage", in_process_stage)
+    monkeypatch.setattr(recipes.stages, "run_stage", in_process_stage)
     monkeypatch.setattr(gatt.pretrained, "load_smollm2", lambda: smollm2)  # the export stage: the suite's one load
     code = tmp_path / "code"
     code.mkdir()

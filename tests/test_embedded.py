@@ -3,7 +3,6 @@ the ones its record describes (weights' hash, greedy replies), and `make base-mo
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,10 +27,9 @@ from gatt.modeling import GattForCausalLM
 from gatt.train import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "recipes"))
 
-from demo import load_config as load_demo_config  # noqa: E402
-from demo import stages  # noqa: E402
+from recipes.demo import load_config as load_demo_config  # noqa: E402
+from recipes.demo import stages  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,9 @@
 tables (benchmarks/gate_audit_draw.py, benchmarks/bench_gate.py)."""
 
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_gate  # noqa: E402
 import gate_audit_draw  # noqa: E402

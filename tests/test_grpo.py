@@ -13,9 +13,6 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
-from demo import load_config, stages  # noqa: E402
-
 from data_gen.eval_set import training_turns  # noqa: E402
 from gatt import grpo  # noqa: E402
 from gatt.checks import Check  # noqa: E402
@@ -29,6 +26,7 @@ from gatt.grpo import (  # noqa: E402
     prompt_records,
     reward_gate,
 )
+from recipes.demo import load_config, stages  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -228,7 +226,6 @@ def test_a_kl_term_on_a_full_fine_tune_builds_the_reference_model_from_the_start
 
 
 def test_the_audit_counts_real_answers_length_and_on_topic_share_and_draws_replies_blind(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import grpo_audit
 
     def turn(n, reply, passed, on_topic=None, kind="chat"):

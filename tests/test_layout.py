@@ -2,6 +2,7 @@
 one that imports it back, at the top or inside a function."""
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
@@ -68,3 +69,37 @@ def test_the_library_never_imports_the_data_generator_or_the_recipes() -> None:
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
             assert not [n for n in names if n.split(".")[0] in ("data_gen", "recipes", "benchmarks")], path
+
+
+def test_no_recipe_or_benchmark_edits_the_import_path() -> None:
+    """recipes/ is a package (`from recipes.demo import ...`) and each benchmark script imports its siblings as the
+    script's own folder allows: none of them puts a folder on sys.path."""
+    edits = [
+        path.relative_to(ROOT)
+        for folder in ("recipes", "benchmarks")
+        for path in (ROOT / folder).rglob("*.py")
+        if re.search(r"sys\.path\.(insert|append)|sys\.path\[", path.read_text(encoding="utf-8"))
+    ]
+    assert edits == []
+
+
+def test_each_shared_default_is_written_once() -> None:
+    """short_prob, max_new_tokens, the sampler's settings and the answer gate's flags: no config class of the project
+    writes their default as a literal (each takes the one constant, SHORT_PROB, MAX_NEW_TOKENS, SAMPLER_DEFAULTS, or
+    inherits the one mixin, sampler_flags, gate_flags); a recipe may still choose its own value in its YAML."""
+    shared = {"short_prob", "max_new_tokens", "temperature", "top_p", "repetition_penalty", "no_repeat_ngram_size"}
+    shared |= {"strict_gate", "relevance_judge"}
+    literal = []
+    for folder in ("gatt", "data_gen", "recipes"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(node, ast.ClassDef) or node.name == "GateConfig":  # the gate's own settings
+                    continue
+                for item in node.body:
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value:
+                        value = (
+                            item.value.args[0] if isinstance(item.value, ast.Call) and item.value.args else item.value
+                        )
+                        if item.target.id in shared and isinstance(value, ast.Constant) and value.value is not None:
+                            literal.append(f"{path.relative_to(ROOT)}:{item.lineno} {node.name}.{item.target.id}")
+    assert literal == []

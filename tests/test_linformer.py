@@ -161,10 +161,7 @@ def test_linformer_bad_input_raises_value_error():
 
 def test_linformer_benchmark_merges_into_existing_results(tmp_path, monkeypatch):
     import json
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import bench_linformer
     import run as runner
 

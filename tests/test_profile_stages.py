@@ -1,12 +1,6 @@
 """benchmarks/profile_stages.py: py-spy's raw samples become each stage's shares by what it was doing."""
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
 from profile_stages import markdown, profile, stage_of  # noqa: E402
 
 DEMO = 'process 10:"python recipes/demo.py --config x.yaml";'

@@ -1,15 +1,11 @@
 """recipes/split_softmax_sweep.py: one evaluation, a four-model report per strength, and the sweep summary."""
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "recipes"))
-
-import split_softmax_sweep  # noqa: E402
 from test_eval_rollout import eval_inputs, model, model_dir, run_cli, tokenizer  # noqa: E402,F401  (fixtures)
 
 from gatt.eval.report import NOT_MODELS  # noqa: E402
+from recipes import split_softmax_sweep
 
 
 def test_sweep_writes_a_report_per_strength_and_reuses_the_evaluation(model_dir, eval_inputs, tmp_path, capsys):

@@ -32,6 +32,17 @@ class MaskedMultiHeadAttention(nn.Module):
     Parameter names (`q_proj`, `k_proj`, `v_proj`, `o_proj`) are those of Hugging Face Llama, so
     checkpoints load unchanged and LoRA targets are the usual ones; E and F are `linformer_e`,
     `linformer_f`, absent without Linformer.
+
+    Cross-attention's forward: the queries come from `hidden_states` (B, Tq, C), the keys from `key_value_states`
+    (B, Tk, kdim), the values from `value_states` (B, Tk, vdim) if given, else from `key_value_states` (then kdim must
+    equal vdim). RoPE is off with `position_embeddings=None`, or explicit: `position_embeddings` rotates the queries
+    and `key_position_embeddings` (B, Tk, D) the keys. No KV cache: its `update` appends, so the same encoder keys
+    would pile up at every decoding step; the keys are projected from `key_value_states` at every call instead.
+
+    Linformer's forward: `linformer_attention` with E and F; `key_padding_mask` zeroes the padded keys and values
+    before the projection; `is_causal=True`, a KV cache, `mask`, `spans` and `split_softmax` are refused (E mixes
+    every position, future ones included). With RoPE the keys are rotated before E mixes them, which loses RoPE's
+    relative-position property.
     """
 
     def __init__(
@@ -124,23 +135,12 @@ class MaskedMultiHeadAttention(nn.Module):
         Self-attention (no `key_value_states`): `position_embeddings` (cos, sin) (B, T, D) is required
         and rotates queries and keys alike.
 
-        Cross-attention: the queries come from `hidden_states` (B, Tq, C), the keys from
-        `key_value_states` (B, Tk, kdim), the values from `value_states` (B, Tk, vdim) if given, else
-        from `key_value_states` (then kdim must equal vdim). RoPE is off with `position_embeddings=None`,
-        or explicit: `position_embeddings` rotates the queries and `key_position_embeddings` (B, Tk, D)
-        the keys. No KV cache: its `update` appends, so the same encoder keys would pile up at every
-        decoding step; the keys are projected from `key_value_states` at every call instead (a cache of
-        the encoder keys is left out).
-
         `query_padding_mask` (B, Tq) and `key_padding_mask` (B, Tk, cached keys included), either mode:
         True/nonzero on real tokens (the opposite of `torch.nn.MultiheadAttention`'s key_padding_mask).
         No query attends to a padded key; a padded query's output row is zero (after `o_proj`, bias
         included) and its weights are zero.
 
-        Linformer (`linformer_k` set): `linformer_attention` with E and F; `key_padding_mask` zeroes the
-        padded keys and values before the projection; `is_causal=True`, a KV cache, `mask`, `spans` and
-        `split_softmax` are refused (E mixes every position, future ones included). With RoPE the keys are rotated before
-        E mixes them, which loses RoPE's relative-position property.
+        Cross-attention and Linformer: the class's docstring.
         """
         cross = key_value_states is not None
         check_forward_inputs(
@@ -162,6 +162,39 @@ class MaskedMultiHeadAttention(nn.Module):
         )
         if is_causal is None:
             is_causal = not cross and self.linformer_e is None
+        query, key, value = self._project(
+            hidden_states, key_value_states, value_states, position_embeddings, key_position_embeddings, past_key_values
+        )
+        batch, length, _ = hidden_states.shape
+        if key_padding_mask is not None and tuple(key_padding_mask.shape) != (batch, key.shape[2]):
+            raise ValueError(
+                f"key_padding_mask must have shape (batch, Tk) = {(batch, key.shape[2])} (cached keys included), "
+                f"got {tuple(key_padding_mask.shape)}"
+            )
+        output, weights = self._attend(
+            query, key, value, mask, is_causal, spans, split_softmax, key_padding_mask, return_weights
+        )
+        output = output.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)  # (B, T, H*D)
+        output = self.o_proj(output.to(hidden_states.dtype))  # (B, T, C)
+        if query_padding_mask is not None:
+            real_queries = query_padding_mask.bool()  # (B, Tq)
+            output = output.masked_fill(~real_queries[:, :, None], 0.0)
+            if weights is not None:
+                weights = weights.masked_fill(~real_queries[:, None, :, None], 0.0)  # (B, H, Tq, Tk)
+        return output, weights
+
+    def _project(
+        self,
+        hidden_states: Tensor,
+        key_value_states: Tensor | None,
+        value_states: Tensor | None,
+        position_embeddings: tuple[Tensor, Tensor] | None,
+        key_position_embeddings: tuple[Tensor, Tensor] | None,
+        past_key_values: KVCache | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The queries (B, H, T, D), and the keys and values (B, Hkv, Tk, D) with the cached ones before them:
+        projected, rotated (self-attention always; cross-attention where both position embeddings are given), in
+        `attention_dtype`."""
         batch, length, _ = hidden_states.shape
         key_source = key_value_states if key_value_states is not None else hidden_states  # (B, Tk, kdim)
         value_source = value_states if value_states is not None else key_source  # (B, Tk, vdim)
@@ -175,7 +208,7 @@ class MaskedMultiHeadAttention(nn.Module):
         value = (
             self.v_proj(value_source).view(batch, key_length, self.num_key_value_heads, self.head_dim).transpose(1, 2)
         )
-        if not cross:
+        if key_value_states is None:
             assert position_embeddings is not None  # check_forward_inputs refused None for self-attention
             query, key = apply_rotary(query, key, *position_embeddings)
         elif position_embeddings is not None and key_position_embeddings is not None:
@@ -188,14 +221,25 @@ class MaskedMultiHeadAttention(nn.Module):
             )
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)  # (B, Hkv, Tk, D)
-        if key_padding_mask is not None and tuple(key_padding_mask.shape) != (batch, key.shape[2]):
-            raise ValueError(
-                f"key_padding_mask must have shape (batch, Tk) = {(batch, key.shape[2])} (cached keys included), "
-                f"got {tuple(key_padding_mask.shape)}"
-            )
+        return query, key, value
+
+    def _attend(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        spans: list[list[tuple[int, int]]] | None,
+        split_softmax: SplitSoftmax | None,
+        key_padding_mask: Tensor | None,
+        return_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """(B, H, T, D) outputs and the weights if asked: Linformer, the per-segment fast path (packed rows,
+        nothing to return or change in the scores), or the masked core."""
         dropout_p = self.dropout if self.training else 0.0
         if self.linformer_e is not None and self.linformer_f is not None:
-            output, weights = linformer_attention(
+            return linformer_attention(
                 query,
                 key,
                 value,
@@ -206,34 +250,20 @@ class MaskedMultiHeadAttention(nn.Module):
                 dropout_p=dropout_p,
                 return_weights=return_weights,
             )
-        elif (
-            spans is not None
-            and self.score is None
-            and not return_weights
-            and split_softmax is None
-            and key_padding_mask is None
-        ):
-            output, weights = segmented_attention(query, key, value, spans, dropout_p=dropout_p), None
-        else:
-            if key_padding_mask is not None:
-                real_keys = key_padding_mask.bool()[:, None, None, :]  # (B, 1, 1, Tk)
-                mask = real_keys if mask is None else mask & real_keys
-            output, weights = masked_attention(
-                query,
-                key,
-                value,
-                mask,
-                is_causal=is_causal,
-                score=self.score,
-                dropout_p=dropout_p,
-                return_weights=return_weights,
-                split_softmax=split_softmax,
-            )
-        output = output.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)  # (B, T, H*D)
-        output = self.o_proj(output.to(hidden_states.dtype))  # (B, T, C)
-        if query_padding_mask is not None:
-            real_queries = query_padding_mask.bool()  # (B, Tq)
-            output = output.masked_fill(~real_queries[:, :, None], 0.0)
-            if weights is not None:
-                weights = weights.masked_fill(~real_queries[:, None, :, None], 0.0)  # (B, H, Tq, Tk)
-        return output, weights
+        fast = self.score is None and not return_weights and split_softmax is None and key_padding_mask is None
+        if spans is not None and fast:
+            return segmented_attention(query, key, value, spans, dropout_p=dropout_p), None
+        if key_padding_mask is not None:
+            real_keys = key_padding_mask.bool()[:, None, None, :]  # (B, 1, 1, Tk)
+            mask = real_keys if mask is None else mask & real_keys
+        return masked_attention(
+            query,
+            key,
+            value,
+            mask,
+            is_causal=is_causal,
+            score=self.score,
+            dropout_p=dropout_p,
+            return_weights=return_weights,
+            split_softmax=split_softmax,
+        )

@@ -26,6 +26,7 @@ from gatt.eval.plan import EvalDialogue, PlannedTurn
 from gatt.generation import DECODERS as CHAT_BATCH_DECODERS
 from gatt.generation import (
     MAX_NEW_TOKENS,
+    SAMPLER_DEFAULTS,
     ChatBatch,
     Sampler,
     decoder_options,
@@ -40,11 +41,11 @@ class RolloutConfig:
     max_new_tokens: int = MAX_NEW_TOKENS
     batch_size: int = 32  # dialogues rolled out together
     do_sample: bool = False  # greedy by default
-    temperature: float = 0.7
-    top_p: float = 0.95
+    temperature: float = SAMPLER_DEFAULTS["temperature"]
+    top_p: float = SAMPLER_DEFAULTS["top_p"]
     seed: int = 0  # sampling seed
-    repetition_penalty: float = 1.0  # over the reply being written (Hugging Face's processor); 1.0: off
-    no_repeat_ngram_size: int = 0  # no n-gram twice in one reply; 0: off
+    repetition_penalty: float = SAMPLER_DEFAULTS["repetition_penalty"]  # over the reply being written; 1.0: off
+    no_repeat_ngram_size: int = SAMPLER_DEFAULTS["no_repeat_ngram_size"]  # no n-gram twice in one reply; 0: off
     placement: Placement = "system"  # where turn one gives the instruction
     repeat_instruction: bool = False  # the upper bound: the instruction appended to every user turn instead
     measure_attention: bool = False
