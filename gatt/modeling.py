@@ -236,23 +236,9 @@ class GattModel(GattPreTrainedModel):
             position_ids = self._default_position_ids(attention_mask, past_length, length, inputs_embeds.device)
         if segment_ids is None and past_length == 0 and attention_mask is None:
             segment_ids = segment_ids_from_position_ids(position_ids.expand(batch, -1))
-        # Packed rows with nothing else to mask: scaled dot-product attention runs segment by segment,
-        # with no (T, T) mask at all.
-        spans = None
-        if (
-            segment_ids is not None
-            and attention_mask is None
-            and past_length == 0
-            and not output_attentions
-            and self.config.attention_window is None
-            and self.config.score_function == "scaled_dot"
-        ):
-            spans, mask, is_causal = segment_spans(segment_ids), None, False
-        else:
-            mask, is_causal = self._attention_mask(
-                attention_mask, segment_ids, length, key_length, inputs_embeds.device
-            )
-
+        spans, mask, is_causal = self._masking(
+            attention_mask, segment_ids, past_length, length, output_attentions, inputs_embeds.device
+        )
         position_embeddings = self.rotary_emb(position_ids, dtype=inputs_embeds.dtype)  # 2 x (B, T, D)
         hidden_states = inputs_embeds
         attentions: list[Tensor] = []
@@ -282,6 +268,29 @@ class GattModel(GattPreTrainedModel):
             positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, past + T)
             return positions[:, past_length:]
         return torch.arange(past_length, past_length + length, device=device)[None]  # (1, T)
+
+    def _masking(
+        self,
+        attention_mask: Tensor | None,
+        segment_ids: Tensor | None,
+        past_length: int,
+        length: int,
+        output_attentions: bool,
+        device: torch.device,
+    ) -> tuple[list[list[tuple[int, int]]] | None, Tensor | None, bool]:
+        """The layers' (spans, mask, is_causal). Packed rows with nothing else to mask: scaled dot-product attention
+        runs segment by segment (`spans`), with no (T, T) mask at all; otherwise the mask of `_attention_mask`."""
+        if (
+            segment_ids is not None
+            and attention_mask is None
+            and past_length == 0
+            and not output_attentions
+            and self.config.attention_window is None
+            and self.config.score_function == "scaled_dot"
+        ):
+            return segment_spans(segment_ids), None, False
+        mask, is_causal = self._attention_mask(attention_mask, segment_ids, length, past_length + length, device)
+        return None, mask, is_causal
 
     def _attention_mask(
         self, attention_mask: Tensor | None, segment_ids: Tensor | None, length: int, key_length: int, device: Any

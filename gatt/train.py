@@ -413,6 +413,26 @@ def sized_to_data(config: TrainConfig, records: int, replay: int, acc: Accelerat
     return dataclasses.replace(config, max_steps=steps)
 
 
+def split_records(config: TrainConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int, int]:
+    """The training and evaluation records of `config`, the number of task records (the rest of the training ones are
+    replayed) and of records before the evaluation split: the task files, the replay sample (`replay_ratio` of the
+    task records, its own seeded draw), then eval_file or a seeded `eval_fraction` held out."""
+    # Several files (every GAtt round's data): one may be empty (a round whose teacher kept no dialogue), not all.
+    records = [record for path in train_files(config) for record in read_records(path, allow_empty=True)]
+    if not records:
+        raise ValueError(f"train_file: no records in {', '.join(train_files(config))}")
+    n_task = len(records)
+    if config.replay_file:
+        replay = read_records(config.replay_file)
+        wanted = min(len(replay), round(config.replay_ratio * len(records)))
+        records += random.Random(f"replay-{config.seed}").sample(replay, wanted)
+    if config.eval_file:
+        return records, read_records(config.eval_file), n_task, len(records)
+    shuffled = random.Random(config.seed).sample(records, len(records))
+    n_eval = int(len(records) * config.eval_fraction) if config.eval_every else 0
+    return shuffled[n_eval:], shuffled[:n_eval], n_task, len(records)
+
+
 class Trainer:
     """Holds the run's pieces; `train()` runs (or resumes) it to `max_steps`."""
 
@@ -427,6 +447,54 @@ class Trainer:
         self.accelerator = Accelerator(cpu=on_cpu(), log_with="tensorboard", project_dir=str(self.out), **precision)
         check_launch(self.accelerator.num_processes)
         set_seed(config.seed)
+        self._check_layout(config)
+        self.train_records, self.eval_records, n_task, n_records = split_records(config)
+        self.tokenizer = build_tokenizer(config, self.train_records, self.out / "tokenizer")
+        self.collator = GAttCollator(
+            self.tokenizer,
+            mode=config.mode,
+            instruction_placement=config.instruction_placement,
+            max_length=config.max_length,
+            packing=config.packing,
+            padding_free=config.padding_free,
+            teacher_view=config.distill_weight > 0,
+            teacher_rendering=config.distill_view,
+        )
+        fitting = [r for r in self.train_records if self.collator.fits(r)]
+        if not fitting:
+            raise ValueError(f"{config.train_file}: no record fits max_length={config.max_length}; raise max_length")
+        if len(fitting) < len(self.train_records):  # else a process could draw a micro-batch with nothing to train on
+            logger.warning(
+                "%d of %d training records do not fit max_length=%d: left out",
+                len(self.train_records) - len(fitting),
+                len(self.train_records),
+                config.max_length,
+            )
+        self.train_records = fitting
+        self.config = config = sized_to_data(config, len(fitting), replay=n_records - n_task, acc=self.accelerator)
+        model = build_model(config, self.tokenizer)
+        decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
+        no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=config.learning_rate,
+        )
+        scheduler = learning_rate_schedule(config, optimizer)
+        # The scheduler stays unprepared: Accelerate would step it once per process for every optimizer step.
+        # Our model computes the training loss without the full (B, T, V) logits; others get the stock call.
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.loss_kwargs = {"skip_logits": True} if isinstance(base, GattForCausalLM) else {}
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.teacher = None  # the frozen start model that read the reminded dialogues (distill_weight > 0)
+        if config.distill_weight > 0:
+            self.teacher = load_start_model(config).requires_grad_(False).eval().to(self.accelerator.device)
+        self.scheduler = scheduler
+        self.state = TrainState()
+        self.accelerator.register_for_checkpointing(self.scheduler, self.state)
+
+    def _check_layout(self, config: TrainConfig) -> None:
+        """Refuse settings the launch cannot run: merging LoRA over shards, a batch that does not split over the
+        processes and micro-batches, accumulation under DeepSpeed (whose micro-batch size is set here)."""
         world = self.accelerator.num_processes
         if self._sharded() and config.lora_r > 0 and config.merge_lora:
             # merge_and_unload would run on one process's shards: save the adapter, merge it after training.
@@ -451,63 +519,6 @@ class Trainer:
             self.accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = (
                 config.batch_size // world
             )
-        # Several files (every GAtt round's data): one may be empty (a round whose teacher kept no dialogue), not all.
-        records = [record for path in train_files(config) for record in read_records(path, allow_empty=True)]
-        if not records:
-            raise ValueError(f"train_file: no records in {', '.join(train_files(config))}")
-        n_task = len(records)
-        if config.replay_file:
-            replay = read_records(config.replay_file)
-            wanted = min(len(replay), round(config.replay_ratio * len(records)))
-            records += random.Random(f"replay-{config.seed}").sample(replay, wanted)
-        if config.eval_file:
-            self.train_records, self.eval_records = records, read_records(config.eval_file)
-        else:
-            shuffled = random.Random(config.seed).sample(records, len(records))
-            n_eval = int(len(records) * config.eval_fraction) if config.eval_every else 0
-            self.eval_records, self.train_records = shuffled[:n_eval], shuffled[n_eval:]
-        self.tokenizer = build_tokenizer(config, self.train_records, self.out / "tokenizer")
-        self.collator = GAttCollator(
-            self.tokenizer,
-            mode=config.mode,
-            instruction_placement=config.instruction_placement,
-            max_length=config.max_length,
-            packing=config.packing,
-            padding_free=config.padding_free,
-            teacher_view=config.distill_weight > 0,
-            teacher_rendering=config.distill_view,
-        )
-        fitting = [r for r in self.train_records if self.collator.fits(r)]
-        if not fitting:
-            raise ValueError(f"{config.train_file}: no record fits max_length={config.max_length}; raise max_length")
-        if len(fitting) < len(self.train_records):  # else a process could draw a micro-batch with nothing to train on
-            logger.warning(
-                "%d of %d training records do not fit max_length=%d: left out",
-                len(self.train_records) - len(fitting),
-                len(self.train_records),
-                config.max_length,
-            )
-        self.train_records = fitting
-        self.config = config = sized_to_data(config, len(fitting), replay=len(records) - n_task, acc=self.accelerator)
-        model = build_model(config, self.tokenizer)
-        decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
-        no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=config.learning_rate,
-        )
-        scheduler = learning_rate_schedule(config, optimizer)
-        # The scheduler stays unprepared: Accelerate would step it once per process for every optimizer step.
-        # Our model computes the training loss without the full (B, T, V) logits; others get the stock call.
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        self.loss_kwargs = {"skip_logits": True} if isinstance(base, GattForCausalLM) else {}
-        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
-        self.teacher = None  # the frozen start model that read the reminded dialogues (distill_weight > 0)
-        if config.distill_weight > 0:
-            self.teacher = load_start_model(config).requires_grad_(False).eval().to(self.accelerator.device)
-        self.scheduler = scheduler
-        self.state = TrainState()
-        self.accelerator.register_for_checkpointing(self.scheduler, self.state)
 
     # -- one step ------------------------------------------------------------------------------
 

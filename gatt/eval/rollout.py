@@ -360,6 +360,34 @@ GenerateCache = Literal["none", "carry", "static"]
 
 
 @torch.no_grad()
+def generate_settings(
+    config: RolloutConfig, stops: list[int], pad: int, cache: GenerateCache, static_cache_len: int | None
+) -> dict[str, Any]:
+    """generate()'s keyword arguments for `generate_rollout`: greedy, every decoding parameter given (none read from the
+    model folder), stopping at `stops`, padding with `pad`; with `cache="static"`, a static cache (`static_cache_len`
+    columns, or generate()'s own size). A config generate() cannot follow, or another cache, is refused."""
+    if (why := beyond_generate(config)) is not None:
+        raise ValueError(
+            f"generate_rollout is the greedy baseline: no sampling, no attention probe, no split-softmax (got {why})"
+        )
+    if cache not in ("none", "carry", "static"):
+        raise ValueError(f"cache must be 'none', 'carry' or 'static', got {cache!r}")
+    return {
+        "do_sample": False,
+        "max_new_tokens": config.max_new_tokens,
+        "min_new_tokens": 0,
+        "eos_token_id": stops,
+        "pad_token_id": pad,
+        "repetition_penalty": config.repetition_penalty,
+        "no_repeat_ngram_size": config.no_repeat_ngram_size,
+        "temperature": None,
+        "top_p": None,
+        "top_k": None,
+        "return_dict_in_generate": True,
+        **({"cache_implementation": "static", "max_cache_len": static_cache_len} if cache == "static" else {}),
+    }
+
+
 def generate_rollout(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -379,34 +407,12 @@ def generate_rollout(
     follow a masked gap: generate() takes any 0/1 attention mask and counts positions over the 1s); "static"
     re-encodes into `cache_implementation="static"` (the cache `torch.compile` needs on a GPU), `static_cache_len`
     columns long when given (sized once for the longest turn, generate() compiles its step once: sized per call, the
-    cache grows and the step recompiles at each longer turn). The repetition
-    penalty of `generate()` counts the prompt's tokens too (ours: the reply's only), so with a penalty the replies
-    differ; without one they are the same replies."""
-    if (why := beyond_generate(config)) is not None:
-        raise ValueError(
-            f"generate_rollout is the greedy baseline: no sampling, no attention probe, no split-softmax (got {why})"
-        )
-    if cache not in ("none", "carry", "static"):
-        raise ValueError(f"cache must be 'none', 'carry' or 'static', got {cache!r}")
-    model.eval()
+    cache grows and the step recompiles at each longer turn). The repetition penalty of `generate()` counts the
+    prompt's tokens too (ours: the reply's only): with a penalty the replies differ, without one they are the same."""
     stops = sorted(stop_token_ids(model, tokenizer))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-    decoding: dict[str, Any] = {
-        "do_sample": False,
-        "max_new_tokens": config.max_new_tokens,
-        "min_new_tokens": 0,
-        "eos_token_id": stops,
-        "pad_token_id": pad,
-        "repetition_penalty": config.repetition_penalty,
-        "no_repeat_ngram_size": config.no_repeat_ngram_size,
-        "temperature": None,
-        "top_p": None,
-        "top_k": None,
-        "return_dict_in_generate": True,
-    }
-    if cache == "static":
-        decoding["cache_implementation"] = "static"
-        decoding["max_cache_len"] = static_cache_len
+    decoding = generate_settings(config, stops, pad, cache, static_cache_len)
+    model.eval()
     device = model.device
     rows = [_Rollout(d) for d in dialogues]
     fed: list[list[int]] = [[] for _ in rows]  # carry: each row's real tokens in the batch, in order
@@ -443,15 +449,14 @@ def generate_rollout(
             new = output.sequences[:, input_ids.shape[1] :].tolist()
             generated_mask = torch.zeros(len(order), len(new[0]), dtype=torch.long)
             for j, i in enumerate(order):
-                tokens = new[j]
-                end = next((n for n, token in enumerate(tokens) if token in stops), len(tokens))
-                if i in prompts:
-                    reply = tokenizer.decode(tokens[:end], skip_special_tokens=True).strip()
-                    rows[i].add(t + 1, rows[i].dialogue.turns[t], users[i], reply, None)
-                if cache == "carry" and i in prompts:
-                    generated_mask[j, :end] = 1  # the reply's tokens; its end and what follows are masked out
-                    fed[i] += tokens[:end]
-                    columns[i] += range(input_ids.shape[1], input_ids.shape[1] + end)
+                if i not in prompts:
+                    continue
+                end = next((n for n, token in enumerate(new[j]) if token in stops), len(new[j]))
+                reply = tokenizer.decode(new[j][:end], skip_special_tokens=True).strip()
+                rows[i].add(t + 1, rows[i].dialogue.turns[t], users[i], reply, None)
+                generated_mask[j, :end] = 1  # carry: the reply's tokens; its end and what follows are masked out
+                fed[i] += new[j][:end]
+                columns[i] += range(input_ids.shape[1], input_ids.shape[1] + end)
             if cache == "carry":
                 sequences = output.sequences
                 mask = torch.cat([attention_mask, generated_mask.to(device)], dim=1)
