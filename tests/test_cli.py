@@ -84,8 +84,8 @@ def entry_point(argv: list[str]) -> tuple[Callable[[], object], list[str]]:
     if argv[0] == "-m":
         module = importlib.import_module(f"{argv[1]}.__main__" if argv[1] == "data_gen" else argv[1])
         return module.main, [argv[1], *argv[2:]]
-    assert argv[0].startswith("recipes/"), argv[0]  # a recipe script, importable from recipes/
-    return importlib.import_module(Path(argv[0]).stem).main, argv
+    assert argv[0].startswith("recipes/"), argv[0]  # a recipe script: a module of the recipes package
+    return importlib.import_module(f"recipes.{Path(argv[0]).stem}").main, argv
 
 
 def exit_message(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> str:

@@ -331,7 +331,7 @@ def test_a_key_of_the_flat_demo_configs_is_refused_naming_its_new_place():
         with pytest.raises(SystemExit, match=f"^error: .*demo_smoke.yaml: keys moved .*{re.escape(new)}"):
             main([*smoke, old])
     for key, error in (
-        ("data.gatt.max_turn=5", "data.gatt: unknown key(s) max_turn; the keys are num_dialogues, "),
+        ("data.gatt.max_turn=5", "data.gatt: unknown key(s) max_turn; the keys are config, strict_gate, "),
         ("data.gatt.teacher=oracle", "data.gatt: unknown key(s) teacher; teacher set by the recipe itself"),
         ("train.gatt.output_dir=x", "train.gatt: unknown key(s) output_dir; output_dir set by the recipe itself"),
         ("data.extra.x=1", "data must be a mapping with the sections base, gatt, replay"),
