@@ -237,7 +237,7 @@ class GattModel(GattPreTrainedModel):
         if segment_ids is None and past_length == 0 and attention_mask is None:
             segment_ids = segment_ids_from_position_ids(position_ids.expand(batch, -1))
         spans, mask, is_causal = self._masking(
-            attention_mask, segment_ids, past_length, length, output_attentions, inputs_embeds.device
+            attention_mask, segment_ids, past_length, length, key_length, output_attentions, inputs_embeds.device
         )
         position_embeddings = self.rotary_emb(position_ids, dtype=inputs_embeds.dtype)  # 2 x (B, T, D)
         hidden_states = inputs_embeds
@@ -275,6 +275,7 @@ class GattModel(GattPreTrainedModel):
         segment_ids: Tensor | None,
         past_length: int,
         length: int,
+        key_length: int,
         output_attentions: bool,
         device: torch.device,
     ) -> tuple[list[list[tuple[int, int]]] | None, Tensor | None, bool]:
@@ -289,7 +290,7 @@ class GattModel(GattPreTrainedModel):
             and self.config.score_function == "scaled_dot"
         ):
             return segment_spans(segment_ids), None, False
-        mask, is_causal = self._attention_mask(attention_mask, segment_ids, length, past_length + length, device)
+        mask, is_causal = self._attention_mask(attention_mask, segment_ids, length, key_length, device)
         return None, mask, is_causal
 
     def _attention_mask(

@@ -413,24 +413,24 @@ def sized_to_data(config: TrainConfig, records: int, replay: int, acc: Accelerat
     return dataclasses.replace(config, max_steps=steps)
 
 
-def split_records(config: TrainConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int, int]:
-    """The training and evaluation records of `config`, the number of task records (the rest of the training ones are
-    replayed) and of records before the evaluation split: the task files, the replay sample (`replay_ratio` of the
-    task records, its own seeded draw), then eval_file or a seeded `eval_fraction` held out."""
+def split_records(config: TrainConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """The training and evaluation records of `config` and how many replayed records were drawn: the task files, the
+    replay sample (`replay_ratio` of the task records, its own seeded draw), then eval_file or a seeded
+    `eval_fraction` held out."""
     # Several files (every GAtt round's data): one may be empty (a round whose teacher kept no dialogue), not all.
     records = [record for path in train_files(config) for record in read_records(path, allow_empty=True)]
     if not records:
         raise ValueError(f"train_file: no records in {', '.join(train_files(config))}")
-    n_task = len(records)
+    replayed = 0
     if config.replay_file:
         replay = read_records(config.replay_file)
-        wanted = min(len(replay), round(config.replay_ratio * len(records)))
-        records += random.Random(f"replay-{config.seed}").sample(replay, wanted)
+        replayed = min(len(replay), round(config.replay_ratio * len(records)))
+        records += random.Random(f"replay-{config.seed}").sample(replay, replayed)
     if config.eval_file:
-        return records, read_records(config.eval_file), n_task, len(records)
+        return records, read_records(config.eval_file), replayed
     shuffled = random.Random(config.seed).sample(records, len(records))
     n_eval = int(len(records) * config.eval_fraction) if config.eval_every else 0
-    return shuffled[n_eval:], shuffled[:n_eval], n_task, len(records)
+    return shuffled[n_eval:], shuffled[:n_eval], replayed
 
 
 class Trainer:
@@ -448,7 +448,7 @@ class Trainer:
         check_launch(self.accelerator.num_processes)
         set_seed(config.seed)
         self._check_layout(config)
-        self.train_records, self.eval_records, n_task, n_records = split_records(config)
+        self.train_records, self.eval_records, replayed = split_records(config)
         self.tokenizer = build_tokenizer(config, self.train_records, self.out / "tokenizer")
         self.collator = GAttCollator(
             self.tokenizer,
@@ -471,7 +471,7 @@ class Trainer:
                 config.max_length,
             )
         self.train_records = fitting
-        self.config = config = sized_to_data(config, len(fitting), replay=n_records - n_task, acc=self.accelerator)
+        self.config = config = sized_to_data(config, len(fitting), replay=replayed, acc=self.accelerator)
         model = build_model(config, self.tokenizer)
         decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
         no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]

@@ -109,12 +109,11 @@ def section(config: DemoConfig, name: str) -> Section:
     values = check_section(values.get(key) or {} if key else values, name, *SECTIONS[name])
     if "config" in values and (head == "data" or name == "any_turn.data"):
         file = values.pop("config")
-        keys, set_elsewhere = SECTIONS[name]
+        keys = [key for key in SECTIONS[name][0] if key != "config"]  # a settings file names no other file
         values = {
-            **check_section(read_yaml_config(ROOT / file), f"{name}.config {file}", keys, set_elsewhere),
+            **check_section(read_yaml_config(ROOT / file), f"{name}.config {file}", keys, SECTIONS[name][1]),
             **values,
         }
-        values.pop("config", None)
     return values
 
 

@@ -454,9 +454,10 @@ def generate_rollout(
                 end = next((n for n, token in enumerate(new[j]) if token in stops), len(new[j]))
                 reply = tokenizer.decode(new[j][:end], skip_special_tokens=True).strip()
                 rows[i].add(t + 1, rows[i].dialogue.turns[t], users[i], reply, None)
-                generated_mask[j, :end] = 1  # carry: the reply's tokens; its end and what follows are masked out
-                fed[i] += new[j][:end]
-                columns[i] += range(input_ids.shape[1], input_ids.shape[1] + end)
+                if cache == "carry":
+                    generated_mask[j, :end] = 1  # the reply's tokens; its end and what follows are masked out
+                    fed[i] += new[j][:end]
+                    columns[i] += range(input_ids.shape[1], input_ids.shape[1] + end)
             if cache == "carry":
                 sequences = output.sequences
                 mask = torch.cat([attention_mask, generated_mask.to(device)], dim=1)
