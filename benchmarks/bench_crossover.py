@@ -34,8 +34,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.plan import EvalDialogue, plan_dialogues
 from gatt.eval.rollout import GENERATE_AT_MOST, RolloutConfig, batch_decoder, generate_rollout, rollout
-from gatt.files import write_json
-from gatt.machine import machine_calibration, matmul_gflops
+from gatt.io.files import write_json
+from gatt.io.machine import machine_calibration, matmul_gflops
 
 Side = Callable[[list[EvalDialogue]], list[dict]]
 
@@ -47,8 +47,8 @@ def load(name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, Any]:
 
         model, tokenizer = load_model()
         return model, tokenizer, load_eval_constraints(CONSTRAINTS)
-    from gatt.chat_model import load_chat_model
-    from gatt.embedded import model_path
+    from gatt.model.chat_model import load_chat_model
+    from gatt.model.embedded import model_path
 
     model, tokenizer = load_chat_model(model_path("embedded"))
     return model, tokenizer, load_eval_constraints()

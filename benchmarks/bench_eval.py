@@ -10,7 +10,7 @@ probes every 4th turn) with the same model, greedily, in one process:
 
 A round is one batch of dialogues rolled out over all T turns by a side (chat template, generation,
 decoding, the checks of every turn); the batches take turns, so the full run (N=32 dialogues x T=24
-turns, M=32 new tokens at most, batches of 16, i.e. `gatt.evaluate --batch-size 16`: 2 batches) is done
+turns, M=32 new tokens at most, batches of 16, i.e. `gatt.eval.evaluate --batch-size 16`: 2 batches) is done
 twice by each side, the two sides interleaved round by round, after an untimed warm-up (ours over every
 dialogue: the language checks load their models on first use; theirs on 2 dialogues x 3 turns). Batches
 of 16 rather than the evaluation's default 32 fit 4 rounds a side in the budget (on 2 CPU cores they
@@ -47,12 +47,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from data_gen.constraints import catalogue
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import split_user_turns
-from gatt.checks import detect_language
+from gatt.data.checks import detect_language
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.plan import plan_dialogues
 from gatt.eval.rollout import RolloutConfig, reference_rollout, rollout
-from gatt.modeling import GattConfig, GattForCausalLM
-from gatt.tokenizer import train_tokenizer
+from gatt.model.modeling import GattConfig, GattForCausalLM
+from gatt.model.tokenizer import train_tokenizer
 
 # (dialogues N, turns T, max new tokens M, dialogues per batch = per round, timed rounds per side)
 FULL = {"dialogues": 32, "turns": 24, "max_new_tokens": 32, "batch_size": 16, "repeats": 4}

@@ -15,7 +15,7 @@ with its family and the language it should be in:
 The gate judges each with the dialogue's earlier turns; relevance is judged both ways a report does: by
 the line's on-topic checks, and by the likelihood contrast under SmolLM2 against 3 other questions of
 the file (every line, checks dropped). Writes the strict gate's agreement (the one a real model's report
-uses: `python -m gatt.evaluate --strict-gate`) overall, per family, per language and per reason, the
+uses: `python -m gatt.eval.evaluate --strict-gate`) overall, per family, per language and per reason, the
 other gates' for comparison, the disagreements, and a sweep of the relevance threshold.
 
 `judges`: each relevance judge (`JUDGES`: contrast, embedding, both, and the embedding ones that leave a reply not in
@@ -37,12 +37,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from gatt.checks import Check
-from gatt.embedding import EMBEDDING_JUDGE, sentence_embedder
+from gatt.data.checks import Check
+from gatt.eval.embedding import EMBEDDING_JUDGE, sentence_embedder
+from gatt.eval.gate import RELEVANCE_JUDGES, AnswerGate, GateConfig, GateItem, GateTurn, RelevanceScorer, Verdict
 from gatt.eval.scoring import wilson_interval
-from gatt.files import write_json
-from gatt.gate import RELEVANCE_JUDGES, AnswerGate, GateConfig, GateItem, GateTurn, RelevanceScorer, Verdict
-from gatt.pretrained import load_smollm2
+from gatt.io.files import write_json
+from gatt.model.pretrained import load_smollm2
 
 LABELLED = Path(__file__).parent / "data" / "gate_labelled.jsonl"
 # The second gate audit (docs/gate.md): replies to messages without topic words, of your own, under constraint files
@@ -346,7 +346,7 @@ def main() -> None:
     tabled = {name: tables(rows, verdicts) for name, verdicts in judged.items()}
     result: dict[str, Any] = {
         "labelled": args.labelled.name,
-        "gate": "GateConfig.strict() (python -m gatt.evaluate --strict-gate): a near copy is a repeat whatever "
+        "gate": "GateConfig.strict() (python -m gatt.eval.evaluate --strict-gate): a near copy is a repeat whatever "
         "its topic word; on-topic checks and the likelihood contrast under SmolLM2-135M-Instruct both",
         "config": asdict(strict),
         **tabled["strict"],

@@ -1,13 +1,13 @@
-"""GRPO's completions: the project's engine vs the `generate()` call TRL's `GRPOTrainer` makes (gatt/grpo.py).
+"""GRPO's completions: the project's engine vs the `generate()` call TRL's `GRPOTrainer` makes (gatt/training/grpo.py).
 
 GRPO samples `num_generations` completions for each prompt every step; the recipe lets TRL generate them. What
 that costs against the project's engine, on the same prompts, model, sampling and token budget, in one process:
 
 - theirs: what TRL's GRPOTrainer runs (trl/trainer/grpo_trainer.py, `_generate_single_turn`): the chat template of
   each prompt, each prompt repeated `k` times, left-padded, one `model.generate(do_sample=True)` call;
-- ours: `gatt.generation.ChatBatch.generate(prompts, k)`: each prompt encoded once, then `k` cache rows.
+- ours: `gatt.model.generation.ChatBatch.generate(prompts, k)`: each prompt encoded once, then `k` cache rows.
 
-The prompts are GRPO's own (`gatt.grpo.prompt_records`): the shipped embedded chat model's rollouts of the built-in
+The prompts are GRPO's own (`gatt.training.grpo.prompt_records`): the shipped embedded chat model's rollouts of the built-in
 train split, cut at turns 2..20, as `make grpo-embedded` draws them. Every completion is exactly M tokens on both
 sides (the end-of-turn token does not stop a reply), so the work is the same whatever is sampled; a round is one
 call over every prompt; the sides alternate after an untimed warm-up. `grpo_completions_vs_trl_generate`: new
@@ -27,11 +27,12 @@ from bench_common import comparison, interleaved, main, median
 from bench_teacher import no_end_of_turn
 
 from data_gen.eval_set import training_turns
-from gatt.chat_model import load_chat_model
-from gatt.embedded import FOLDER
 from gatt.eval.rollout import RolloutConfig, rollout
-from gatt.generation import SAMPLER_DEFAULTS, ChatBatch, Sampler
-from gatt.grpo import GRPOGattConfig, prompt_dialogues, prompt_records
+from gatt.model.chat_model import load_chat_model
+from gatt.model.embedded import FOLDER
+from gatt.model.generation import ChatBatch
+from gatt.model.sampling import SAMPLER_DEFAULTS, Sampler
+from gatt.training.grpo import GRPOGattConfig, prompt_dialogues, prompt_records
 
 FULL = {"prompts": 16, "k": 4, "max_new_tokens": 48, "repeats": 5}
 QUICK = {"prompts": 8, "k": 4, "max_new_tokens": 48, "repeats": 3}

@@ -31,7 +31,7 @@ from bench_attention import MIB, Attention, make_inputs, peak_bytes, timed
 from bench_common import comparison, interleaved, main, median
 from torch import Tensor
 
-from gatt.attention import linformer_attention, masked_attention
+from gatt.model.attention import linformer_attention, masked_attention
 
 SHAPE = {"batch": 1, "heads": 8, "head_dim": 64}  # B, H, D: T=4096 full attention holds (1, 8, 4096, 4096) fp32 weights
 PROJECTED = 256  # k

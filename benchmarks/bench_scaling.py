@@ -2,7 +2,7 @@
 evaluation, on a demo run's trained models (`make demo`, `make demo-smollm2`; its first GAtt round's).
 
 Each stage runs as a user runs it, the same work at every process count:
-- 1 process: `python -m data_gen gatt ...`, `python recipes/train_gatt.py ...`, `python -m gatt.evaluate ...`
+- 1 process: `python -m data_gen gatt ...`, `python recipes/train_gatt.py ...`, `python -m gatt.eval.evaluate ...`
   (torch's default thread count: every core);
 - N processes: `torchrun --standalone --nproc_per_node N` with the same arguments (torchrun gives each
   process OMP_NUM_THREADS=1; gloo on CPU; on a GPU machine each process takes its own GPU).
@@ -14,7 +14,7 @@ processes have equal shares: synthesis 2 x max(N) shards of dialogues (each a te
 - training: records/s (optimizer steps x global batch / s) and supervised tokens/s;
 - evaluation: replies/s (every turn of every transcript).
 Printed as a table with the speed-up over 1 process, and written to OUT/scaling.json and scaling.md with
-the machine's calibration (`gatt.machine`).
+the machine's calibration (`gatt.io.machine`).
 
   python benchmarks/bench_scaling.py --demo runs/demo --out results/scaling/embedded [--processes 1 2] [--quick]
   python benchmarks/bench_scaling.py --demo runs/smollm2 --out results/scaling/smollm2-135m --size max_turns=6 ...
@@ -37,9 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # The demo run's first GAtt round (`recipes/demo.py` lays each round out as round-R/{data/gatt,gatt}).
 GATT = Path("round-1") / "gatt"
 
-from gatt.files import write_text  # noqa: E402
-from gatt.machine import machine_calibration  # noqa: E402
-from gatt.processes import run as run_tree  # noqa: E402
+from gatt.io.files import write_text  # noqa: E402
+from gatt.io.machine import machine_calibration  # noqa: E402
+from gatt.io.processes import run as run_tree  # noqa: E402
 
 FULL = {"dialogues_per_shard": 24, "max_turns": 30, "train_steps": 40, "eval_dialogues": 24, "eval_turns": 30}
 QUICK = {"dialogues_per_shard": 4, "max_turns": 6, "train_steps": 4, "eval_dialogues": 4, "eval_turns": 6}
@@ -156,7 +156,7 @@ def evaluation(
         [
             *launcher(processes),
             "-m",
-            "gatt.evaluate",
+            "gatt.eval.evaluate",
             "--model",
             f"gatt={demo / GATT / 'final'}",
             "--turns",

@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct on this machine: rollouts, the teacher and a report's relevance scorer, each side by side.
 
-Every row runs on the real model (`gatt.pretrained.load_smollm2`, converted to the library's model), on
+Every row runs on the real model (`gatt.model.pretrained.load_smollm2`, converted to the library's model), on
 the demo's report inputs: its constraints (recipes/data/smollm2_constraints.yaml) and the built-in
 held-out user turns, N dialogues x T turns, probes every 6th turn.
 
@@ -8,7 +8,7 @@ held-out user turns, N dialogues x T turns, probes every 6th turn.
   probe on: what `make demo-smollm2`'s report stage runs), all N dialogues in one batch, in three modes
   one after another: `before`, the path before stopped rows left the decoding batch (`shrink=False`:
   every row decodes until the longest reply ends; `baseline`), `exact` (today's fp32 path: `shrink`), and
-  the fastest mode (`value`: `--numerics bf16`, gatt/numerics.py: bf16 weights and activations, the
+  the fastest mode (`value`: `--numerics bf16`, gatt/model/numerics.py: bf16 weights and activations, the
   attention and its KV cache fp32). New tokens/s (each reply re-tokenised),
   `ratio` value / baseline (goal >= 2), `ceiling_share`: the value over this machine's GEMM ceiling for
   this model in the mode's dtype (GFLOP/s measured now / 2 x the Linear weights per token), `exact`: its
@@ -89,17 +89,17 @@ from transformers.generation import TopPLogitsWarper
 
 from data_gen.synthesis import SynthesisConfig, _Dialogue
 from data_gen.teacher import ModelTeacher
-from gatt.checks import detect_language
-from gatt.embedding import SentenceEmbedder, sentence_embedder
+from gatt.data.checks import detect_language
+from gatt.eval.embedding import SentenceEmbedder, sentence_embedder
+from gatt.eval.gate import AnswerGate, GateConfig, RelevanceScorer
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.judge import apply_gate
 from gatt.eval.plan import EvalDialogue, plan_dialogues
 from gatt.eval.rollout import RolloutConfig, reference_rollout, rollout
-from gatt.files import write_json
-from gatt.gate import AnswerGate, GateConfig, RelevanceScorer
-from gatt.generation import NucleusWarper
-from gatt.machine import cpu_name, matmul_gflops
-from gatt.numerics import bf16_is_native, for_inference
+from gatt.io.files import write_json
+from gatt.io.machine import cpu_name, matmul_gflops
+from gatt.model.numerics import bf16_is_native, for_inference
+from gatt.model.sampling import NucleusWarper
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "recipes" / "data" / "smollm2_constraints.yaml"
@@ -130,7 +130,7 @@ Loader = Callable[[], tuple[PreTrainedModel, PreTrainedTokenizerBase]]
 
 
 def load_model() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    from gatt.pretrained import load_smollm2
+    from gatt.model.pretrained import load_smollm2
 
     return load_smollm2()
 

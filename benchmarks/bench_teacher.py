@@ -11,7 +11,7 @@ checks), so histories grow as in real synthesis:
 - theirs: what a user would write: for each dialogue and turn, `tokenizer.apply_chat_template(messages,
           add_generation_prompt=True)` of the dialogue so far, then `model.generate(num_return_sequences=k,
           do_sample=True)` with the teacher's sampling (temperature 0.7, top-p 0.95, no top-k, no repetition
-          penalty, as `gatt.generation.Sampler` samples) and the same token budget.
+          penalty, as `gatt.model.sampling.Sampler` samples) and the same token budget.
 
 For identical work whatever the model writes, every candidate is exactly M new tokens on both sides (ours:
 the end-of-turn token does not stop a reply; theirs: `min_new_tokens=max_new_tokens`). A round is one
@@ -48,15 +48,16 @@ import torch
 from bench_common import comparison, interleaved, main, median
 from bench_eval import hugging_face_llama
 
-import gatt.generation
+import gatt.model.generation
 from data_gen.constraints import ConstraintSampler, catalogue
 from data_gen.synthesis import SynthesisConfig, _Dialogue, draw_dialogue
 from data_gen.teacher import ModelTeacher
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import split_user_turns
-from gatt.generation import SAMPLER_DEFAULTS, left_padded, new_tokens
-from gatt.modeling import GattConfig, GattForCausalLM
-from gatt.tokenizer import train_tokenizer
+from gatt.model.generation import left_padded, new_tokens
+from gatt.model.modeling import GattConfig, GattForCausalLM
+from gatt.model.sampling import SAMPLER_DEFAULTS
+from gatt.model.tokenizer import train_tokenizer
 
 FULL = {"dialogues": 32, "turns": 8, "k": 4, "max_new_tokens": 32, "repeats": 3}
 QUICK = {"dialogues": 8, "turns": 4, "k": 4, "max_new_tokens": 32, "repeats": 2}
@@ -106,7 +107,7 @@ def build_teacher_dir(path: Path) -> Path:
 def no_end_of_turn() -> Iterator[None]:
     """Our teacher's replies run to max_new_tokens: no token ends a reply (the end-of-turn token is sampled
     and fed like any other), so both sides generate exactly M tokens per candidate."""
-    with mock.patch.object(gatt.generation, "stop_token_ids", lambda model, tokenizer: set()):
+    with mock.patch.object(gatt.model.generation, "stop_token_ids", lambda model, tokenizer: set()):
         yield
 
 

@@ -7,7 +7,7 @@ weight decay, grad clipping at 1.0; the same cosine schedule with warm-up and mi
 batch (records per optimizer step), the same records at every step in the same order, and so the same
 supervised tokens (every assistant reply and its end-of-turn token; asserted equal round by round):
 
-- ours:   `gatt.train.Trainer`, built from a `TrainConfig` that reads the records from a jsonl as a real
+- ours:   `gatt.training.trainer.Trainer`, built from a `TrainConfig` that reads the records from a jsonl as a real
           run does; a round calls `Trainer.train_step`: the GAtt collator (`mode="all"`, packing, `padding_free`:
           each step's dialogues in one row, no padding) renders
           and tokenises inside the step, the LM head runs only where there is a target (`skip_logits`);
@@ -16,10 +16,10 @@ supervised tokens (every assistant reply and its end-of-turn token; asserted equ
           in our order.
 
 Two models, each side training the same class (the library's `GattForCausalLM`, built by the same
-`gatt.train.build_model`), so what differs is the training loop, not the attention kernel:
+`gatt.training.trainer.build_model`), so what differs is the training loop, not the attention kernel:
 "embedded", a random model of `recipes/configs/base_tiny.yaml`'s size with a byte-level BPE trained on
 the training records (full fine-tune, the recipe's lr and weight decay); "smollm2-135m-lora",
-SmolLM2-135M-Instruct (offline: `gatt.pretrained.export_smollm2`) with the LoRA of
+SmolLM2-135M-Instruct (offline: `gatt.model.pretrained.export_smollm2`) with the LoRA of
 `recipes/configs/smollm2_135m_gatt.yaml` (r=16, alpha 32, dropout 0.05, q/k/v/o/gate/up/down; TRL gets
 it as `peft_config`, then our initial adapter weights).
 
@@ -31,7 +31,7 @@ every record. Candidates, all timed in the same interleaved rounds:
 
 - "padding_free": the batch flattened into one row, `position_ids` restarting at 0 per dialogue, no mask.
   TRL documents it for FlashAttention only; it is correct here: `GattForCausalLM` derives one segment per
-  dialogue from such position ids (`gatt.attention.segment_ids_from_position_ids`) and runs attention
+  dialogue from such position ids (`gatt.model.attention.segment_ids_from_position_ids`) and runs attention
   segment by segment, so no token sees another dialogue. (Hugging Face's Llama would be correct too with
   sdpa or eager on CPU: transformers 5.23's `masking_utils.find_packed_sequence_indices` turns position
   ids that restart into a block-diagonal mask when no attention mask is passed.) No padding at all;
@@ -90,9 +90,9 @@ from bench_common import comparison, interleaved, main, median  # noqa: E402
 from bench_train_trl import SAME_RECORDS, TRL_NOTES, TRL_SETTINGS, TrlSide, sync, trl_trainer  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from gatt.collator import IGNORE_INDEX, GAttCollator  # noqa: E402
-from gatt.files import write_text  # noqa: E402
-from gatt.train import TrainConfig, Trainer, build_tokenizer  # noqa: E402
+from gatt.data.collator import IGNORE_INDEX, GAttCollator  # noqa: E402
+from gatt.io.files import write_text  # noqa: E402
+from gatt.training.trainer import TrainConfig, Trainer, build_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "runs" / "bench" / "train"
@@ -282,7 +282,7 @@ def model_source(plan: Plan, work: Path, train: list[dict[str, Any]]) -> dict[st
             "weight_decay": recipe["weight_decay"],
             "min_lr_ratio": recipe["min_lr_ratio"],
         }
-    from gatt.pretrained import export_smollm2
+    from gatt.model.pretrained import export_smollm2
 
     recipe = yaml.safe_load((ROOT / "recipes" / "configs" / "smollm2_135m_gatt.yaml").read_text())
     folder = export_smollm2(WORK / "smollm2-135m-instruct")

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, TrainerCallback
 
-from gatt.collator import IGNORE_INDEX, GAttCollator
-from gatt.train import TrainConfig, batch_indices, build_model, lora_config
+from gatt.data.collator import IGNORE_INDEX, GAttCollator
+from gatt.training.trainer import TrainConfig, batch_indices, build_model, lora_config
 
 TRL_SETTINGS = ("padding_free", "padded", "bfd")
 SAME_RECORDS = ("padding_free", "padded")  # the settings that train our records at every step (eligible as theirs)
@@ -165,7 +165,7 @@ def trl_trainer(
     """SFTTrainer for one candidate setting on the rows our trainer draws, in its order (`config`: our run's): `steps`
     optimizer steps of `batch` records each, rows of at most `max_length` tokens.
 
-    The model is built as ours is (`gatt.train.build_model`), without LoRA: TRL wraps it from `peft_config`.
+    The model is built as ours is (`gatt.training.trainer.build_model`), without LoRA: TRL wraps it from `peft_config`.
     The caller copies our initial weights into it.
     """
     from datasets import Dataset

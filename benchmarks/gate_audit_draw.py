@@ -1,4 +1,4 @@
-"""Draw replies for a reader to label, from a `gatt.evaluate` run: the gate audit's sample.
+"""Draw replies for a reader to label, from a `gatt.eval.evaluate` run: the gate audit's sample.
 
 Re-plans the run's dialogues (same constraints, user turns, seed and sizes) to recover each turn's
 on-topic checks, then draws up to `--per-cell` replies from every (family, expected language, gate
@@ -7,7 +7,7 @@ replies of every family and language. Rows are written in `benchmarks/data/gate_
 with `label` and `why` empty, the gate's verdict left out (the reader labels blind), and each earlier
 turn as [user, reply, on-topic checks]; `bench_gate.py` judges them again.
 
-  python -m gatt.evaluate --model base=runs/smollm2/base/final --repeat-instruction base \\
+  python -m gatt.eval.evaluate --model base=runs/smollm2/base/final --repeat-instruction base \\
       --constraints recipes/data/smollm2_constraints.yaml --turns 8 --dialogues 64 \\
       --no-instruction-dialogues 0 --probe-every 0 --repetition-penalty 1.2 --seed 7 --out runs/audit/gen
   python benchmarks/gate_audit_draw.py runs/audit/gen --constraints recipes/data/smollm2_constraints.yaml \\
@@ -33,7 +33,7 @@ from typing import Any
 
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.plan import EvalDialogue, plan_dialogues
-from gatt.files import write_text
+from gatt.io.files import write_text
 
 SOURCES = {
     "base": "SmolLM2-135M-Instruct, greedy (repetition penalty 1.2), instruction in the system message only",
@@ -160,7 +160,7 @@ def draw(rows: list[tuple[str, dict[str, Any]]], per_cell: int, seed: int) -> li
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", type=Path, help="a gatt.evaluate output folder (its transcripts.jsonl)")
+    parser.add_argument("run", type=Path, help="a gatt.eval.evaluate output folder (its transcripts.jsonl)")
     parser.add_argument("--constraints", help="the run's --constraints")
     parser.add_argument("--user-turns", help="the run's --user-turns")
     parser.add_argument("--turns", type=int, required=True, help="the run's --turns")

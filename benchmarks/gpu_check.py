@@ -176,7 +176,7 @@ def run_stage(stage: str, index: int, command: list[str] | None, budget: float, 
         except subprocess.TimeoutExpired:
             status, detail = "timed out", f"still running after {budget:.0f} s, killed"
     else:
-        from gatt import processes
+        from gatt.io import processes
 
         try:
             returncode = processes.run(command, log, budget, cwd=ROOT, env=env).returncode
@@ -268,8 +268,8 @@ def device_record(device: str) -> dict[str, Any]:
 
 def collect(args: argparse.Namespace, outcomes: list[Outcome], kept: dict[str, list[str | None]]) -> dict[str, Any]:
     """Copy the small result files into RESULTS (each written whole, then renamed) and write gpu_check.json."""
-    from gatt.files import write_json  # the project is importable once the install stage has run
-    from gatt.machine import machine_calibration
+    from gatt.io.files import write_json  # the project is importable once the install stage has run
+    from gatt.io.machine import machine_calibration
 
     args.results.mkdir(parents=True, exist_ok=True)
     smollm2, report = args.work / "smollm2", args.work / "smollm2" / "report"
@@ -301,7 +301,7 @@ def collect(args: argparse.Namespace, outcomes: list[Outcome], kept: dict[str, l
 
 
 def atomic_copy(source: Path, target: Path) -> None:
-    from gatt.files import atomic_path  # the project is importable once the install stage has run
+    from gatt.io.files import atomic_path  # the project is importable once the install stage has run
 
     with atomic_path(target) as tmp:
         shutil.copyfile(source, tmp)

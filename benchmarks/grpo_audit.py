@@ -21,9 +21,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from gatt.eval.gate import words
 from gatt.eval.scoring import wilson_interval
-from gatt.files import write_json, write_text
-from gatt.gate import words
+from gatt.io.files import write_json, write_text
 
 
 def chat_turns(transcripts: list[dict[str, Any]]) -> dict[str, dict[str, list[tuple[dict, dict]]]]:
@@ -96,7 +96,7 @@ def labelled(rows: list[dict[str, Any]], turns: list[tuple[dict, dict]]) -> dict
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("report", type=Path, help="a gatt.evaluate output folder (its transcripts.jsonl)")
+    parser.add_argument("report", type=Path, help="a gatt.eval.evaluate output folder (its transcripts.jsonl)")
     parser.add_argument("--model", default="gatt+grpo", help="the model whose replies are drawn or labelled")
     parser.add_argument("--draw", type=int, default=0, help="write this many of --model's replies for blind readers")
     parser.add_argument("--seed", type=int, default=0, help="the draw's seed")

@@ -3,7 +3,7 @@
 SmolLM2-135M-Instruct exported fresh, then with a folder of inputs of your own (`constraints.yaml`,
 `data_messages.jsonl` for the data commands, `report_messages.jsonl` for the report):
 
-  export       python -m gatt.pretrained --out OUT/smollm2
+  export       python -m gatt.model.pretrained --out OUT/smollm2
   pass-rate    python -m data_gen pass-rate --teacher OUT/smollm2 --prompts 4 --samples 2 --strict-gate ...
   gatt-data    python -m data_gen gatt --teacher OUT/smollm2 --num-dialogues 32 --max-turns 6 --samples-per-turn 4
                --strict-gate ...
@@ -11,7 +11,7 @@ SmolLM2-135M-Instruct exported fresh, then with a folder of inputs of your own (
                --strict-gate ...
   train        accelerate launch recipes/train_gatt.py --config recipes/configs/lora_gatt.yaml model=OUT/smollm2
                train_file=OUT/data/gatt.jsonl replay_file=OUT/replay/replay.jsonl output_dir=OUT/gatt
-  report       python -m gatt.evaluate --model base=OUT/smollm2 --model gatt=OUT/gatt/final --repeat-instruction base
+  report       python -m gatt.eval.evaluate --model base=OUT/smollm2 --model gatt=OUT/gatt/final --repeat-instruction base
                --turns 12 --dialogues 24 --no-instruction-dialogues 16 --strict-gate --out OUT/report
 
 (`--constraints` and `--user-turns` on each data command and the report; `--relevance-judge` on each where given.)
@@ -34,9 +34,9 @@ import sys
 import time
 from pathlib import Path
 
-from gatt.files import write_json
-from gatt.gate import RELEVANCE_JUDGES
-from gatt.machine import machine_calibration, seconds_at_reference
+from gatt.eval.gate import RELEVANCE_JUDGES
+from gatt.io.files import write_json
+from gatt.io.machine import machine_calibration, seconds_at_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 README_STAGES = ("gatt-data", "replay-data", "train", "report")  # the four commands the README prints
@@ -51,7 +51,7 @@ def stages(inputs: Path, out: Path, judge: str | None) -> dict[str, tuple[list[s
     gate = ["--strict-gate", *(["--relevance-judge", judge] if judge else [])]
     teacher = ["--teacher", model, "--max-turns", "6"]
     return {
-        "export": ([python, "-m", "gatt.pretrained", "--out", model], out / "smollm2" / "config.json"),
+        "export": ([python, "-m", "gatt.model.pretrained", "--out", model], out / "smollm2" / "config.json"),
         "pass-rate": (
             [python, "-m", "data_gen", "pass-rate", "--teacher", model, "--prompts", "4", "--samples", "2", *gate,
              *data, "--out", str(out / "pass_rate.json")],
@@ -75,7 +75,7 @@ def stages(inputs: Path, out: Path, judge: str | None) -> dict[str, tuple[list[s
             out / "gatt" / "final" / "config.json",
         ),
         "report": (
-            [python, "-m", "gatt.evaluate", "--model", f"base={model}", "--model", f"gatt={out / 'gatt' / 'final'}",
+            [python, "-m", "gatt.eval.evaluate", "--model", f"base={model}", "--model", f"gatt={out / 'gatt' / 'final'}",
              "--repeat-instruction", "base", "--turns", "12", "--dialogues", "24", "--no-instruction-dialogues", "16",
              *gate, *mine, "--user-turns", str(inputs / "report_messages.jsonl"), "--out", str(out / "report")],
             out / "report" / "report.json",

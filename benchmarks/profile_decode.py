@@ -5,8 +5,8 @@
 
 The report's first turn of `--dialogues` dialogues (the demo's constraints and held-out user turns, the
 instruction in the system message, the attention probe on, greedy, `--max-new-tokens`), written by each decoder
-of `gatt.generation.ChatBatch` in turn (`--decoders`): `growing` (the cache grows, stopped rows leave), then on a
-CPU `static` (preallocated cache and mask, gatt/static_decode.py), on CUDA `graphs` (that static step recorded as a
+of `gatt.model.generation.ChatBatch` in turn (`--decoders`): `growing` (the cache grows, stopped rows leave), then on a
+CPU `static` (preallocated cache and mask, gatt/model/static_decode.py), on CUDA `graphs` (that static step recorded as a
 CUDA graph a reply and replayed); `static` on CUDA and `compiled` (torch.compile's "reduce-overhead", whose compile
 takes about 39 s) when named. Each decoder writes the turn once to warm up (kernels, a compiled graph), then `--repeats` times,
 timed: the median ms per decoding step (the turn's decoding time, CUDA events around it, over its steps). Then a
@@ -43,9 +43,10 @@ ROOT = Path(__file__).resolve().parents[1]
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns  # noqa: E402
 from gatt.eval.plan import plan_dialogues  # noqa: E402
 from gatt.eval.rollout import RolloutConfig, render, user_message  # noqa: E402
-from gatt.files import write_text  # noqa: E402
-from gatt.generation import DECODERS, ChatBatch, Sampler, decoder_options  # noqa: E402
-from gatt.numerics import for_inference  # noqa: E402
+from gatt.io.files import write_text  # noqa: E402
+from gatt.model.generation import DECODERS, ChatBatch, decoder_options  # noqa: E402
+from gatt.model.numerics import for_inference  # noqa: E402
+from gatt.model.sampling import Sampler  # noqa: E402
 
 CONSTRAINTS = ROOT / "recipes" / "data" / "smollm2_constraints.yaml"
 # SDPA's backends, by the name of the operator (CPU, CUDA) or kernel (CUDA) they run
@@ -59,7 +60,7 @@ BACKENDS = {
 
 def load(name: str, device: str, numerics: str) -> tuple[Any, Any]:
     if name == "smollm2":
-        from gatt.pretrained import load_smollm2
+        from gatt.model.pretrained import load_smollm2
 
         model, tokenizer = load_smollm2()
     else:
@@ -71,8 +72,8 @@ def embedded(random: bool) -> tuple[Any, Any]:
     """The shipped chat model and its tokenizer; `random`: a randomly initialised model of its shape."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gatt.embedded import FOLDER
-    from gatt.modeling import GattConfig, GattForCausalLM
+    from gatt.model.embedded import FOLDER
+    from gatt.model.modeling import GattConfig, GattForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(FOLDER)
     if random:

@@ -18,8 +18,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from gatt.cli import exit_on_bad_input  # noqa: E402
-from gatt.files import write_json  # noqa: E402
+from gatt.io.cli import exit_on_bad_input  # noqa: E402
+from gatt.io.files import write_json  # noqa: E402
 
 # The stage a process runs, by its command line: recipes/demo.py runs each stage on OUT/configs/STAGE.yaml.
 STAGE_CONFIG = re.compile(r"--config \S*/configs/([\w-]+)\.yaml\b")
@@ -38,13 +38,13 @@ CATEGORIES: list[tuple[str, tuple[str | tuple[str, ...], ...]]] = [
     ("decode steps: the rest (linear layers, norms, LM head)", ("ChatBatch._decode (",)),
     ("backward (autograd)", ("backward (", "_engine_run_backward (")),
     ("optimizer", ("torch/optim/",)),
-    ("checks (language detector)", ("gatt/checks.py", "lingua/")),
-    ("answer gate", ("gatt/gate.py", "gatt/eval/judge.py")),
+    ("checks (language detector)", ("gatt/data/checks.py", "lingua/")),
+    ("answer gate", ("gatt/eval/gate.py", "gatt/eval/judge.py")),
     (
         "tokenizer and chat template",
         ("apply_chat_template (", "tokenization_utils", "tokenizers/", "render (gatt/eval"),
     ),
-    ("collator and packing", ("gatt/collator.py",)),
+    ("collator and packing", ("gatt/data/collator.py",)),
     ("training forward", ("Trainer.train_step (",)),
     ("report and plots", ("gatt/eval/report.py", "matplotlib/")),
 ]

@@ -53,9 +53,9 @@ from typing import Any
 
 import torch  # noqa: E402
 
-from gatt.cli import exit_on_bad_input  # noqa: E402
-from gatt.files import write_json  # noqa: E402
-from gatt.machine import available_cpus, machine_calibration  # noqa: E402
+from gatt.io.cli import exit_on_bad_input  # noqa: E402
+from gatt.io.files import write_json  # noqa: E402
+from gatt.io.machine import available_cpus, machine_calibration  # noqa: E402
 
 # key -> the module whose run(quick, device) returns it, in the order they run
 BENCHMARKS: dict[str, str] = {

@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from run import write_json  # noqa: E402  (benchmarks/run.py)
 
-from gatt import processes  # noqa: E402
-from gatt.machine import machine_calibration  # noqa: E402
+from gatt.io import processes  # noqa: E402
+from gatt.io.machine import machine_calibration  # noqa: E402
 
 MULTI_PROCESS_TESTS = [
     "tests/test_train_scale.py::test_two_processes_accumulating_4_follow_one_process_without_accumulation",

@@ -42,7 +42,7 @@ from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.teacher import TeacherConfig, build_teacher, teacher_decoding
 from data_gen.toy_world import base_corpus
 from data_gen.user_turns import UserTurn, load_user_turns, split_user_turns
-from gatt.checks import (
+from gatt.data.checks import (
     CONSTRAINTS_HELP,
     Constraint,
     dump_constraints,
@@ -50,11 +50,11 @@ from gatt.checks import (
     load_constraints,
     matching_families,
 )
-from gatt.cli import command_name, exit_on_bad_input
-from gatt.config import REQUIRED, add_config_arguments, arg, config_keys, config_parser, configs_from
-from gatt.distributed import end_job, process_state
-from gatt.events import SHORT_PROB, SHORT_PROB_HELP
-from gatt.files import atomic_path, write_json
+from gatt.data.events import SHORT_PROB, SHORT_PROB_HELP
+from gatt.io.cli import command_name, exit_on_bad_input
+from gatt.io.config import REQUIRED, add_config_arguments, arg, config_keys, config_parser, configs_from
+from gatt.io.distributed import end_job, process_state
+from gatt.io.files import atomic_path, write_json
 
 _HELDOUT_HELP = (
     "families kept out of GAtt data (every value held out): of the built-in catalogue (default: "

@@ -25,12 +25,12 @@ from typing import Any
 
 from data_gen import builtin_data
 from data_gen.builtin_data import DataFileError
-from gatt.checks import Check, Constraint, Probe, split_values
-from gatt.events import (
+from gatt.data.checks import Check, Constraint, Probe, split_values
+from gatt.data.events import (
     SHORT_PROB,
     instruction_text,  # noqa: F401  (data_gen's name for it)
 )
-from gatt.events import conflict as _gatt_conflict
+from gatt.data.events import conflict as _gatt_conflict
 
 KINDS = ("copy", "form", "language", "persona")
 # What a family's `reply` rule may say (catalogue.yaml's header explains each).
@@ -363,7 +363,7 @@ def _takes(family: Family, other: Family) -> bool:
 
 def conflict(family_a: str, family_b: str) -> bool:
     """Whether two families cannot hold together: two catalogue families sharing a slot or listing each other,
-    or a pair gatt.events knows (a benchmark's conflicting types)."""
+    or a pair gatt.data.events knows (a benchmark's conflicting types)."""
     a, b = FAMILY_RULES.get(family_a), FAMILY_RULES.get(family_b)
     if a is not None and b is not None:
         return a.name != b.name and (a.slot == b.slot or _takes(a, b) or _takes(b, a))

@@ -4,7 +4,7 @@
 and the user-turn generator:
 
 * `constraints.yaml`: the whole catalogue, each constraint tagged train or heldout;
-* `families.yaml`: each family's kind and the families it never holds with (`gatt.events.conflict`);
+* `families.yaml`: each family's kind and the families it never holds with (`gatt.data.events.conflict`);
 * `user_turns.jsonl`: the held-out user turns (never in the training pool), one
   `{"content", "topic", "checks"}` object a line, whose `contains_any` check passes when a reply names
   the topic in any of the toy world's languages (the no-regression "still on topic" score).
@@ -21,9 +21,9 @@ import yaml
 
 from data_gen.constraints import catalogue, family_table
 from data_gen.user_turns import on_topic_check, split_user_turns
-from gatt.checks import dump_constraints
+from gatt.data.checks import dump_constraints
 from gatt.eval.inputs import EvalTurn
-from gatt.files import atomic_path, write_text
+from gatt.io.files import atomic_path, write_text
 
 
 def write_eval_set(out_dir: Path, *, seed: int = 0) -> dict:

@@ -22,14 +22,15 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from data_gen.constraints import instruction_text
-from data_gen.synthesis import _key, by_count, first_failed, gate_config, gate_turn, teacher_gate
+from data_gen.shards import by_count
+from data_gen.synthesis import _key, first_failed, gate_config, gate_turn, teacher_gate
 from data_gen.teacher import Teacher, TurnRequest
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import UserTurn
-from gatt.checks import CUSTOM_FAMILY, Constraint, reply_checks
-from gatt.config import arg
-from gatt.embedding import EMBEDDING_JUDGE
-from gatt.gate import GateItem, gate_flags
+from gatt.data.checks import CUSTOM_FAMILY, Constraint, reply_checks
+from gatt.eval.embedding import EMBEDDING_JUDGE
+from gatt.eval.gate import GateItem, gate_flags
+from gatt.io.config import arg
 
 EXAMPLE_WIDTH = 100  # characters of a user turn or rejected reply in the printed table (the JSON keeps them whole)
 

@@ -1,6 +1,6 @@
 """GAtt synthesis (the paper's steps 1-3): append the instruction to every user turn, sample each reply
 from a teacher with it in view, keep a candidate that passes every check and the answer gate
-(`gatt.gate`: not empty, no loop, no repeat of an earlier reply, on the user's topic) - rejection
+(`gatt.eval.gate`: not empty, no loop, no repeat of an earlier reply, on the user's topic) - rejection
 sampling that never keeps a degenerate reply. A built-in user turn is on topic when it names its topic
 (the eval's on-topic check); a user's own message, when the teacher's likelihood contrast says so.
 Probe turns (a constraint's attribute questions, e.g. a persona's) are judged by the probe's checks.
@@ -14,7 +14,7 @@ Work is written in shards (`<out>/gatt.shards/shard-NNNNN.jsonl`, renamed into p
 so a killed run resumes on the same command without duplicates or losses; each dialogue's draws depend
 only on (seed, its index), and the teacher is seeded per shard, so the output is the same however often
 the run was interrupted. Under `torchrun` or `accelerate launch` the processes deal the shards round robin
-(`gatt.distributed`); when every shard is written, process 0 merges them: the same bytes as one process.
+(`gatt.io.distributed`); when every shard is written, process 0 merges them: the same bytes as one process.
 With several machines, --out must be on a filesystem they share.
 """
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import random
-import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,15 +31,13 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from data_gen.constraints import ConstraintSampler, instruction_text
+from data_gen.shards import check_settings, load_demonstrations, merge, shard_path, shard_tally
 from data_gen.teacher import Teacher, TurnRequest
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import TOPIC_KEYWORDS, UserTurn, on_topic_check
 from data_gen.value_swaps import families, swapped
-from gatt.checks import Check, Constraint, passes_all, reply_checks
-from gatt.config import REQUIRED, arg
-from gatt.distributed import my_items, process_state
-from gatt.embedding import EMBEDDING_JUDGE
-from gatt.events import (
+from gatt.data.checks import Check, Constraint, passes_all, reply_checks
+from gatt.data.events import (
     KINDS,
     SHORT_PROB,
     SHORT_PROB_HELP,
@@ -53,9 +50,8 @@ from gatt.events import (
     kinds_help,
     withdrawn,
 )
-from gatt.files import write_text
-from gatt.gate import (
-    REASONS,
+from gatt.eval.embedding import EMBEDDING_JUDGE
+from gatt.eval.gate import (
     AnswerGate,
     GateConfig,
     GateItem,
@@ -63,22 +59,13 @@ from gatt.gate import (
     gate_flags,
     relevance_embedder,
 )
+from gatt.io.config import REQUIRED, arg
+from gatt.io.distributed import my_items, process_state
+from gatt.io.files import write_text
 
 # Why a candidate was rejected: the type of the first check it fails, WITHDRAWN where it follows an instruction
 # withdrawn earlier in the dialogue, or the answer gate's REASONS (one candidate may fail several of those).
 WITHDRAWN = "withdrawn"
-
-
-def by_count(counts: Counter) -> dict[str, int]:
-    """Rejection reasons, commonest first (ties by name, so the order is the same however the counts were summed).
-
-    Args:
-        counts: The count of each reason.
-
-    Returns:
-        The reasons counted at least once, with their counts.
-    """
-    return {reason: n for reason, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])) if n > 0}
 
 
 def first_failed(reply: str, checks: Iterable[Check]) -> Check | None:
@@ -464,8 +451,8 @@ def synthesize(
     if gate_config(config.strict_repeats, config.strict_gate, config.relevance_judge).uses_embedding:
         settings["embedding_judge"] = EMBEDDING_JUDGE
     settings = json.loads(json.dumps(settings))  # as settings.json reads back (tuples as lists)
-    _check_settings(shard_dir / "settings.json", settings)
-    demonstrations = _demonstrations(shard_dir / "demonstrations.json", demonstrate) if config.demonstration else {}
+    check_settings(shard_dir / "settings.json", settings)
+    demonstrations = load_demonstrations(shard_dir / "demonstrations.json", demonstrate) if config.demonstration else {}
     # Families drawn alike: a family with few values (all caps) gets as much GAtt data as the hobbies.
     sampler = ConstraintSampler(constraints, short_prob=config.short_prob, by_family=True) if constraints else None
     pool = families(constraints)  # the values a value swap draws from
@@ -476,8 +463,8 @@ def synthesize(
     # Shards finished before an interruption count as done from the start (the bar's rate and ETA are this run's).
     tally: Counter = Counter()
     for shard in mine:
-        if _shard_path(shard_dir, shard).exists():
-            tally.update(_shard_tally(_shard_path(shard_dir, shard)))
+        if shard_path(shard_dir, shard).exists():
+            tally.update(shard_tally(shard_path(shard_dir, shard)))
     progress = tqdm(
         total=sum(len(_shard_indices(s, config)) for s in mine),
         initial=tally.total(),
@@ -487,7 +474,7 @@ def synthesize(
     )
     _show(progress, tally, turn=None, active=0, refresh=False)
     for shard in mine:
-        path = _shard_path(shard_dir, shard)
+        path = shard_path(shard_dir, shard)
         indices = _shard_indices(shard, config)
         if not path.exists():  # else finished before an interruption (counted in the bar's initial)
             # The shard's sampling depends on neither earlier shards nor, past round 1, the other rounds' samples.
@@ -505,34 +492,9 @@ def synthesize(
     progress.close()
     state.wait_for_everyone()  # every shard is written
     if state.is_main_process:
-        _merge(out_dir, shard_dir, num_shards, name, processes=state.num_processes)
+        merge(out_dir, shard_dir, num_shards, name, processes=state.num_processes)
     state.wait_for_everyone()  # the merged file and summary are written
     return json.loads((out_dir / f"{name}.summary.json").read_text())
-
-
-def _demonstrations(
-    path: Path, demonstrate: Callable[[], dict[str, list[dict[str, str]]]] | None
-) -> dict[str, list[dict[str, str]]]:
-    """The demonstrations kept at `path`, or `demonstrate()`'s, written there first."""
-    if path.exists():
-        return json.loads(path.read_text())
-    if demonstrate is None:
-        raise ValueError("demonstration is on but no demonstrations were given (data_gen gatt --demonstration)")
-    found = demonstrate()
-    write_text(path, json.dumps(found, ensure_ascii=False, indent=2))
-    return found
-
-
-def _shard_path(shard_dir: Path, shard: int) -> Path:
-    return shard_dir / f"shard-{shard:05d}.jsonl"
-
-
-def _shard_tally(path: Path) -> Counter:
-    """A finished shard's kept and dropped dialogues."""
-    tally: Counter = Counter()
-    for line in path.read_text(encoding="utf-8").splitlines():
-        tally["kept" if json.loads(line)["kept"] else "dropped"] += 1
-    return tally
 
 
 def _shard_indices(shard: int, config: SynthesisConfig) -> range:
@@ -563,84 +525,3 @@ def _shard_entry(
                 copies.setdefault(json.dumps(copy["meta"]["swaps"], sort_keys=True), copy)
         entry["swaps"] = list(copies.values())
     return entry
-
-
-def _check_settings(path: Path, settings: dict[str, Any]) -> None:
-    if path.exists():
-        previous = json.loads(path.read_text())
-        if previous != settings:
-            raise ValueError(
-                f"{path.parent} holds shards made with other settings ({path}); use another --out or delete that folder"
-            )
-    else:
-        write_text(path, json.dumps(settings, indent=2))
-
-
-def _merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str, processes: int) -> None:
-    """Concatenate the shards into NAME.jsonl (atomically) and summarise yield, lengths and who made what."""
-    stats: Counter = Counter()
-    entries = []
-    per_rank = [0] * processes  # dialogues made by each process (a shard from an earlier run keeps its maker)
-    for shard in range(num_shards):
-        path = _shard_path(shard_dir, shard)
-        if not path.exists():
-            raise FileNotFoundError(
-                f"{path} is missing after every process finished: processes on several "
-                "machines need --out on a filesystem they all write to"
-            )
-        made = json.loads(path.with_suffix(".stats.json").read_text())
-        made = (
-            made if "counts" in made else {"process": 0, "counts": made}
-        )  # a shard written before processes were recorded
-        stats.update(made["counts"])
-        lines = path.read_text(encoding="utf-8").splitlines()
-        per_rank += [0] * (made["process"] + 1 - len(per_rank))
-        per_rank[made["process"]] += len(lines)
-        entries += [json.loads(line) for line in lines]
-    records = [record for e in entries if e["kept"] for record in (e["record"], *e.get("swaps", ()))]
-    write_text(out_dir / f"{name}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    lengths = [e["turns"] for e in entries if e["kept"]]
-    attempted, kept = Counter(), Counter()
-    for e in entries:
-        for family in e["families"]:
-            attempted[family] += 1
-            kept[family] += e["kept"]
-    reasons: dict[str, Counter] = {f: Counter() for f in attempted}
-    for key, n in stats.items():
-        if key.startswith("rejected:"):
-            family, reason = key.removeprefix("rejected:").rsplit(":", 1)
-            reasons.setdefault(family, Counter())[reason] += n
-    summary = {
-        "records": len(records),
-        "dialogues": len(entries),
-        "value_swaps": sum(len(e.get("swaps", ())) for e in entries),
-        "processes": processes,
-        "per_rank": per_rank,
-        "dropped": sum(not e["kept"] for e in entries),
-        "truncated": sum(e["kept"] and e["turns"] < e["planned"] for e in entries),
-        "ended": dict(Counter(e["ended"] for e in entries)),
-        "rejected_turns": stats["rejected_turns"],
-        "redrawn_turns": stats["redrawn_turns"],
-        "candidates": stats["candidates"],
-        "rejected_candidates": stats["rejected_candidates"],
-        # Candidates that passed the checks and failed the answer gate, and why (one may fail for several reasons).
-        "gate_rejected_candidates": stats["gate_rejected_candidates"],
-        "gate_failed": {reason: stats[f"gate_{reason}"] for reason in REASONS},
-        "yield_per_family": {f: round(kept[f] / attempted[f], 4) for f in sorted(attempted)},
-        # kept records per dialogue kind (gatt/events.py), as their kept turns make it (cut before a change: first)
-        "kinds": dict(sorted(Counter(e.get("kind", "first") for e in entries if e["kept"]).items())),
-        # Candidates that passed the checks and the gate, of all the teacher wrote in that family's dialogues.
-        "pass_rate_per_family": {
-            f: round(stats[f"passed:{f}"] / max(stats[f"candidates:{f}"], 1), 4) for f in sorted(attempted)
-        },
-        # Why the candidates of that family's dialogues were rejected, commonest first: the first check failed (its
-        # type), "withdrawn", or each answer-gate reason of a reply that passed the checks.
-        "rejection_reasons": {f: by_count(reasons[f]) for f in sorted(attempted)},
-        "turns": {
-            "min": min(lengths, default=0),
-            "median": statistics.median(lengths) if lengths else 0,
-            "max": max(lengths, default=0),
-            "histogram": dict(sorted(Counter(lengths).items())),
-        },
-    }
-    write_text(out_dir / f"{name}.summary.json", json.dumps(summary, indent=2))

@@ -13,14 +13,15 @@ from typing import Any, Protocol
 
 from data_gen.toy_world import ToyResponder
 from data_gen.user_turns import UserTurn
-from gatt.chat_model import TORCH_DTYPES, load_chat_model
-from gatt.checks import Constraint
-from gatt.config import REQUIRED, arg
-from gatt.embedded import model_path
-from gatt.gate import RelevanceScorer
-from gatt.generation import MAX_NEW_TOKENS, SAMPLER_DEFAULTS, ChatBatch, Sampler, sampler_flags, sampler_settings
-from gatt.model_folder import check_model_folder
-from gatt.numerics import NUMERICS
+from gatt.data.checks import Constraint
+from gatt.eval.relevance import RelevanceScorer
+from gatt.io.config import REQUIRED, arg
+from gatt.model.chat_model import TORCH_DTYPES, load_chat_model
+from gatt.model.embedded import model_path
+from gatt.model.folder import check_model_folder
+from gatt.model.generation import ChatBatch
+from gatt.model.numerics import NUMERICS
+from gatt.model.sampling import MAX_NEW_TOKENS, SAMPLER_DEFAULTS, Sampler, sampler_flags, sampler_settings
 
 BATCH_SIZE = 32  # prompts per generate() call
 
@@ -67,7 +68,7 @@ class OracleTeacher:
 class ModelTeacher:
     """A causal LM with a chat template: k sampled candidates per request, batched across dialogues.
 
-    Generation runs on `gatt.generation.ChatBatch`: each prompt is encoded once for its k candidates,
+    Generation runs on `gatt.model.generation.ChatBatch`: each prompt is encoded once for its k candidates,
     and requests that carry a `key` (synthesis gives the dialogue id) keep their KV cache from one turn
     to the next, the kept candidate's row (recognised as the history's last reply), so a dialogue's
     history is never encoded twice.
@@ -92,7 +93,7 @@ class ModelTeacher:
         """`device`: default this process's device (cuda:LOCAL_RANK under a launcher, else cuda if there is one,
         else cpu). `dtype`: fp32, bf16, fp16 or auto (the checkpoint's); default: transformers' default.
         `device_map` (e.g. "auto"): spread a teacher too large for one device over the visible ones, instead of `device`.
-        `numerics`: exact, bf16, or int8 on CPU (gatt/numerics.py: faster sampling; the candidates differ)."""
+        `numerics`: exact, bf16, or int8 on CPU (gatt/model/numerics.py: faster sampling; the candidates differ)."""
         self.name = str(model_dir)
         self.model, self.tokenizer = load_chat_model(
             model_dir, role="teacher", device=device, device_map=device_map, dtype=dtype, numerics=numerics
@@ -179,7 +180,7 @@ class TeacherConfig(sampler_flags("the --teacher folder's")):
     teacher_numerics: str = arg(
         "exact",
         "exact (fp32); bf16 (faster on a CPU with bf16 instructions); or int8: the teacher's Linear layers "
-        "dynamically quantised, CPU only. The fast modes draw other candidates (gatt/numerics.py; int8 does not pay "
+        "dynamically quantised, CPU only. The fast modes draw other candidates (gatt/model/numerics.py; int8 does not pay "
         "on SmolLM2-135M); auto: bf16 where the device has fast bf16 arithmetic, else exact",
         choices=NUMERICS,
     )

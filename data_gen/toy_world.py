@@ -26,11 +26,11 @@ from typing import Any
 from data_gen import builtin_data
 from data_gen.constraints import FAMILY_RULES, LANGUAGES, ConstraintSampler, Family, instruction_text
 from data_gen.user_turns import TOPICS, UserTurn
-from gatt.checks import Constraint
+from gatt.data.checks import Constraint
 
 # How both the base corpus and GAtt synthesis attach an instruction to a user message (the eval's upper bound too).
-from gatt.collator import append_instruction as with_instruction
-from gatt.events import SHORT_PROB
+from gatt.data.collator import append_instruction as with_instruction
+from gatt.data.events import SHORT_PROB
 
 # The responder's sentences per language (data_gen/data/toy_world.yaml, whose comments say why they read as
 # they do). TOPIC_REPLIES' {T} is the topic's English noun phrase as a label.

@@ -8,7 +8,7 @@ Three sources, all offline:
   templates (`PHRASINGS`) filled with a topic.
 * `load_user_turns`: a user's own dialogues in the Hugging Face `messages` format (JSONL, Parquet,
   a `datasets` folder) or a plain text file, whose user turns are reused; the reading and
-  validation live in `gatt.dialogues` (`load_dialogues`, `validate_messages`, re-exported here).
+  validation live in `gatt.data.dialogues` (`load_dialogues`, `validate_messages`, re-exported here).
 
 The built-in data live in data_gen/data/ (topics.yaml, topic_keywords.yaml, phrasings.yaml), read by
 `data_gen.builtin_data`; this module keeps their names and the logic.
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_gen import builtin_data
-from gatt.checks import Check
+from gatt.data.checks import Check
 
 # Re-exported: data_gen's callers read a user's dialogues from here.
-from gatt.dialogues import DIALOGUE_FORMATS, ROLES, OnError, load_dialogues, load_user_texts, validate_messages
+from gatt.data.dialogues import DIALOGUE_FORMATS, ROLES, OnError, load_dialogues, load_user_texts, validate_messages
 
 __all__ = [
     "DIALOGUE_FORMATS",
@@ -134,7 +134,7 @@ def sample_user_turns(
     return sampled
 
 
-# A user's own dialogues: read and validated by gatt.dialogues, shared with the evaluation.
+# A user's own dialogues: read and validated by gatt.data.dialogues, shared with the evaluation.
 
 
 def on_topic_check(topic: str) -> Check:

@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gatt.checks import CUSTOM_FAMILY, Constraint, passes_all, reply_checks
-from gatt.events import constraint_entry, instruction_text
+from gatt.data.checks import CUSTOM_FAMILY, Constraint, passes_all, reply_checks
+from gatt.data.events import constraint_entry, instruction_text
 
 
 def families(constraints: Sequence[Constraint]) -> dict[str, list[Constraint]]:

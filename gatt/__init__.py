@@ -1,13 +1,48 @@
 """Ghost Attention (GAtt): teach a chat model to keep a first-turn instruction for 20+ turns.
 
+The library in wings by concern:
+
+- `gatt.model`: masked multi-head attention, `GattForCausalLM` (Llama-compatible), its tokenizer and generation;
+- `gatt.data`: dialogues, the checks and constraint sets, instructions at any turn, the GAtt collator;
+- `gatt.training`: the Accelerate training loop, representation distillation, GRPO, multi-process plumbing;
+- `gatt.eval`: the adherence evaluation over 20+ turns (`python -m gatt.eval.evaluate`), the answer gate, the report;
+- `gatt.io`: model folders and the chat-model loader, configs that are the command line, whole writes, the machine.
+
+The public names below are importable from `gatt` itself; the model's are imported at once, the others on first use
+(so `import gatt` does not load Accelerate, PEFT or the evaluation). The flat paths from before the wings
+(`gatt.collator`, `python -m gatt.evaluate`, ...) still import the same modules (`gatt/moved.py`).
+
 Importing `gatt` registers the library's attention with transformers under the name "gatt", so
 any Hugging Face model can run on it: `AutoModelForCausalLM.from_pretrained(..., attn_implementation="gatt")`.
 """
 
-from gatt.attention import MaskedMultiHeadAttention, masked_attention, register_with_transformers
-from gatt.modeling import GattConfig, GattForCausalLM, GattModel
+import importlib
+from typing import Any
+
+from gatt.model.attention import MaskedMultiHeadAttention, masked_attention, register_with_transformers
+from gatt.model.modeling import GattConfig, GattForCausalLM, GattModel
+from gatt.moved import install
 
 register_with_transformers("gatt")
+install()
 
-__all__ = ["GattConfig", "GattForCausalLM", "GattModel", "MaskedMultiHeadAttention", "masked_attention"]
+# public name -> the module that defines it, imported when the name is first read
+LAZY = {
+    "GAttCollator": "gatt.data.collator",
+    "load_dialogues": "gatt.data.dialogues",
+    "TrainConfig": "gatt.training.trainer",
+    "Trainer": "gatt.training.trainer",
+    "EvalConfig": "gatt.eval.evaluate",
+    "GateConfig": "gatt.eval.gate",
+    "load_chat_model": "gatt.model.chat_model",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in LAZY:
+        return getattr(importlib.import_module(LAZY[name]), name)
+    raise AttributeError(f"module 'gatt' has no attribute {name!r}")
+
+
+__all__ = ["GattConfig", "GattForCausalLM", "GattModel", "MaskedMultiHeadAttention", "masked_attention", *LAZY]
 __version__ = "0.1.0"

@@ -1,5 +1,5 @@
 """make base-model's product: the chat model a recipe trained, packaged with the record of how it was made, as
-`make ship-base-model` puts it in the package (gatt/embedded.py)."""
+`make ship-base-model` puts it in the package (gatt/model/embedded.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from gatt.embedded import package
+from gatt.model.embedded import package
 
 
 def package_base_model(

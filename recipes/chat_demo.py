@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from gatt.pretrained import load_smollm2
+from gatt.model.pretrained import load_smollm2
 
 USER_TURNS = [
     "What is the capital of France?",

@@ -18,13 +18,13 @@ the teacher); `seed`, `constraints`, `user_turns` and `heldout_families` go to e
   train.base   recipes/train_gatt.py       rebuild_base: the chat model from scratch
   train.gatt   recipes/train_gatt.py       the GAtt fine-tune, the base corpus (or the replay data) replayed
   train.grpo   recipes/grpo_gatt.py        optional: RL on the checks (TRL's GRPO) from the GAtt model: gatt+grpo
-  eval         python -m gatt.evaluate     base, gatt and the base+repeat upper bound
-GAtt starts from the chat model shipped in the package (gatt/embedded.py), or with `rebuild_base: true` (make demo
+  eval         python -m gatt.eval.evaluate     base, gatt and the base+repeat upper bound
+GAtt starts from the chat model shipped in the package (gatt/model/embedded.py), or with `rebuild_base: true` (make demo
 BASE=rebuild) from one trained first; `rounds: 0` with it is make base-model (its report and OUT/embedded, the
 model packaged with its record). With `rounds: N` > 1 GAtt is iterated (expert iteration): round r+1's teacher is
 round r's model, reminded (OUT/round-R/). On SmolLM2-135M-Instruct (`base_model: smollm2`) the model is its own
 teacher. `any_turn: {data: {...}, train: {...}}` adds `gatt-any`, trained on GAtt data of every dialogue kind
-(gatt/events.py), its sections over data.gatt's and train.gatt's. Stages skip when their inputs are unchanged and
+(gatt/data/events.py), its sections over data.gatt's and train.gatt's. Stages skip when their inputs are unchanged and
 resume when interrupted (recipes/stages.py); OUT/timings.json holds their seconds.
 """
 
@@ -44,16 +44,16 @@ import torch
 
 from data_gen.__main__ import command_keys
 from data_gen.constraints import tier_violations
-from gatt.cli import exit_on_bad_input
-from gatt.config import config_keys, read_yaml_config, yaml_values
-from gatt.embedded import FOLDER as EMBEDDED_FOLDER
-from gatt.embedded import weights_sha256
+from gatt.data.events import KINDS
+from gatt.eval.evaluate import EvalConfig
 from gatt.eval.report import add_rounds, summary_tables
-from gatt.evaluate import EvalConfig
-from gatt.events import KINDS
-from gatt.grpo import PROMPTS, GRPOGattConfig
-from gatt.machine import available_cpus, machine_calibration
-from gatt.numerics import resolve_auto
+from gatt.io.cli import exit_on_bad_input
+from gatt.io.config import config_keys, read_yaml_config, yaml_values
+from gatt.io.machine import available_cpus, machine_calibration
+from gatt.model.embedded import FOLDER as EMBEDDED_FOLDER
+from gatt.model.embedded import weights_sha256
+from gatt.model.numerics import resolve_auto
+from gatt.training.grpo import PROMPTS, GRPOGattConfig
 from recipes.base_model import package_base_model
 from recipes.demo_config import (
     ROOT,
@@ -89,7 +89,7 @@ def stages(config: DemoConfig) -> list[Stage]:
 
     def stage(name: str, command: list[str], settings: Section, output: Path, resumable: bool = True) -> Stage:
         # Folders whose files fingerprint their own inputs, kept when the stage starts again with other inputs: the
-        # report's finished columns (gatt/eval/cache.py) and GRPO's prompts (gatt/grpo.py make_prompts).
+        # report's finished columns (gatt/eval/cache.py) and GRPO's prompts (gatt/training/grpo.py make_prompts).
         file, keep = out / "configs" / f"{name}.yaml", {"report": "rollouts", "grpo-model": PROMPTS}.get(name)
         return Stage(name, [*command, "--config", str(file)], output, resumable, keep, file, yaml_values(settings))
 
@@ -110,7 +110,7 @@ def stages(config: DemoConfig) -> list[Stage]:
 
     plan: list[Stage] = []
     if config.base_model == "smollm2":
-        base_cmd = [*python, "-m", "gatt.pretrained", "--out", str(out / "base" / "final")]
+        base_cmd = [*python, "-m", "gatt.model.pretrained", "--out", str(out / "base" / "final")]
         plan.append(Stage("base-model", base_cmd, out / "base", False))
     else:
         plan.append(data("base-data", "base", section(config, "data.base"), base_data, None))
@@ -137,7 +137,7 @@ def stages(config: DemoConfig) -> list[Stage]:
         any_files = [str(any_data / "gatt.jsonl")]
         plan.append(gatt_model("gatt-any-model", train_section, base_model_dir(config), any_files, any_gatt))
     grpo = "grpo" in (config.train or {})
-    if grpo:  # RL on the checks from the last round's GAtt model (gatt/grpo.py)
+    if grpo:  # RL on the checks from the last round's GAtt model (gatt/training/grpo.py)
         settings = {**inputs(config, config_keys(GRPOGattConfig)), **section(config, "train.grpo")}
         files = {"model": gatt_dir(out, config.rounds) / "final", "seed": config.seed}
         plan.append(train("grpo-model", settings, files, out / "grpo", script="grpo_gatt"))
@@ -149,7 +149,7 @@ def stages(config: DemoConfig) -> list[Stage]:
     if (dialogues := eval_dialogues(config)) is not None:
         report["dialogues"] = dialogues
     report |= {"out": out / "report", **({"repeat_instruction": ["base"]} if config.baselines else {})}
-    plan.append(stage("report", [*python, "-m", "gatt.evaluate"], report, out / "report"))
+    plan.append(stage("report", [*python, "-m", "gatt.eval.evaluate"], report, out / "report"))
     return plan
 
 

@@ -12,10 +12,10 @@ from typing import Any
 
 from data_gen.__main__ import command_keys
 from data_gen.constraints import HELDOUT_TIERS, load_heldout_tiers
-from gatt.config import check_section, config_keys, dataclass_from_dict, override_keys, read_yaml_config
-from gatt.evaluate import EvalConfig
-from gatt.grpo import GRPOGattConfig
-from gatt.train import TrainConfig
+from gatt.eval.evaluate import EvalConfig
+from gatt.io.config import check_section, config_keys, dataclass_from_dict, override_keys, read_yaml_config
+from gatt.training.grpo import GRPOGattConfig
+from gatt.training.trainer import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: config files named in a config are relative to it
 

@@ -1,11 +1,11 @@
-"""GAtt followed by RL on the checks: TRL's GRPO from a GAtt model (or any chat model); the run lives in `gatt.grpo`.
+"""GAtt followed by RL on the checks: TRL's GRPO from a GAtt model (or any chat model); the run lives in `gatt.training.grpo`.
 
   accelerate launch recipes/grpo_gatt.py --config recipes/configs/grpo_gatt.yaml [key=value ...] [--resume]
   python recipes/grpo_gatt.py --config recipes/configs/grpo_gatt.yaml --max-steps 10
 
 Prompts: the start model's own rollouts of instructed dialogues (the instruction in turn one only), cut at turns
 2..prompt_turns; reward: the share of the instruction's checks a reply passes, 0 for a reply the answer gate fails.
-Every key of the YAML config is a field of `gatt.grpo.GRPOGattConfig`, and a flag: `key=value` overrides one (the
+Every key of the YAML config is a field of `gatt.training.grpo.GRPOGattConfig`, and a flag: `key=value` overrides one (the
 value read as YAML), and so does its flag. `--resume` continues from the newest checkpoint in
 `output_dir/checkpoints`. Without `user_turns`, the prompts use data_gen's built-in training messages, never the
 report's.
@@ -14,10 +14,10 @@ report's.
 import argparse
 
 from data_gen.eval_set import training_turns
-from gatt.cli import exit_on_bad_input
-from gatt.config import config_parser, dataclass_from_dict, override_keys, read_yaml_config
 from gatt.eval.inputs import load_eval_turns
-from gatt.grpo import GRPOGattConfig, train_grpo
+from gatt.io.cli import exit_on_bad_input
+from gatt.io.config import config_parser, dataclass_from_dict, override_keys, read_yaml_config
+from gatt.training.grpo import GRPOGattConfig, train_grpo
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from gatt.files import write_text
+from gatt.io.files import write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("README.md", "docs/results.md")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gatt.eval.scoring import Z95
-from gatt.files import write_text
+from gatt.io.files import write_text
 
 MODELS = ("base", "base+repeat", "gatt")
 RUN_FILES = (

@@ -3,7 +3,7 @@
   python recipes/split_softmax_sweep.py --base embedded --gatt runs/demo/round-1/gatt/final \
       --like results/demo/width-128/report.json --strengths 0.25 0.5 0.75 --out results/split-softmax/embedded
 
-One `python -m gatt.evaluate` run with the settings of an earlier report (`--like`: same dialogues, turns,
+One `python -m gatt.eval.evaluate` run with the settings of an earlier report (`--like`: same dialogues, turns,
 seed, decoding) rolls out base, base+repeat, gatt and base+split at every strength; then:
   OUT/strength-S/   report.json, report.md, adherence.png, attention.png: the four models with base+split at S
   OUT/sweep.json    per model and strength: adherence at turns 2/10/20 (train constraints and held-out values),
@@ -24,12 +24,12 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from gatt.cli import exit_on_bad_input
+from gatt.eval.evaluate import main as evaluate_main
+from gatt.eval.evaluate import split_column
 from gatt.eval.report import build_report, write_report
 from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
-from gatt.evaluate import main as evaluate_main
-from gatt.evaluate import split_column
-from gatt.files import write_text
+from gatt.io.cli import exit_on_bad_input
+from gatt.io.files import write_text
 
 TURNS = (2, 10, 20)
 COMMITTED = ("report.json", "report.md", "adherence.png", "attention.png")  # transcripts stay under WORK

@@ -25,9 +25,9 @@ from typing import Any
 import torch
 import yaml
 
-from gatt.files import write_text
-from gatt.machine import REFERENCE_WORK_SECONDS, matmul_gflops, seconds_at_reference, work_seconds
-from gatt.processes import ProcessTree
+from gatt.io.files import write_text
+from gatt.io.machine import REFERENCE_WORK_SECONDS, matmul_gflops, seconds_at_reference, work_seconds
+from gatt.io.processes import ProcessTree
 
 HEARTBEAT_SECONDS = 10.0  # how often a running stage's `.started` stamp is rewritten
 
@@ -42,7 +42,7 @@ class Stage:
     # their own inputs (the report's finished columns, gatt/eval/cache.py), so only the stale ones are made again.
     keep: str | None = None
     config: Path | None = None  # the YAML file the command reads its settings from, written from `settings`
-    settings: Mapping[str, Any] | None = None  # YAML values (gatt.config.yaml_values)
+    settings: Mapping[str, Any] | None = None  # YAML values (gatt.io.config.yaml_values)
 
     def write_config(self) -> None:
         """Write `settings` to `config`, the file the command names."""

@@ -1,4 +1,4 @@
-"""Train a chat model with Ghost Attention (or plain SFT): the loop lives in `gatt.train`.
+"""Train a chat model with Ghost Attention (or plain SFT): the loop lives in `gatt.training.trainer`.
 
   gatt-train --config recipes/configs/smoke.yaml [key=value ...] [--resume]
   gatt-train --config recipes/configs/smoke.yaml --max-steps 200
@@ -8,7 +8,7 @@
 same code. Under `accelerate launch` (several processes or GPUs, `accelerate config`'s settings) it runs as a module
 (`-m recipes.train_gatt`) or as this script, by its path (below).
 
-Every key of the YAML config is a field of `gatt.train.TrainConfig`, and a flag: `key=value` overrides one (the
+Every key of the YAML config is a field of `gatt.training.trainer.TrainConfig`, and a flag: `key=value` overrides one (the
 value read as YAML: `max_steps=200`, `packing=false`), and so does its flag (`--max-steps 200`, `--no-packing`).
 `--resume` continues from the newest checkpoint in `output_dir/checkpoints`.
 """
@@ -16,9 +16,9 @@ value read as YAML: `max_steps=200`, `packing=false`), and so does its flag (`--
 import argparse
 from pathlib import Path
 
-from gatt.cli import exit_on_bad_input
-from gatt.config import config_parser, override_keys, read_yaml_config
-from gatt.train import TrainConfig, train
+from gatt.io.cli import exit_on_bad_input
+from gatt.io.config import config_parser, override_keys, read_yaml_config
+from gatt.training.trainer import TrainConfig, train
 
 
 def accelerate_hint() -> str:

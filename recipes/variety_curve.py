@@ -26,9 +26,9 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from gatt.cli import exit_on_bad_input
 from gatt.eval.scoring import rate
-from gatt.files import write_text
+from gatt.io.cli import exit_on_bad_input
+from gatt.io.files import write_text
 from recipes.demo import ROOT, DemoConfig, load_config, run
 from recipes.rounds import gatt_data_dir
 

@@ -5,7 +5,7 @@
 - Under pytest-xdist (`make test` runs `-n auto`), each worker gets its share of the CPUs for torch and for the
   processes its tests start (OMP_NUM_THREADS), so that two workers do not each run two threads on two cores.
 - The suite ends by printing the machine it ran on and its time at the project's reference speed, so that suite
-  times from different machines compare: converted by the project's own kind of work (`gatt.machine.work_seconds`),
+  times from different machines compare: converted by the project's own kind of work (`gatt.io.machine.work_seconds`),
   with the fp32 matmul reading beside it. With GATT_SUITE_RECORD=FILE (`make test` sets it) the same goes to FILE as
   JSON, the record results/test_suite.json is copied from.
 """
@@ -19,30 +19,30 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerBase
 
-from gatt.files import write_json
-from gatt.machine import (
+from gatt.io.files import write_json
+from gatt.io.machine import (
     REFERENCE_WORK_SECONDS,
     available_cpus,
     machine_calibration,
     matmul_gflops,
     seconds_at_reference,
 )
-from gatt.modeling import GattForCausalLM
+from gatt.model.modeling import GattForCausalLM
 
 
 @pytest.fixture(scope="session")
 def smollm2_llama() -> LlamaForCausalLM:
     """SmolLM2-135M-Instruct from PyPI's GGUF file, de-quantised, as transformers' `LlamaForCausalLM` (eval mode)."""
-    from gatt.pretrained import SMOLLM2_GGUF, smollm2_dir
+    from gatt.model.pretrained import SMOLLM2_GGUF, smollm2_dir
 
     return AutoModelForCausalLM.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF).eval()
 
 
 @pytest.fixture(scope="session")
 def smollm2(smollm2_llama: LlamaForCausalLM) -> tuple[GattForCausalLM, PreTrainedTokenizerBase]:
-    """What `gatt.pretrained.load_smollm2()` returns, without parsing the file again: the library's model converted
+    """What `gatt.model.pretrained.load_smollm2()` returns, without parsing the file again: the library's model converted
     from `smollm2_llama` (its weights shared: do not train it) and the tokenizer read from the GGUF file."""
-    from gatt.pretrained import SMOLLM2_GGUF, smollm2_dir
+    from gatt.model.pretrained import SMOLLM2_GGUF, smollm2_dir
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF)
     return GattForCausalLM.from_llama(smollm2_llama).eval(), tokenizer

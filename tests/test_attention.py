@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import gatt  # noqa: F401  (registers attn_implementation="gatt")
-from gatt.attention import (
+from gatt.model.attention import (
     MaskedMultiHeadAttention,
     RotaryEmbedding,
     ScaledDotScore,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from gatt.attention import MaskedMultiHeadAttention, RotaryEmbedding, build_attention_mask
+from gatt.model.attention import MaskedMultiHeadAttention, RotaryEmbedding, build_attention_mask
 
 B, C, H, HKV, TQ, TK = 3, 16, 4, 2, 5, 7
 KDIM, VDIM = 12, 20

@@ -11,13 +11,13 @@ import torch
 from test_generation import model, tokenizer  # noqa: E402,F401  (the tiny model and tokenizer fixtures)
 
 import gatt.eval.rollout  # noqa: E402
-import gatt.generation  # noqa: E402
+import gatt.model.generation  # noqa: E402
 from data_gen.synthesis import SynthesisConfig  # noqa: E402
 from data_gen.teacher import ModelTeacher  # noqa: E402
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns  # noqa: E402
 from gatt.eval.plan import plan_dialogues  # noqa: E402
 from gatt.eval.rollout import RolloutConfig, reference_rollout, rollout  # noqa: E402
-from gatt.generation import ChatBatch  # noqa: E402
+from gatt.model.generation import ChatBatch  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -117,7 +117,7 @@ def test_eval_run_returns_one_comparison_with_identical_replies(monkeypatch):
 
 def wants_to_stop(teacher: ModelTeacher) -> None:
     """Make the teacher's model put nearly all its mass on the end-of-turn tokens: replies would end at once."""
-    stops = sorted(gatt.generation.stop_token_ids(teacher.model, teacher.tokenizer))
+    stops = sorted(gatt.model.generation.stop_token_ids(teacher.model, teacher.tokenizer))
 
     def hook(module, args, output):
         output.logits[..., stops] = 1e4
@@ -148,7 +148,7 @@ def test_teacher_and_generate_give_k_candidates_of_exactly_m_tokens(teacher_dir,
         for _ in range(2):
             bench_teacher.batched_turn(teacher, ours, k)
         theirs = [bench_teacher.generate_candidates(teacher, d.request().messages, k) for d in dialogues]
-    assert gatt.generation.stop_token_ids is not None and gatt.generation.stop_token_ids(
+    assert gatt.model.generation.stop_token_ids is not None and gatt.model.generation.stop_token_ids(
         teacher.model, teacher.tokenizer
     )
     assert len(generated) == 2 and all(len(out) == 3 for out in generated)  # one batched call per turn, 3 dialogues
@@ -216,7 +216,7 @@ def test_teacher_run_returns_the_cpu_comparison(monkeypatch):
         "max_new_tokens": 4,
         "repeats": 1,
     }
-    assert gatt.generation.stop_token_ids.__name__ == "stop_token_ids"  # the switch is undone
+    assert gatt.model.generation.stop_token_ids.__name__ == "stop_token_ids"  # the switch is undone
 
 
 def test_teacher_batched_vs_single_compares_the_same_synthesis(teacher_dir):

@@ -10,7 +10,7 @@ import yaml
 from test_data_gen import tiny_teacher_dir
 
 from data_gen.__main__ import main as data_gen_main
-from gatt.processes import running
+from gatt.io.processes import running
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,7 @@ import run as runner  # noqa: E402
 import torch
 from test_generation import model, tokenizer  # noqa: E402,F401  (the tiny model and tokenizer fixtures)
 
-from gatt.machine import cpu_name
+from gatt.io.machine import cpu_name
 
 
 @pytest.fixture(scope="module")

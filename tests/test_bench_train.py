@@ -9,9 +9,9 @@ TRL's padding-free batch keeps the dialogues apart (position ids restart at 0 fo
 import bench_train_trl  # noqa: E402
 import pytest
 
-from gatt.collator import IGNORE_INDEX, GAttCollator
-from gatt.tokenizer import train_tokenizer
-from gatt.train import TrainConfig
+from gatt.data.collator import IGNORE_INDEX, GAttCollator
+from gatt.model.tokenizer import train_tokenizer
+from gatt.training.trainer import TrainConfig
 
 # SmolLM2-135M-Instruct's chat template, as its GGUF file ships it.
 SMOLLM2_TEMPLATE = (

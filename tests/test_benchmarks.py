@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gatt import processes
+from gatt.io import processes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,7 +105,7 @@ def test_the_calibration_benchmark_converts_a_job_by_both_readings() -> None:
     the matmul reading; the spread of two machines is largest / smallest."""
     import bench_calibration
 
-    from gatt.machine import REFERENCE_GFLOPS, REFERENCE_WORK_SECONDS
+    from gatt.io.machine import REFERENCE_GFLOPS, REFERENCE_WORK_SECONDS
 
     timings = {
         "total_seconds": 400.0,

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gatt import checks as checks_module
-from gatt.checks import (
+from gatt.data import checks as checks_module
+from gatt.data.checks import (
     CHECK_TYPES,
     Check,
     Constraint,

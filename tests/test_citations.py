@@ -266,7 +266,7 @@ def test_the_grammar_reads_what_it_means() -> None:
     assert README_CITE.search('(README, "The result")') and README_LOOSE.search("(README" + ": the gate audit)")
     assert not README_LOOSE.search("results/x/" + "README.md, the command") and not README_LOOSE.search("README's")
     assert not README_LOOSE.search("the commands of README.md, docs/ and the Makefile")
-    assert README_LOOSE.search("(gatt/numerics.py, README" + ": measured)")
+    assert README_LOOSE.search("(gatt/model/numerics.py, README" + ": measured)")
     assert issue.search("sized as in the " + "issue's table") and not issue.search("an issuer, tissue 12")
     assert PAGE_CITE.search('(docs/data.md, "Formats")').groups() == ("docs/data.md", "Formats")
     assert not PAGE_CITE.search("(docs/data.md, the formats)")

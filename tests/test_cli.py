@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from gatt import processes
+from gatt.io import processes
 
 ROOT = Path(__file__).resolve().parents[1]
 
 BAD_INPUTS = {
     "evaluate: a missing model": (
-        ["-m", "gatt.evaluate", "--model", "a=missing_dir", "--out", "{tmp}/report"],
+        ["-m", "gatt.eval.evaluate", "--model", "a=missing_dir", "--out", "{tmp}/report"],
         "--model a=missing_dir: no such model folder",
     ),
     "data_gen gatt: a missing teacher": (
@@ -61,7 +61,7 @@ BAD_INPUTS = {
         "no model weights (model.safetensors or pytorch_model.bin), no tokenizer files",
     ),
     "evaluate: a model folder with no model": (
-        ["-m", "gatt.evaluate", "--model", "a={tmp}", "--out", "{tmp}/report"],
+        ["-m", "gatt.eval.evaluate", "--model", "a={tmp}", "--out", "{tmp}/report"],
         "--model a={tmp}: not a model folder: it has no config.json, no model weights",
     ),
     "train_gatt: a model folder with no model": (

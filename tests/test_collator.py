@@ -1,7 +1,7 @@
 """GAttCollator: instruction placement, label masks per mode, truncation, batching, packing, trainers.
 
 Everything is built here: records in the format of docs/data.md ("Formats"), a tokenizer trained on their texts
-(`gatt.tokenizer.train_tokenizer`, whose template has {% generation %} marks) and, on copies of it,
+(`gatt.model.tokenizer.train_tokenizer`, whose template has {% generation %} marks) and, on copies of it,
 three more templates without generation marks: ChatML, Llama-3-style and one without a system role.
 """
 
@@ -17,10 +17,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gatt.attention.masks import segment_ids_from_position_ids, segment_spans
-from gatt.collator import IGNORE_INDEX, GAttCollator
-from gatt.modeling import GattConfig, GattForCausalLM
-from gatt.tokenizer import train_tokenizer
+from gatt.data.collator import IGNORE_INDEX, GAttCollator
+from gatt.model.attention.masks import segment_ids_from_position_ids, segment_spans
+from gatt.model.modeling import GattConfig, GattForCausalLM
+from gatt.model.tokenizer import train_tokenizer
 
 # -- records (docs/data.md format) -------------------------------------------------------------------
 
@@ -257,7 +257,7 @@ def test_instruction_once_in_the_system_message_by_default(tokenizers, name, rec
 def test_instruction_once_in_front_of_the_first_user_message(tokenizers, name, record, caplog):
     tok = tokenizers[name]
     _, user_header, system_header = TEMPLATE_INFO[name]
-    with caplog.at_level(logging.WARNING, logger="gatt.collator"):
+    with caplog.at_level(logging.WARNING, logger="gatt.data.collator"):
         collator = GAttCollator(tok, mode="last", instruction_placement="first_user")
     assert not caplog.records  # an explicit first_user placement is no fallback
     assert collator.instruction_placement == "first_user"
@@ -280,9 +280,9 @@ def test_instruction_once_in_front_of_the_first_user_message(tokenizers, name, r
 
 def test_template_without_system_role_falls_back_to_first_user_with_a_warning(tokenizers, caplog):
     tok = tokenizers["nosystem"]
-    with caplog.at_level(logging.WARNING, logger="gatt.collator"):
+    with caplog.at_level(logging.WARNING, logger="gatt.data.collator"):
         collator = GAttCollator(tok, mode="last")  # default placement: system
-    warnings = [r for r in caplog.records if r.name == "gatt.collator" and r.levelno == logging.WARNING]
+    warnings = [r for r in caplog.records if r.name == "gatt.data.collator" and r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "system role" in warnings[0].getMessage()
     assert collator.instruction_placement == "first_user"
     for record in RECORDS:
@@ -301,7 +301,7 @@ def test_template_that_silently_drops_system_messages_also_falls_back(tokenizers
     )
     tok = copy.deepcopy(tokenizers["chatml"])
     tok.chat_template = dropping
-    with caplog.at_level(logging.WARNING, logger="gatt.collator"):
+    with caplog.at_level(logging.WARNING, logger="gatt.data.collator"):
         collator = GAttCollator(tok, mode="last")
     assert collator.instruction_placement == "first_user"
     assert any("system role" in r.getMessage() for r in caplog.records)
@@ -312,7 +312,7 @@ def test_template_that_silently_drops_system_messages_also_falls_back(tokenizers
 
 
 def test_templates_with_a_system_role_give_no_warning(tokenizers, caplog):
-    with caplog.at_level(logging.WARNING, logger="gatt.collator"):
+    with caplog.at_level(logging.WARNING, logger="gatt.data.collator"):
         for name in WITH_SYSTEM:
             assert GAttCollator(tokenizers[name]).instruction_placement == "system"
     assert not caplog.records
@@ -744,7 +744,7 @@ def test_empty_sampled_flags_are_refused_too(tokenizers):
         GAttCollator(tokenizers["library"], mode="all").examples(record)
 
 
-# -- instructions at any turn (gatt/events.py): each event only in the user turn that gives it ---------
+# -- instructions at any turn (gatt/data/events.py): each event only in the user turn that gives it ---------
 
 FRENCH_ENTRY = {"family": "language", "value": "French", "checks": [{"type": "language", "code": "fr"}]}
 REVOKED = {
@@ -839,7 +839,7 @@ def test_an_event_after_the_last_user_turn_is_refused_naming_the_record(tokenize
         GAttCollator(tokenizers["library"], mode="all").examples(record)
 
 
-# -- 8. the teacher view (representation distillation, gatt/distill.py) ----------------------------
+# -- 8. the teacher view (representation distillation, gatt/training/distill.py) ----------------------------
 
 
 @pytest.mark.parametrize("name", ["library", "chatml", "llama3"])

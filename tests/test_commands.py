@@ -1,5 +1,5 @@
 """The installed commands (`[project.scripts]`: gatt-data, gatt-train, gatt-eval, gatt-demo) print their help from any
-folder, and the forms they replace (`python -m data_gen`, `python recipes/train_gatt.py`, `python -m gatt.evaluate`,
+folder, and the forms they replace (`python -m data_gen`, `python recipes/train_gatt.py`, `python -m gatt.eval.evaluate`,
 `python recipes/demo.py`) still do."""
 
 import importlib
@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from gatt import processes
-from gatt.cli import command_name
+from gatt.io import processes
+from gatt.io.cli import command_name
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 ENTRY_POINTS = {
     "gatt-data": "data_gen.__main__:main",
     "gatt-train": "recipes.train_gatt:main",
-    "gatt-eval": "gatt.evaluate:cli",
+    "gatt-eval": "gatt.eval.evaluate:cli",
     "gatt-demo": "recipes.demo:cli",
 }
 # What each command's help must say: its name in the usage line, and what a user runs it for.
@@ -38,7 +38,10 @@ INSTALLED_HELP = {
 OLD_FORMS = {
     "python -m data_gen": (["-m", "data_gen"], ["usage: python -m data_gen", "replay", "eval-set"]),
     "python recipes/train_gatt.py": (["recipes/train_gatt.py"], ["usage: train_gatt.py", "--resume"]),
-    "python -m gatt.evaluate": (["-m", "gatt.evaluate"], ["usage: python -m gatt.evaluate", "--model NAME=DIR"]),
+    "python -m gatt.eval.evaluate": (
+        ["-m", "gatt.eval.evaluate"],
+        ["usage: python -m gatt.eval.evaluate", "--model NAME=DIR"],
+    ),
     "python recipes/demo.py": (["recipes/demo.py"], ["usage: demo.py", "data.gatt"]),
 }
 

@@ -1,5 +1,5 @@
-"""gatt/config.py: a stage's dataclass is its command line and its YAML config, each default written once; and
-every gatt.evaluate command the recipes, the README, the docs and the Makefile write parses into EvalConfig."""
+"""gatt/io/config.py: a stage's dataclass is its command line and its YAML config, each default written once; and
+every gatt.eval.evaluate command the recipes, the README, the docs and the Makefile write parses into EvalConfig."""
 
 import re
 import shlex
@@ -13,10 +13,10 @@ from data_gen.__main__ import build_parser as data_gen_parser
 from data_gen.__main__ import parse as data_gen_parse
 from data_gen.synthesis import SynthesisConfig
 from data_gen.teacher import TeacherConfig
-from gatt.config import REQUIRED, arg, config_parser, dataclass_from_dict, parse_config
-from gatt.evaluate import EvalConfig, build_parser
-from gatt.grpo import GRPOGattConfig
-from gatt.train import TrainConfig
+from gatt.eval.evaluate import EvalConfig, build_parser
+from gatt.io.config import REQUIRED, arg, config_parser, dataclass_from_dict, parse_config
+from gatt.training.grpo import GRPOGattConfig
+from gatt.training.trainer import TrainConfig
 
 ROOT = Path(__file__).parents[1]
 
@@ -71,7 +71,7 @@ def test_bad_input_names_the_file_key_or_flag(tmp_path: Path) -> None:
 def test_an_unknown_key_is_reported_where_it_was_given(tmp_path: Path) -> None:
     """A training config's unknown key, in the YAML file or as a key=value override, names the file or the command
     line (an override used to be reported as if the file held it)."""
-    from gatt.train import load_config
+    from gatt.training.trainer import load_config
 
     good = ROOT / "recipes" / "configs" / "smoke.yaml"
     with pytest.raises(ValueError, match=r"^the command line: unknown key\(s\) nosuch; valid keys: output_dir"):
@@ -123,14 +123,14 @@ def test_eval_config_from_a_yaml_file_equals_the_same_command_line(tmp_path: Pat
 
 
 def _evaluate_commands() -> list[list[str]]:
-    """The gatt.evaluate command lines of README.md, docs/ and the Makefile (continuation lines joined)."""
+    """The gatt.eval.evaluate command lines of README.md, docs/ and the Makefile (continuation lines joined)."""
     texts = [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "docs").glob("*.md"))]
     commands = []
     for path in texts:
         text = path.read_text(encoding="utf-8").replace("\\\n", " ")
         for line in text.splitlines():
-            if "-m gatt.evaluate " in line and "--" in line:
-                words = shlex.split(line.split("-m gatt.evaluate ", 1)[1].split("`")[0].split("  #")[0])
+            if "-m gatt.eval.evaluate " in line and "--" in line:
+                words = shlex.split(line.split("-m gatt.eval.evaluate ", 1)[1].split("`")[0].split("  #")[0])
                 commands.append([w for w in words if not re.fullmatch(r"[|&;>].*", w)])
     return commands
 
@@ -200,7 +200,7 @@ def test_every_committed_demo_config_writes_stage_configs_that_their_commands_pa
         for stage in stages(config):
             stage.write_config()
             argv = stage.command[stage.command.index("--config") :] if stage.config else []
-            if "gatt.evaluate" in stage.command:
+            if "gatt.eval.evaluate" in stage.command:
                 parsed = parse_config(EvalConfig, argv, build_parser())
                 assert parsed.turns == config.eval["turns"] and parsed.out == Path(config.out) / "report", path
             elif "data_gen" in stage.command:

@@ -12,8 +12,8 @@ import pytest
 from if_verifiable.common import evaluate_instructions
 
 from data_gen.constraints import ConstraintSampler, conflict
-from gatt import constraint_sets
-from gatt.checks import Check, hold_out_families, load_constraints
+from gatt.data import constraint_sets
+from gatt.data.checks import Check, hold_out_families, load_constraints
 
 REPLIES = (
     "the weather is nice today and i like it",
@@ -166,7 +166,7 @@ def test_nothing_is_downloaded() -> None:
             raise AssertionError("a download was attempted")
         socket.socket.connect = refuse
         nltk.downloader.Downloader.download = refuse
-        from gatt.checks import load_constraints
+        from gatt.data.checks import load_constraints
         for c in load_constraints("ifeval,ifbench"):
             c.checks[0].passes("A plain reply. It has two sentences.")
         print("ok")

@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 from test_cli import exit_message
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from gatt import processes
-from gatt.embedded import model_path
-from gatt.model_folder import check_model_folder, damaged_file, loading_model
+from gatt.io import processes
+from gatt.model.embedded import model_path
+from gatt.model.folder import check_model_folder, damaged_file, loading_model
 
 ROOT = Path(__file__).resolve().parents[1]
 REMEDY = "; re-export or re-train this model"
@@ -112,8 +112,8 @@ def test_other_errors_pass_through(tmp_path: Path) -> None:
 
 
 def test_a_truncated_gguf_file(tmp_path: Path, monkeypatch) -> None:
-    """gatt.pretrained's GGUF file, as a damaged installation would leave it."""
-    pretrained = importlib.import_module("gatt.pretrained")
+    """gatt.model.pretrained's GGUF file, as a damaged installation would leave it."""
+    pretrained = importlib.import_module("gatt.model.pretrained")
     try:
         gguf = pretrained.smollm2_dir() / pretrained.SMOLLM2_GGUF
     except FileNotFoundError:
@@ -134,7 +134,7 @@ def test_a_truncated_gguf_file(tmp_path: Path, monkeypatch) -> None:
 STAGES = {
     "evaluate": [
         "-m",
-        "gatt.evaluate",
+        "gatt.eval.evaluate",
         "--model",
         "base={model}",
         "--dialogues",

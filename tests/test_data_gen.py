@@ -27,8 +27,8 @@ from data_gen.synthesis import SynthesisConfig, _Dialogue, synthesize_shard
 from data_gen.teacher import TurnRequest
 from data_gen.toy_world import ToyResponder, base_corpus
 from data_gen.user_turns import UserTurn, all_user_turns, split_user_turns
-from gatt.checks import Check, Constraint, passes_all, reply_checks
-from gatt.processes import ProcessTree
+from gatt.data.checks import Check, Constraint, passes_all, reply_checks
+from gatt.io.processes import ProcessTree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -470,7 +470,7 @@ def test_a_failing_turn_is_redrawn_on_another_topic_before_the_dialogue_ends():
 
 def tiny_teacher_dir(tmp_path: Path) -> Path:
     from gatt import GattConfig, GattForCausalLM
-    from gatt.tokenizer import train_tokenizer
+    from gatt.model.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer([t.text for t in all_user_turns()], vocab_size=400)
     config = GattConfig(

@@ -1,5 +1,5 @@
 """Decoding defaults as `generate()` has them: a sampler flag not given is read from the model folder's
-generation_config.json (data_gen: the teacher's; gatt.evaluate: the first --model's), else the built-in default;
+generation_config.json (data_gen: the teacher's; gatt.eval.evaluate: the first --model's), else the built-in default;
 the SmolLM2 export writes the measured repetition penalty into its folder."""
 
 import json
@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import gatt.pretrained
+import gatt.model.pretrained
 from data_gen.__main__ import build_parser as data_gen_parser
 from data_gen.__main__ import parse as data_gen_parse
 from data_gen.teacher import build_teacher, teacher_decoding
-from gatt.config import parse_config
-from gatt.embedded import model_path
-from gatt.evaluate import EvalConfig, parse_models, report_decoding
-from gatt.evaluate import build_parser as evaluate_parser
-from gatt.generation import BUILT_IN, FLAG_GIVEN, SAMPLER_DEFAULTS
-from gatt.pretrained import SMOLLM2_REPETITION_PENALTY, export_smollm2, write_generation_config
+from gatt.eval.evaluate import EvalConfig, parse_models, report_decoding
+from gatt.eval.evaluate import build_parser as evaluate_parser
+from gatt.io.config import parse_config
+from gatt.model.embedded import model_path
+from gatt.model.pretrained import SMOLLM2_REPETITION_PENALTY, export_smollm2, write_generation_config
+from gatt.model.sampling import BUILT_IN, FLAG_GIVEN, SAMPLER_DEFAULTS
 
 
 def copy_embedded(folder: Path, repetition_penalty: float | None) -> Path:
@@ -100,7 +100,7 @@ def test_the_smollm2_export_writes_the_measured_repetition_penalty(tmp_path, mon
     shipped = Path(model_path("embedded"))
     # The export path on a stand-in model (the shipped one): SmolLM2's own load is the slow part, not what is tested.
     stand_in = (AutoModelForCausalLM.from_pretrained(shipped), AutoTokenizer.from_pretrained(shipped))
-    monkeypatch.setattr(gatt.pretrained, "load_smollm2", lambda: stand_in)
+    monkeypatch.setattr(gatt.model.pretrained, "load_smollm2", lambda: stand_in)
     out = export_smollm2(tmp_path / "smollm2")
     written = json.loads((out / "generation_config.json").read_text())
     before = json.loads((shipped / "generation_config.json").read_text())

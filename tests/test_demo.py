@@ -17,17 +17,17 @@ ROOT = Path(__file__).resolve().parents[1]
 from accelerate.state import AcceleratorState, GradientState  # noqa: E402
 
 import data_gen.__main__  # noqa: E402
-import gatt.evaluate  # noqa: E402
-import gatt.pretrained  # noqa: E402
+import gatt.eval.evaluate  # noqa: E402
+import gatt.model.pretrained  # noqa: E402
 import recipes.stages  # noqa: E402
 from data_gen.constraints import HELDOUT_FAMILIES  # noqa: E402
-from gatt.checks import load_constraints  # noqa: E402
-from gatt.embedded import FOLDER as EMBEDDED_FOLDER  # noqa: E402
-from gatt.embedded import greedy_replies, read_record, ship, weights_sha256  # noqa: E402
-from gatt.events import KINDS  # noqa: E402
-from gatt.machine import REFERENCE_WORK_SECONDS  # noqa: E402
-from gatt.processes import TreeTimeout, running  # noqa: E402
-from gatt.train import TrainConfig  # noqa: E402
+from gatt.data.checks import load_constraints  # noqa: E402
+from gatt.data.events import KINDS  # noqa: E402
+from gatt.io.machine import REFERENCE_WORK_SECONDS  # noqa: E402
+from gatt.io.processes import TreeTimeout, running  # noqa: E402
+from gatt.model.embedded import FOLDER as EMBEDDED_FOLDER  # noqa: E402
+from gatt.model.embedded import greedy_replies, read_record, ship, weights_sha256  # noqa: E402
+from gatt.training.trainer import TrainConfig  # noqa: E402
 from recipes import train_gatt  # noqa: E402
 from recipes.demo import DemoConfig, load_config, main, stages  # noqa: E402
 from recipes.stages import Stage, fingerprint, run_stage  # noqa: E402
@@ -37,8 +37,8 @@ from recipes.variety_curve import main as variety_curve  # noqa: E402
 # The `main` each stage command runs: `python -m MODULE ARGS` or `python SCRIPT ARGS`.
 STAGE_MAINS = {
     "data_gen": lambda args: data_gen.__main__.main(args),
-    "gatt.evaluate": lambda args: gatt.evaluate.main(args),
-    "gatt.pretrained": lambda args: gatt.pretrained.main(args),
+    "gatt.eval.evaluate": lambda args: gatt.eval.evaluate.main(args),
+    "gatt.model.pretrained": lambda args: gatt.model.pretrained.main(args),
     str(ROOT / "recipes" / "train_gatt.py"): lambda args: train_gatt.main(),  # reads sys.argv
 }
 
@@ -304,7 +304,7 @@ def test_each_stage_reads_its_section_of_the_demo_config(tmp_path):
         str(EMBEDDED_FOLDER),
         tmp_path / "round-1" / "data" / "gatt",
     )
-    report = gatt.evaluate.parse_config(gatt.evaluate.EvalConfig, ["--config", str(plan["report"].config)])
+    report = gatt.eval.evaluate.parse_config(gatt.eval.evaluate.EvalConfig, ["--config", str(plan["report"].config)])
     assert (report.device, report.turns, report.seed, report.repeat_instruction) == ("cpu", 6, 3, ["base"])
     assert report.model == [f"base={EMBEDDED_FOLDER}", f"gatt={tmp_path / 'round-1' / 'gatt' / 'final'}"]
     trained = TrainConfig.from_dict(yaml.safe_load(plan["gatt-model"].config.read_text()))
@@ -439,7 +439,9 @@ def test_smollm2_demo_runs_every_stage_on_a_users_own_files(tmp_path, monkeypatc
     """make demo-smollm2's wiring on the real model: the user's constraints (a probe-only persona, their own python
     checks) and a .txt of their messages reach every stage, and every stage makes its output."""
     monkeypatch.setattr(recipes.stages, "run_stage", in_process_stage)
-    monkeypatch.setattr(gatt.pretrained, "load_smollm2", lambda: smollm2)  # the export stage: the suite's one load
+    monkeypatch.setattr(
+        gatt.model.pretrained, "load_smollm2", lambda: smollm2
+    )  # the export stage: the suite's one load
     code = tmp_path / "code"
     code.mkdir()
     (code / "smoke_checks.py").write_text(USER_CHECKS)

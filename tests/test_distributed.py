@@ -13,10 +13,10 @@ from test_data_gen import catalogue_without_language, gatt_args, read_jsonl, tin
 from data_gen.__main__ import main as data_gen_main
 from data_gen.teacher import ModelTeacher, TurnRequest
 from data_gen.user_turns import UserTurn
-from gatt import processes
-from gatt.distributed import my_items
-from gatt.evaluate import main as evaluate_main
-from gatt.processes import ProcessTree
+from gatt.eval.evaluate import main as evaluate_main
+from gatt.io import processes
+from gatt.io.distributed import my_items
+from gatt.io.processes import ProcessTree
 
 ROOT = Path(__file__).resolve().parents[1]
 # One thread in every process: the runs compared below do the same arithmetic in the same order.
@@ -167,7 +167,7 @@ def test_evaluation_on_two_processes_writes_the_one_process_report(tmp_path):
         "none",
     ]
     evaluate_main([*args, "--out", str(tmp_path / "one")])
-    output = finish(torchrun(tmp_path, "gatt.evaluate", *args, "--out", str(tmp_path / "two")))
+    output = finish(torchrun(tmp_path, "gatt.eval.evaluate", *args, "--out", str(tmp_path / "two")))
     assert output.count("wrote ") == 1  # process 0 reports
     for name in ("report.json", "transcripts.jsonl", "report.md"):
         assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name

@@ -11,8 +11,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data_gen.__main__ import main as data_gen_main
 from data_gen.constraints import FAMILIES
-from gatt.config import yaml_values
-from gatt.embedded import (
+from gatt.eval.evaluate import parse_models
+from gatt.io.config import yaml_values
+from gatt.model.embedded import (
     EMBEDDED,
     FOLDER,
     MAX_WEIGHT_BYTES,
@@ -22,9 +23,8 @@ from gatt.embedded import (
     read_record,
     weights_sha256,
 )
-from gatt.evaluate import parse_models
-from gatt.modeling import GattForCausalLM
-from gatt.train import TrainConfig
+from gatt.model.modeling import GattForCausalLM
+from gatt.training.trainer import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

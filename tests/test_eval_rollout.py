@@ -12,7 +12,8 @@ import torch
 import yaml
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from gatt.checks import Check, Constraint, Probe
+from gatt.data.checks import Check, Constraint, Probe
+from gatt.eval.evaluate import main as evaluate_main
 from gatt.eval.inputs import EvalTurn
 from gatt.eval.plan import EvalDialogue, PlannedTurn, plan_dialogues, stratify
 from gatt.eval.rollout import (
@@ -24,9 +25,8 @@ from gatt.eval.rollout import (
     render,
     rollout,
 )
-from gatt.evaluate import main as evaluate_main
-from gatt.modeling import GattConfig, GattForCausalLM
-from gatt.tokenizer import train_tokenizer
+from gatt.model.modeling import GattConfig, GattForCausalLM
+from gatt.model.tokenizer import train_tokenizer
 
 TEXTS = [f"Tell me about topic {i}. The weather is nice and tennis is fun, {i * 7} times." for i in range(300)]
 TENNIS = Check("contains_any", {"words": ["tennis"]})
@@ -480,7 +480,7 @@ def test_an_interrupted_report_resumes_from_its_finished_columns(model_dir, eval
     def no_model(*_, **__):
         raise AssertionError("a finished column was rolled out again")
 
-    monkeypatch.setattr("gatt.evaluate.load_chat_model", no_model)
+    monkeypatch.setattr("gatt.eval.evaluate.load_chat_model", no_model)
     rerun = [
         "--model",
         f"base={model}",

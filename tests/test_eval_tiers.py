@@ -10,11 +10,11 @@ import yaml
 
 from data_gen.builtin_data import DataFileError
 from data_gen.constraints import HELDOUT_TIERS, catalogue
+from gatt.eval.evaluate import parse_tiers
 from gatt.eval.inputs import load_eval_turns
 from gatt.eval.plan import plan_dialogues
 from gatt.eval.report import _markdown, build_report, write_report
 from gatt.eval.scoring import adherence_per_turn, tier_stratum
-from gatt.evaluate import parse_tiers
 from recipes.demo_config import DemoConfig, eval_dialogues, heldout_tiers, inputs
 from tests.test_eval_scoring import PNG_MAGIC, F, T, dialogue
 

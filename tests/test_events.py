@@ -1,4 +1,4 @@
-"""Instructions at any turn (gatt/events.py): the state in force, event drawing and wordings, GAtt data of every
+"""Instructions at any turn (gatt/data/events.py): the state in force, event drawing and wordings, GAtt data of every
 kind, the report's plan and its per-kind scores."""
 
 from __future__ import annotations
@@ -14,12 +14,8 @@ from data_gen.__main__ import main as data_gen_main
 from data_gen.constraints import catalogue
 from data_gen.synthesis import SynthesisConfig, _Dialogue
 from data_gen.user_turns import UserTurn
-from gatt.checks import Check, Constraint, dump_constraints, load_constraints, passes_all
-from gatt.eval.inputs import EvalTurn
-from gatt.eval.plan import plan_dialogues
-from gatt.eval.rollout import RolloutConfig, user_message
-from gatt.eval.scoring import per_kind
-from gatt.events import (
+from gatt.data.checks import Check, Constraint, dump_constraints, load_constraints, passes_all
+from gatt.data.events import (
     KINDS,
     Event,
     builtin_wordings,
@@ -30,6 +26,10 @@ from gatt.events import (
     in_force,
     withdrawn,
 )
+from gatt.eval.inputs import EvalTurn
+from gatt.eval.plan import plan_dialogues
+from gatt.eval.rollout import RolloutConfig, user_message
+from gatt.eval.scoring import per_kind
 
 CATALOGUE = catalogue()
 BY_NAME = {c.name: c for c in CATALOGUE}

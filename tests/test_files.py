@@ -1,11 +1,11 @@
-"""gatt/files.py: a file or folder is replaced whole, or left as it was with nothing half-written beside it."""
+"""gatt/io/files.py: a file or folder is replaced whole, or left as it was with nothing half-written beside it."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from gatt.files import atomic_path, write_bytes, write_json, write_text
+from gatt.io.files import atomic_path, write_bytes, write_json, write_text
 
 
 def test_write_text_replaces_the_file_and_leaves_no_temporary(tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 
 import pytest
 
-from gatt.checks import Check
-from gatt.gate import (
+from gatt.data.checks import Check
+from gatt.eval.gate import (
     AnswerGate,
     GateConfig,
     GateItem,
@@ -164,7 +164,7 @@ def test_the_config_moves_the_bars():
 
 @pytest.fixture(scope="module")
 def scorer(smollm2) -> RelevanceScorer:
-    model, tokenizer = smollm2  # SmolLM2-135M-Instruct, as `gatt.pretrained.load_smollm2()` returns it
+    model, tokenizer = smollm2  # SmolLM2-135M-Instruct, as `gatt.model.pretrained.load_smollm2()` returns it
     return RelevanceScorer(model, tokenizer)
 
 
@@ -213,8 +213,8 @@ def test_batched_log_likelihoods_equal_one_pair_at_a_time(architecture):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from gatt.modeling import GattConfig, GattForCausalLM
-    from gatt.tokenizer import train_tokenizer
+    from gatt.model.modeling import GattConfig, GattForCausalLM
+    from gatt.model.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer([f"{q} The answer is {i}." for i, q in enumerate(OTHERS * 20)], vocab_size=300)
     config = dict(

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 import bench_gate  # noqa: E402
 import gate_audit_draw  # noqa: E402
 
-from gatt.gate import GateConfig, Verdict  # noqa: E402
+from gatt.eval.gate import GateConfig, Verdict  # noqa: E402
 
 
 def test_gatt_data_replies_are_drawn_with_their_earlier_turns_and_the_instruction_in_view(tmp_path):
@@ -92,8 +92,8 @@ def test_cross_validation_scores_each_reply_with_a_threshold_chosen_without_it()
 def test_the_expected_language_of_a_constraint_of_your_own_is_its_language_checks():
     from types import SimpleNamespace
 
-    from gatt.checks import Constraint
-    from gatt.events import constraint_entry
+    from gatt.data.checks import Constraint
+    from gatt.data.events import constraint_entry
 
     def own(checks):
         spec = {"name": "x", "instruction": "Reply in it.", "short": "x", "checks": checks}

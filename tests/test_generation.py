@@ -7,9 +7,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.cache_utils import DynamicLayer
 
-from gatt.generation import ChatBatch, GrowingLayer, NucleusWarper, Sampler, decoder_options
-from gatt.modeling import GattConfig, GattForCausalLM
-from gatt.tokenizer import train_tokenizer
+from gatt.model.cache import GrowingLayer
+from gatt.model.generation import ChatBatch, decoder_options
+from gatt.model.modeling import GattConfig, GattForCausalLM
+from gatt.model.sampling import NucleusWarper, Sampler
+from gatt.model.tokenizer import train_tokenizer
 
 TEXTS = [f"Tell me about topic {i}. The weather is nice and tennis is fun, {i * 7} times." for i in range(300)]
 

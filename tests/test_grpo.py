@@ -1,4 +1,4 @@
-"""GAtt followed by GRPO on the checks (gatt/grpo.py, recipes/grpo_gatt.py): the prompts, the reward and a run."""
+"""GAtt followed by GRPO on the checks (gatt/training/grpo.py, recipes/grpo_gatt.py): the prompts, the reward and a run."""
 
 import json
 import os
@@ -14,12 +14,12 @@ import yaml
 from safetensors.torch import load_file
 
 from data_gen.eval_set import training_turns  # noqa: E402
-from gatt import grpo  # noqa: E402
-from gatt.checks import Check  # noqa: E402
-from gatt.embedded import model_path  # noqa: E402
+from gatt.data.checks import Check  # noqa: E402
+from gatt.eval.gate import GateConfig  # noqa: E402
 from gatt.eval.inputs import load_eval_turns  # noqa: E402
-from gatt.gate import GateConfig  # noqa: E402
-from gatt.grpo import (  # noqa: E402
+from gatt.model.embedded import model_path  # noqa: E402
+from gatt.training import grpo  # noqa: E402
+from gatt.training.grpo import (  # noqa: E402
     ChecksAndGateReward,
     GRPOGattConfig,
     prompt_dialogues,

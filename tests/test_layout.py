@@ -58,8 +58,67 @@ def test_cycle_finds_a_hidden_circle() -> None:
 
 def test_no_module_of_the_library_imports_one_that_imports_it_back() -> None:
     graph = imports("gatt")
-    assert {"gatt.checks", "gatt.constraint_sets", "gatt.events"} <= set(graph)
+    assert {"gatt.data.checks", "gatt.data.constraint_sets", "gatt.data.events"} <= set(graph)
     assert cycle(graph) is None
+
+
+# The library's wings, lowest first: a wing imports only itself and the wings before it.
+WINGS = ("io", "model", "data", "eval", "training")
+# The one import up the wings, inside a function: the machine's work reading times the library's own model.
+UPWARD = {("gatt.io.machine", "gatt.model.modeling")}
+
+
+def wing(module: str) -> str | None:
+    """The wing of a module of the library (`gatt.model.attention.core` -> "model"), None outside the wings."""
+    parts = module.split(".")
+    return parts[1] if len(parts) >= 2 and parts[0] == "gatt" and parts[1] in WINGS else None
+
+
+def test_every_module_of_the_library_is_in_a_wing() -> None:
+    """gatt/ holds only its __init__ and the alias table of the flat paths (gatt/moved.py) beside the wings."""
+    loose = {path.name for path in (ROOT / "gatt").glob("*.py")} - {"__init__.py", "moved.py"}
+    folders = {path.name for path in (ROOT / "gatt").iterdir() if (path / "__init__.py").exists()}
+    assert loose == set()
+    assert folders == set(WINGS)
+
+
+def climbs(graph: dict[str, set[str]]) -> list[str]:
+    """The imports of `graph` from a wing to a wing above it, but the allowed UPWARD ones."""
+    return sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        for b in targets
+        if wing(a) and wing(b) and WINGS.index(wing(b)) > WINGS.index(wing(a)) and (a, b) not in UPWARD
+    )
+
+
+def test_each_wing_imports_only_the_wings_below_it() -> None:
+    graph = imports("gatt")
+    assert climbs(graph) == []
+    assert all(b in graph[a] for a, b in UPWARD), "an allowed climb that no longer exists: drop it from UPWARD"
+
+
+def test_the_wings_check_sees_a_climb() -> None:
+    assert wing("gatt.io.files") == "io" and wing("gatt.model.attention.core") == "model" and wing("gatt.moved") is None
+    graph = {"gatt.model.generation": {"gatt.eval.gate", "gatt.io.config"}, "gatt.eval.gate": {"gatt.data.checks"}}
+    assert climbs(graph) == ["gatt.model.generation -> gatt.eval.gate"]
+
+
+def test_the_flat_paths_import_the_same_modules() -> None:
+    """Code written before the wings keeps working: an old path is the new module itself (a package's submodules
+    too), and the new module keeps its own name."""
+    import importlib
+
+    from gatt.moved import MOVED
+
+    for old, new in MOVED.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+        assert importlib.import_module(new).__spec__.name == new
+    assert importlib.import_module("gatt.attention.core") is importlib.import_module("gatt.model.attention.core")
+    from gatt.train import TrainConfig
+    from gatt.training.trainer import TrainConfig as Moved
+
+    assert TrainConfig is Moved
 
 
 def test_the_library_never_imports_the_data_generator_or_the_recipes() -> None:
@@ -103,3 +162,17 @@ def test_each_shared_default_is_written_once() -> None:
                         if item.target.id in shared and isinstance(value, ast.Constant) and value.value is not None:
                             literal.append(f"{path.relative_to(ROOT)}:{item.lineno} {node.name}.{item.target.id}")
     assert literal == []
+
+
+def test_each_module_of_a_wing_is_on_its_wing_s_api_page() -> None:
+    """docs/api/WING.md lists every module of gatt/WING (an attention submodule through gatt.model.attention)."""
+    for name in WINGS:
+        page = (ROOT / "docs" / "api" / f"{name}.md").read_text(encoding="utf-8")
+        shown = set(re.findall(r"^::: (\S+)$", page, re.M))
+        modules = {
+            _module(path)
+            for path in (ROOT / "gatt" / name).glob("*.py")
+            if path.name != "__init__.py" or path.parent.name != name
+        }
+        modules |= {f"gatt.{name}.{p.name}" for p in (ROOT / "gatt" / name).iterdir() if (p / "__init__.py").exists()}
+        assert modules - shown == set(), name

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from gatt.attention import MaskedMultiHeadAttention, RotaryEmbedding, linformer_attention, masked_attention
-from gatt.split_softmax import SplitSoftmax
+from gatt.model.attention import MaskedMultiHeadAttention, RotaryEmbedding, linformer_attention, masked_attention
+from gatt.model.split_softmax import SplitSoftmax
 
 B, H, HKV, TQ, TK, D, K, N = 2, 4, 2, 6, 9, 8, 5, 12
 

@@ -1,4 +1,4 @@
-"""gatt.machine: a result's machine record carries the versions it ran with, and every committed one does."""
+"""gatt.io.machine: a result's machine record carries the versions it ran with, and every committed one does."""
 
 import json
 from importlib import metadata
@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from gatt.machine import (
+from gatt.io.machine import (
     REFERENCE_WORK_SECONDS,
     TRACKED_PACKAGES,
     machine_calibration,

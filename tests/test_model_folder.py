@@ -1,4 +1,4 @@
-"""gatt.model_folder: a path that holds no model is refused in one line that names what it lacks."""
+"""gatt.model.folder: a path that holds no model is refused in one line that names what it lacks."""
 
 from pathlib import Path
 
@@ -6,7 +6,7 @@ import pytest
 from tokenizers import Tokenizer, models
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from gatt.model_folder import check_model_folder
+from gatt.model.folder import check_model_folder
 from tests.test_modeling import tiny_llama
 
 

@@ -11,7 +11,7 @@ from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from gatt import GattConfig, GattForCausalLM
-from gatt.cache import CACHE_KWARG, cache_kwargs, output_cache
+from gatt.model.cache import CACHE_KWARG, cache_kwargs, output_cache
 
 VOCAB = 101
 
@@ -327,7 +327,7 @@ def test_bad_configs_are_refused_naming_the_field():
 def test_model_and_its_tokenizer_save_and_reload_together(tmp_path):
     from transformers import AutoTokenizer
 
-    from gatt.tokenizer import train_tokenizer
+    from gatt.model.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer([f"user message {i} about tennis and the sea" for i in range(50)], vocab_size=300)
     config = GattConfig(

@@ -1,4 +1,4 @@
-"""gatt.numerics: bf16 and int8 dynamic quantisation for generation, beside the exact path."""
+"""gatt.model.numerics: bf16 and int8 dynamic quantisation for generation, beside the exact path."""
 
 import copy
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from gatt.cache import output_cache
-from gatt.numerics import for_inference
+from gatt.model.cache import output_cache
+from gatt.model.numerics import for_inference
 from tests.test_modeling import random_ids, tiny_llama
 
 
@@ -61,8 +61,8 @@ def test_bf16_casts_weights_and_keeps_the_librarys_attention_fp32_and_stays_clos
 def test_bf16_off_the_cpu_keeps_the_kv_cache_in_bf16() -> None:
     """On a GPU the fused SDPA kernels take bf16 and a bf16 cache halves a step's memory traffic: the library's
     attention is not pinned to fp32 there (here a model on the meta device stands for one that is not on a CPU)."""
-    from gatt.attention import MaskedMultiHeadAttention
-    from gatt.modeling import GattForCausalLM
+    from gatt.model.attention import MaskedMultiHeadAttention
+    from gatt.model.modeling import GattForCausalLM
 
     cpu = for_inference(GattForCausalLM.from_llama(tiny_llama()), "bf16")
     elsewhere = GattForCausalLM.from_llama(tiny_llama()).to("meta")
@@ -88,7 +88,7 @@ def test_the_teacher_samples_in_int8(tmp_path) -> None:
     from data_gen.teacher import ModelTeacher, TurnRequest
     from data_gen.user_turns import UserTurn
     from gatt import GattConfig, GattForCausalLM
-    from gatt.tokenizer import train_tokenizer
+    from gatt.model.tokenizer import train_tokenizer
     from tests.test_generation import TEXTS
 
     tokenizer = train_tokenizer(TEXTS, vocab_size=300)
@@ -121,15 +121,17 @@ def test_the_teacher_samples_in_int8(tmp_path) -> None:
 @pytest.mark.parametrize(("bf16_gflops", "fast"), [(166.0, False), (900.0, True)])
 def test_auto_measures_bf16_even_where_the_cpu_claims_bf16_instructions(monkeypatch, bf16_gflops, fast):
     """A virtual Xeon reporting AVX512-BF16 multiplied bf16 at half fp32's speed: the flags alone must not pick bf16."""
-    import gatt.machine
-    import gatt.numerics
+    import gatt.io.machine
+    import gatt.model.numerics
 
     speeds = {torch.float32: 320.0, torch.bfloat16: bf16_gflops}
-    monkeypatch.setattr(gatt.numerics, "bf16_is_native", lambda: True)
-    monkeypatch.setattr(gatt.machine, "matmul_gflops", lambda dtype, **_: speeds[dtype])
-    gatt.numerics._cpu_bf16_is_faster.cache_clear()
+    monkeypatch.setattr(gatt.model.numerics, "bf16_is_native", lambda: True)
+    monkeypatch.setattr(gatt.io.machine, "matmul_gflops", lambda dtype, **_: speeds[dtype])
+    gatt.model.numerics._cpu_bf16_is_faster.cache_clear()
     try:
-        assert gatt.numerics.bf16_is_fast("cpu") is fast
-        assert gatt.numerics.resolve_auto("auto", "cpu", "bf16", "exact", "numerics") == ("bf16" if fast else "exact")
+        assert gatt.model.numerics.bf16_is_fast("cpu") is fast
+        assert gatt.model.numerics.resolve_auto("auto", "cpu", "bf16", "exact", "numerics") == (
+            "bf16" if fast else "exact"
+        )
     finally:
-        gatt.numerics._cpu_bf16_is_faster.cache_clear()
+        gatt.model.numerics._cpu_bf16_is_faster.cache_clear()

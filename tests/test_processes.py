@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from gatt import processes
-from gatt.processes import ProcessTree, TreeLeftovers, TreeTimeout, running
+from gatt.io import processes
+from gatt.io.processes import ProcessTree, TreeLeftovers, TreeTimeout, running
 
 # Like torchrun: the launcher starts its worker in a session of its own, so killing the launcher's group misses it.
 LAUNCHER = textwrap.dedent(
@@ -92,7 +92,7 @@ def test_a_tree_started_inside_a_tree_ends_with_the_outer_one(tmp_path):
     # must end the stage too (an orphaned report stage once held a GPU's memory after its check was killed).
     inner = tmp_path / "inner.pid"
     script = (
-        "from gatt.processes import ProcessTree\n"
+        "from gatt.io.processes import ProcessTree\n"
         "import sys, time\n"
         f"tree = ProcessTree([sys.executable, '-c', 'import time; time.sleep(300)'], {str(tmp_path / 'inner.log')!r})\n"
         f"open({str(inner)!r}, 'w').write(str(tree.pid))\n"

@@ -4,17 +4,15 @@ import pytest
 from profile_stages import markdown, profile, stage_of  # noqa: E402
 
 DEMO = 'process 10:"python recipes/demo.py --config x.yaml";'
-EVAL = (
-    'process 12:"python -m gatt.evaluate\n--config runs/demo/configs/report.yaml";'  # a command line may hold newlines
-)
+EVAL = 'process 12:"python -m gatt.eval.evaluate\n--config runs/demo/configs/report.yaml";'  # a command line may hold newlines
 RAW = (
     f"{DEMO}main (recipes/demo.py:200) 5\n"
-    f"{DEMO}{EVAL}main (gatt/evaluate.py:9);ChatBatch._decode (gatt/generation.py:290);forward (torch/nn/modules/linear.py:1) 30\n"
-    f"{DEMO}{EVAL}main (gatt/evaluate.py:9);ChatBatch._decode (gatt/generation.py:290);marked_shares (gatt/generation.py:310) 4\n"
-    f"{DEMO}{EVAL}ChatBatch._decode (gatt/generation.py:290);forward (gatt/attention/module.py:158);"
-    f"_explicit_attention (gatt/attention/core.py:113) 6\n"
-    f"{DEMO}{EVAL}judge (gatt/eval/judge.py:1);RelevanceScorer._score (gatt/gate.py:172);forward (x.py:1) 8\n"
-    f"{DEMO}{EVAL}<module> (gatt/evaluate.py:1);_find_and_load (<frozen importlib._bootstrap>:1176) 2\n"
+    f"{DEMO}{EVAL}main (gatt/eval/evaluate.py:9);ChatBatch._decode (gatt/model/generation.py:290);forward (torch/nn/modules/linear.py:1) 30\n"
+    f"{DEMO}{EVAL}main (gatt/eval/evaluate.py:9);ChatBatch._decode (gatt/model/generation.py:290);marked_shares (gatt/model/generation.py:310) 4\n"
+    f"{DEMO}{EVAL}ChatBatch._decode (gatt/model/generation.py:290);forward (gatt/model/attention/module.py:158);"
+    f"_explicit_attention (gatt/model/attention/core.py:113) 6\n"
+    f"{DEMO}{EVAL}judge (gatt/eval/judge.py:1);RelevanceScorer._score (gatt/eval/gate.py:172);forward (x.py:1) 8\n"
+    f"{DEMO}{EVAL}<module> (gatt/eval/evaluate.py:1);_find_and_load (<frozen importlib._bootstrap>:1176) 2\n"
 )
 
 
@@ -50,9 +48,12 @@ def test_a_process_is_named_by_the_stage_config_it_runs() -> None:
         "gatt-model",
         "gatt-model-3",
     ]
-    report = 'process 12:"python -m gatt.evaluate --config runs/demo/configs/report.yaml";'
+    report = 'process 12:"python -m gatt.eval.evaluate --config runs/demo/configs/report.yaml";'
     assert stage_of(f"{DEMO}{report}f (x.py:1)") == "report"
-    assert stage_of(f'{DEMO}process 6:"python -m gatt.pretrained --out runs/s/base/final";f (x.py:1)') == "base-model"
+    assert (
+        stage_of(f'{DEMO}process 6:"python -m gatt.model.pretrained --out runs/s/base/final";f (x.py:1)')
+        == "base-model"
+    )
     assert stage_of(f"{DEMO}f (x.py:1)") == "demo.py itself"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from gatt import processes
+from gatt.io import processes
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "<!-- tested: tests/test_readme.py -->"

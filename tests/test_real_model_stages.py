@@ -11,10 +11,10 @@ from data_gen.pass_rate import PassRateConfig, format_pass_rates, measure_pass_r
 from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.teacher import ModelTeacher, TurnRequest
 from data_gen.user_turns import UserTurn, split_user_turns
-from gatt.checks import Check, Constraint, Probe
-from gatt.collator import GAttCollator
-from gatt.gate import REASONS
-from gatt.tokenizer import train_tokenizer
+from gatt.data.checks import Check, Constraint, Probe
+from gatt.data.collator import GAttCollator
+from gatt.eval.gate import REASONS
+from gatt.model.tokenizer import train_tokenizer
 
 POOL = [UserTurn("Tell me about owls.", "owls"), UserTurn("What do you know about volcanoes?", "volcanoes")]
 OK = Constraint("ok", "Open with ok.", "Opening: ok", (Check("regex", {"pattern": "^ok"}),), family="opening")
@@ -300,7 +300,7 @@ def test_pass_rate_says_why_the_small_models_replies_were_rejected(tmp_path, cap
 
 
 def test_pass_rate_measures_every_ifeval_type_on_one_drawn_value_each(tmp_path, capsys):
-    from gatt.constraint_sets import available
+    from gatt.data.constraint_sets import available
 
     out = tmp_path / "p.json"
     args = ["--constraints", "ifeval", "--values-per-family", "1", "--prompts", "1", "--samples", "1"]

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from gatt.cache import cache_kwargs, output_cache
-from gatt.split_softmax import SplitSoftmax, split_softmax_attention, split_softmax_weights
+from gatt.model.cache import cache_kwargs, output_cache
+from gatt.model.split_softmax import SplitSoftmax, split_softmax_attention, split_softmax_weights
 
 
 def reference_weights(query, key, mask):
@@ -94,8 +94,9 @@ def test_bad_input_is_refused():
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import gatt  # noqa: E402,F401  (registers attn_implementation="gatt")
-from gatt.generation import ChatBatch, Sampler  # noqa: E402
-from gatt.modeling import GattForCausalLM  # noqa: E402
+from gatt.model.generation import ChatBatch  # noqa: E402
+from gatt.model.modeling import GattForCausalLM  # noqa: E402
+from gatt.model.sampling import Sampler  # noqa: E402
 
 
 def tiny_llama(attn_implementation: str) -> LlamaForCausalLM:

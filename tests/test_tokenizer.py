@@ -6,7 +6,7 @@ import pytest
 from jinja2.exceptions import TemplateError
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from gatt.tokenizer import (
+from gatt.model.tokenizer import (
     ASSISTANT_TOKEN,
     BOS_TOKEN,
     CHAT_TEMPLATE,

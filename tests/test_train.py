@@ -13,9 +13,9 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data_gen.__main__ import main as data_gen_main
-from gatt import processes
-from gatt.processes import ProcessTree
-from gatt.train import TrainConfig, Trainer, batch_indices, load_config, read_records, train
+from gatt.io import processes
+from gatt.io.processes import ProcessTree
+from gatt.training.trainer import TrainConfig, Trainer, batch_indices, load_config, read_records, train
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "recipes" / "configs" / "smoke.yaml"
@@ -90,7 +90,7 @@ def test_num_epochs_sizes_the_run_to_the_data_and_past_ten_epochs_it_warns(data,
 def test_mixed_precision_auto_picks_bf16_only_where_the_machine_has_fast_bf16(data, tmp_path, capsys):
     from accelerate.state import AcceleratorState
 
-    from gatt.numerics import bf16_is_fast
+    from gatt.model.numerics import bf16_is_fast
 
     expected = "bf16" if bf16_is_fast("cpu") else "no"
     AcceleratorState._reset_state(True)  # one precision per process: Accelerate keeps the first one it was given
@@ -327,7 +327,7 @@ def test_any_hugging_face_causal_lm_directory_trains(data, base_dir, tmp_path):
 def test_distill_weight_adds_the_hidden_state_distance_to_the_start_model_reading_the_reminded_dialogue(
     data, base_dir, tmp_path
 ):
-    """Step 1's loss is the replies' loss plus distill_weight x the hidden-state distance (gatt/distill.py), which is
+    """Step 1's loss is the replies' loss plus distill_weight x the hidden-state distance (gatt/training/distill.py), which is
     nonzero where the student reads the instruction once and the teacher after every user message, and zero where
     there is no instruction to place (both read the same tokens, with the same weights)."""
 

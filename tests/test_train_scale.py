@@ -21,9 +21,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from data_gen.__main__ import main as data_gen_main
-from gatt import processes
-from gatt.collator import IGNORE_INDEX
-from gatt.train import TrainConfig, Trainer, load_config
+from gatt.data.collator import IGNORE_INDEX
+from gatt.io import processes
+from gatt.training.trainer import TrainConfig, Trainer, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "recipes" / "configs" / "smoke.yaml"
@@ -41,7 +41,7 @@ FORCE_FSDP_ON_CPU = """
 import runpy, sys
 from accelerate import Accelerator, PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-import gatt.train
+import gatt.training.trainer
 
 
 class FSDPOnCPU(Accelerator):
@@ -55,7 +55,7 @@ class FSDPOnCPU(Accelerator):
             self.state.fsdp_plugin = FullyShardedDataParallelPlugin()
 
 
-gatt.train.Accelerator = FSDPOnCPU
+gatt.training.trainer.Accelerator = FSDPOnCPU
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -132,7 +132,7 @@ def test_fsdp_config_parses_to_fsdp2_full_shard_wrapping_either_decoder_layer(mo
     from torch.distributed.fsdp import CPUOffloadPolicy, StateDictType
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from gatt.modeling import GattConfig, GattForCausalLM
+    from gatt.model.modeling import GattConfig, GattForCausalLM
 
     args = launch_command_parser().parse_args(
         ["--config_file", str(ACCELERATE_CONFIGS / "fsdp.yaml"), "--num_processes", "2", str(RECIPE)]

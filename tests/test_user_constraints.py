@@ -17,11 +17,11 @@ from data_gen.__main__ import main as data_gen_main
 from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.teacher import TurnRequest
 from data_gen.user_turns import split_user_turns
-from gatt import processes
-from gatt.checks import Check, CheckError, load_constraints
-from gatt.evaluate import main as evaluate_main
-from gatt.modeling import GattConfig, GattForCausalLM
-from gatt.tokenizer import train_tokenizer
+from gatt.data.checks import Check, CheckError, load_constraints
+from gatt.eval.evaluate import main as evaluate_main
+from gatt.io import processes
+from gatt.model.modeling import GattConfig, GattForCausalLM
+from gatt.model.tokenizer import train_tokenizer
 
 CHECKS_MODULE = textwrap.dedent("""
     def mentions(reply, word):
@@ -165,7 +165,7 @@ def test_a_python_check_that_raises_or_returns_no_bool_names_the_constraint_and_
     ):
         constraint.probes[0].checks[0].passes("hi")
     # A check built in code names its constraint too.
-    from gatt.checks import Constraint
+    from gatt.data.checks import Constraint
 
     made = Constraint("mine", "Say hi.", "hi", (Check("python", {"function": "user_checks_mod:boom"}),))
     with pytest.raises(CheckError, match=r"^constraint 'mine': python check 'user_checks_mod:boom' raised"):
@@ -215,7 +215,7 @@ def test_a_python_check_is_imported_by_name_in_a_spawned_process(checks_module):
         assert pool.apply_async(_passes_in_child, (check,)).get(timeout=120) == [True, False]
 
 
-# --- the report: a persona and a python check through `python -m gatt.evaluate` ------------------------------
+# --- the report: a persona and a python check through `python -m gatt.eval.evaluate` ------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -347,7 +347,7 @@ def test_each_stage_imports_the_check_in_its_own_process(checks_module, model_di
     done = processes.run(run, tmp_path / "data.log", timeout_s=300, env=env, cwd=checks_module, split_errors=True)
     assert done.returncode == 0, done.errors[-2000:]
     assert json.loads(done.output)["records"] == 2
-    run = [sys.executable, "-m", "gatt.evaluate", *eval_args(model_dir, constraints, tmp_path / "report")]
+    run = [sys.executable, "-m", "gatt.eval.evaluate", *eval_args(model_dir, constraints, tmp_path / "report")]
     done = processes.run(run, tmp_path / "report.log", timeout_s=300, env=env, cwd=checks_module, split_errors=True)
     assert done.returncode == 0, done.errors[-2000:]
     checks = [

@@ -20,7 +20,7 @@ from typing import Any
 
 from gatt.eval.plan import EvalDialogue
 from gatt.eval.rollout import RolloutConfig
-from gatt.files import write_text
+from gatt.io.files import write_text
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
 

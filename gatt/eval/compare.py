@@ -2,7 +2,7 @@
 
 `python -m gatt.eval.compare runs/variant/report runs/demo/report --ranges 2-10 11-20 21-30 --out compare.json`
 
-Both reports must have rolled out the same dialogues (the same `gatt.evaluate` plan: seed, dialogues, turns). Per
+Both reports must have rolled out the same dialogues (the same `gatt.eval.evaluate` plan: seed, dialogues, turns). Per
 stratum (trained values, held-out values, held-out families), each model's adherence at a few turns, and for each
 range of turns the paired difference: per dialogue, A's mean adherence over the range minus B's, averaged over
 the dialogues, with a 95% percentile bootstrap interval over dialogues. A range averages turns within a dialogue
@@ -20,9 +20,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gatt.cli import exit_on_bad_input
 from gatt.eval.scoring import STRATA_INSTRUCTED, Transcript, adherence_per_turn
-from gatt.files import write_json
+from gatt.io.cli import exit_on_bad_input
+from gatt.io.files import write_json
 
 TURNS = (2, 4, 6, 10, 20, 30)  # the turns the tables of docs/main-job.md show
 RANGES = ((2, 10), (11, 20), (21, 30))
@@ -34,7 +34,9 @@ def read_transcripts(path: str | Path, model: str) -> dict[str, Transcript]:
     file = Path(path)
     file = file / "transcripts.jsonl" if file.is_dir() else file
     if not file.is_file():
-        raise ValueError(f"{path}: no transcripts.jsonl (give a gatt.evaluate --out folder or its transcripts.jsonl)")
+        raise ValueError(
+            f"{path}: no transcripts.jsonl (give a gatt.eval.evaluate --out folder or its transcripts.jsonl)"
+        )
     found: dict[str, Transcript] = {}
     models: set[str] = set()
     with file.open(encoding="utf-8") as f:
@@ -95,7 +97,7 @@ def compare(
     if missing:
         raise ValueError(
             f"the two reports rolled out different dialogues ({len(missing)} ids in one only, e.g. {missing[0]}): "
-            "compare reports made with the same gatt.evaluate plan (seed, dialogues, turns)"
+            "compare reports made with the same gatt.eval.evaluate plan (seed, dialogues, turns)"
         )
     out: dict[str, Any] = {}
     for stratum in STRATA_INSTRUCTED:
@@ -179,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m gatt.eval.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("a", help="report folder (gatt.evaluate --out) or transcripts.jsonl of the model compared")
+    parser.add_argument("a", help="report folder (gatt.eval.evaluate --out) or transcripts.jsonl of the model compared")
     parser.add_argument("b", help="report folder or transcripts.jsonl of the model it is compared against")
     parser.add_argument("--model-a", default="gatt", help="the model's column in A (default: gatt)")
     parser.add_argument("--model-b", default="gatt", help="the model's column in B (default: gatt)")

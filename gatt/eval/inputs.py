@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gatt.checks import Check, Constraint, load_constraints
-from gatt.dialogues import (
+from gatt.data.checks import Check, Constraint, load_constraints
+from gatt.data.dialogues import (
     TEXT_FORMAT,
     jsonl_records,
     load_user_texts,

@@ -1,4 +1,4 @@
-"""The answer gate over rolled-out transcripts (see `gatt.gate`).
+"""The answer gate over rolled-out transcripts (see `gatt.eval.gate`).
 
 Each turn of a transcript gets `gate` (the verdict: passed, failed reasons, relevance, repeats) and the
 headline `passed`: the instruction's checks (`checks_passed`) and the gate. A turn without checks stays
@@ -12,8 +12,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from gatt.eval.gate import AnswerGate, GateItem, GateTurn
 from gatt.eval.plan import EvalDialogue
-from gatt.gate import AnswerGate, GateItem, GateTurn
 
 
 def other_questions(dialogues: Sequence[EvalDialogue]) -> list[str]:

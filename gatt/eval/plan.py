@@ -14,9 +14,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gatt.checks import Check, Constraint
-from gatt.eval.inputs import EvalTurn
-from gatt.events import (
+from gatt.data.checks import Check, Constraint
+from gatt.data.events import (
     KINDS,
     SHORT_PROB,
     Event,
@@ -27,6 +26,7 @@ from gatt.events import (
     instruction_text,
     withdrawn,
 )
+from gatt.eval.inputs import EvalTurn
 
 STRATA = ("train", "heldout_value", "heldout_family")
 # Half the instruction dialogues test trained values, a quarter each held-out values and held-out families.
@@ -52,7 +52,7 @@ class EvalDialogue:
     constraint: Constraint | None  # the instruction given first
     instruction: str | None  # the text given in turn one (the full or the short form); None: none in turn one
     turns: tuple[PlannedTurn, ...]
-    kind: str = "first"  # gatt/events.py KINDS, or "none" for a dialogue without instruction
+    kind: str = "first"  # gatt/data/events.py KINDS, or "none" for a dialogue without instruction
     events: tuple[Event, ...] = ()
     tier: str = ""  # the held-out tier of its family (a heldout_family dialogue); "" outside any tier
 
@@ -145,7 +145,7 @@ def plan_dialogues(
     tiers: Mapping[str, Sequence[str]] | None = None,
 ) -> list[EvalDialogue]:
     """`dialogues` with an instruction (kinds in turn, then strata and families balanced) and `no_instruction`
-    without any. A kind other than `first` changes its instruction at a turn from 2 to 11 of 30 (gatt/events.py),
+    without any. A kind other than `first` changes its instruction at a turn from 2 to 11 of 30 (gatt/data/events.py),
     so that 19 turns follow the change; its second constraint is of the dialogue's stratum.
 
     Without `tiers` half the dialogues test trained values and a quarter each held-out values and held-out

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from gatt.eval.gate import REASONS
 from gatt.eval.scoring import (
     TRAIN,
     Transcript,
@@ -19,8 +20,7 @@ from gatt.eval.scoring import (
     score_model,
 )
 from gatt.eval.tiers import FAMILY_TURNS, family_rows, paired_tiers, tier_families
-from gatt.files import write_bytes
-from gatt.gate import REASONS
+from gatt.io.files import write_bytes
 
 TABLE_TURNS: tuple[int, ...] = (2, 4, 6, 10, 20)
 TITLES: dict[str, str] = {

@@ -1,6 +1,6 @@
 """Roll test dialogues out turn by turn with the model under test writing every reply.
 
-`rollout` runs a batch of dialogues in lockstep on a `gatt.generation.ChatBatch`: one KV cache per
+`rollout` runs a batch of dialogues in lockstep on a `gatt.model.generation.ChatBatch`: one KV cache per
 dialogue kept across turns, so a history is never re-encoded (see that module for how rows of
 different lengths and re-tokenised replies are handled). `reference_rollout` re-encodes the rendered
 history with Hugging Face `generate()` each turn, one dialogue at a time: the reference for tests and
@@ -20,20 +20,12 @@ from accelerate import PartialState
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from gatt.collator import Placement, append_instruction, place_instruction
-from gatt.distributed import gather_items, my_items
+from gatt.data.collator import Placement, append_instruction, place_instruction
 from gatt.eval.plan import EvalDialogue, PlannedTurn
-from gatt.generation import DECODERS as CHAT_BATCH_DECODERS
-from gatt.generation import (
-    MAX_NEW_TOKENS,
-    SAMPLER_DEFAULTS,
-    ChatBatch,
-    Sampler,
-    decoder_options,
-    left_padded,
-    new_tokens,
-    stop_token_ids,
-)
+from gatt.io.distributed import gather_items, my_items
+from gatt.model.generation import DECODERS as CHAT_BATCH_DECODERS
+from gatt.model.generation import ChatBatch, decoder_options, left_padded, new_tokens, stop_token_ids
+from gatt.model.sampling import MAX_NEW_TOKENS, SAMPLER_DEFAULTS, Sampler
 
 
 @dataclass(frozen=True)
@@ -50,10 +42,10 @@ class RolloutConfig:
     repeat_instruction: bool = False  # the upper bound: the instruction appended to every user turn instead
     measure_attention: bool = False
     split_softmax: float | None = (
-        None  # strength: boost every head's attention on the instruction (gatt/split_softmax.py)
+        None  # strength: boost every head's attention on the instruction (gatt/model/split_softmax.py)
     )
     shrink: bool = True  # stopped rows leave the decoding batch, holes compacted each turn (False: the older path)
-    # one of DECODERS: growing | static | graphs | compiled (gatt.generation.decoder_options), engine (ChatBatch's
+    # one of DECODERS: growing | static | graphs | compiled (gatt.model.generation.decoder_options), engine (ChatBatch's
     # choice for the device), generate (`generate_rollout`, its cache carried); auto: `batch_decoder`
     decoder: str = "auto"
 

@@ -11,9 +11,9 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-from gatt.checks import BENCHMARK_CHECKS
-from gatt.events import KINDS
-from gatt.gate import REASONS
+from gatt.data.checks import BENCHMARK_CHECKS
+from gatt.data.events import KINDS
+from gatt.eval.gate import REASONS
 
 Transcript = dict[str, Any]
 
@@ -50,7 +50,7 @@ def rate(successes: int, n: int) -> dict[str, Any]:
 
 
 def kind_of(transcript: Transcript) -> str:
-    """A dialogue's kind (gatt/events.py KINDS, or "none" without an instruction); transcripts written before
+    """A dialogue's kind (gatt/data/events.py KINDS, or "none" without an instruction); transcripts written before
     kinds existed are `first` or `none`."""
     return transcript.get("kind") or ("none" if transcript["instruction"] is None else "first")
 
@@ -67,7 +67,7 @@ def per_kind(transcripts: Iterable[Transcript], strata: Sequence[str] = TRAIN) -
     - `after[d]`: replies that obey every instruction in force (its checks; none after a withdrawal) and pass the
       answer gate;
     - `old_followed[d]` (replace, revoke): replies that still follow the replaced or withdrawn instruction, by
-      the checks that show it (gatt/events.py `following_checks`: language, capitals, an opening or a sign-off on
+      the checks that show it (gatt/data/events.py `following_checks`: language, capitals, an opening or a sign-off on
       every turn; a hobby or a persona on its probes), over the turns where it is checkable."""
     selected = _select(transcripts, strata)
     out: dict[str, dict[str, Any]] = {}
