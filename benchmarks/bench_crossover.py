@@ -33,7 +33,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.plan import EvalDialogue, plan_dialogues
-from gatt.eval.rollout import GENERATE_AT_MOST, RolloutConfig, batch_decoder, generate_rollout, rollout
+from gatt.eval.rollout import GENERATE_AT_MOST, batch_decoder, generate_rollout, rollout
+from gatt.eval.turns import RolloutConfig
 from gatt.io.files import write_json
 from gatt.io.machine import machine_calibration, matmul_gflops
 

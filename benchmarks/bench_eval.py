@@ -50,7 +50,8 @@ from data_gen.user_turns import split_user_turns
 from gatt.data.checks import detect_language
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.plan import plan_dialogues
-from gatt.eval.rollout import RolloutConfig, reference_rollout, rollout
+from gatt.eval.rollout import reference_rollout, rollout
+from gatt.eval.turns import RolloutConfig
 from gatt.model.modeling import GattConfig, GattForCausalLM
 from gatt.model.tokenizer import train_tokenizer
 

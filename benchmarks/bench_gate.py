@@ -37,7 +37,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from gatt.data.checks import Check
+from gatt.data.check_types import Check
 from gatt.eval.embedding import EMBEDDING_JUDGE, sentence_embedder
 from gatt.eval.gate import RELEVANCE_JUDGES, AnswerGate, GateConfig, GateItem, GateTurn, RelevanceScorer, Verdict
 from gatt.eval.scoring import wilson_interval

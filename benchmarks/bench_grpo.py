@@ -27,7 +27,8 @@ from bench_common import comparison, interleaved, main, median
 from bench_teacher import no_end_of_turn
 
 from data_gen.eval_set import training_turns
-from gatt.eval.rollout import RolloutConfig, rollout
+from gatt.eval.rollout import rollout
+from gatt.eval.turns import RolloutConfig
 from gatt.model.chat_model import load_chat_model
 from gatt.model.embedded import FOLDER
 from gatt.model.generation import ChatBatch

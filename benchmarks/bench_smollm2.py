@@ -95,7 +95,8 @@ from gatt.eval.gate import AnswerGate, GateConfig, RelevanceScorer
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
 from gatt.eval.judge import apply_gate
 from gatt.eval.plan import EvalDialogue, plan_dialogues
-from gatt.eval.rollout import RolloutConfig, reference_rollout, rollout
+from gatt.eval.rollout import reference_rollout, rollout
+from gatt.eval.turns import RolloutConfig
 from gatt.io.files import write_json
 from gatt.io.machine import cpu_name, matmul_gflops
 from gatt.model.numerics import bf16_is_native, for_inference

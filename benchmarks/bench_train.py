@@ -92,7 +92,8 @@ from transformers import AutoTokenizer  # noqa: E402
 
 from gatt.data.collator import IGNORE_INDEX, GAttCollator  # noqa: E402
 from gatt.io.files import write_text  # noqa: E402
-from gatt.training.trainer import TrainConfig, Trainer, build_tokenizer  # noqa: E402
+from gatt.training.building import build_tokenizer
+from gatt.training.trainer import TrainConfig, Trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "runs" / "bench" / "train"

@@ -18,7 +18,8 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, TrainerCallback
 
 from gatt.data.collator import IGNORE_INDEX, GAttCollator
-from gatt.training.trainer import TrainConfig, batch_indices, build_model, lora_config
+from gatt.training.building import build_model, lora_config
+from gatt.training.trainer import TrainConfig, batch_indices
 
 TRL_SETTINGS = ("padding_free", "padded", "bfd")
 SAME_RECORDS = ("padding_free", "padded")  # the settings that train our records at every step (eligible as theirs)

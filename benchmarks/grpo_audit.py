@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from gatt.eval.gate import words
+from gatt.eval.non_answers import words
 from gatt.eval.scoring import wilson_interval
 from gatt.io.files import write_json, write_text
 

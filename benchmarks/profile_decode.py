@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns  # noqa: E402
 from gatt.eval.plan import plan_dialogues  # noqa: E402
-from gatt.eval.rollout import RolloutConfig, render, user_message  # noqa: E402
+from gatt.eval.turns import RolloutConfig, render, user_message  # noqa: E402
 from gatt.io.files import write_text  # noqa: E402
 from gatt.model.generation import DECODERS, ChatBatch, decoder_options  # noqa: E402
 from gatt.model.numerics import for_inference  # noqa: E402

@@ -187,12 +187,23 @@ COMMANDS = {
 
 
 def command_keys(name: str) -> list[str]:
-    """The settings subcommand `name` takes: its flags' names with underscores, the keys of its `--config` file."""
+    """The settings subcommand `name` takes: its flags' names with underscores, the keys of its `--config` file.
+
+    Args:
+        name: A key of COMMANDS.
+
+    Returns:
+        The setting names, config by config.
+    """
     return [key for cls, exclude in COMMANDS[name].configs for key in config_keys(cls, exclude)]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One subcommand per COMMANDS entry, its flags made from its configs' fields, each with `--config FILE.yaml`."""
+    """One subcommand per COMMANDS entry, its flags made from its configs' fields, each with `--config FILE.yaml`.
+
+    Returns:
+        The parser of `gatt-data`, the module docstring as its description.
+    """
     parser = argparse.ArgumentParser(
         prog=command_name("python -m data_gen"),
         description=__doc__,
@@ -208,7 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str] | None = None) -> tuple[str, tuple[Any, ...]]:
-    """The subcommand `argv` names and its configs (`--config FILE.yaml` read first, the flags given over it)."""
+    """The subcommand `argv` names and its configs (`--config FILE.yaml` read first, the flags given over it).
+
+    Args:
+        argv: The command-line arguments (default None: sys.argv[1:]).
+
+    Returns:
+        (subcommand name, one config per class of its COMMANDS entry, in that order).
+    """
     parser = build_parser()
     given = vars(parser.parse_args(argv))
     name = given.pop("command")
@@ -217,7 +235,14 @@ def parse(argv: list[str] | None = None) -> tuple[str, tuple[Any, ...]]:
 
 
 def run_base(config: BaseCorpusConfig) -> dict:
-    """Write DIR/base.jsonl atomically and return its summary."""
+    """Write DIR/base.jsonl atomically and return its summary.
+
+    Args:
+        config: The `base` subcommand's settings.
+
+    Returns:
+        The summary: "records", "kinds" (records per kind), "assistant_turns" and "path".
+    """
     held = config.heldout_families
     constraints = catalogue() if held is None else catalogue(heldout_families=held)
     train_turns, _ = split_user_turns()
@@ -257,7 +282,20 @@ def _user_pool(files: DataFiles) -> list[UserTurn]:
 
 
 def run_gatt(name: str, config: SynthesisConfig, files: DataFiles, teacher_config: TeacherConfig) -> dict:
-    """Write DIR/gatt.jsonl, or DIR/replay.jsonl without constraints (`name` replay), resuming; return its summary."""
+    """Write DIR/gatt.jsonl, or DIR/replay.jsonl without constraints (`name` replay), resuming; return its summary.
+
+    Args:
+        name: The subcommand, "gatt" or "replay".
+        config: The synthesis settings.
+        files: Where constraints and user turns are read and the output written.
+        teacher_config: The teacher's settings.
+
+    Returns:
+        The synthesis summary with "path", the output file.
+
+    Raises:
+        ValueError: When `name` is "replay" and the teacher is the oracle.
+    """
     constraints = (
         [] if name == "replay" else [c for c in _constraints(files) if c.split == "train"]
     )  # held-out values never enter GAtt data
@@ -289,7 +327,16 @@ def run_gatt(name: str, config: SynthesisConfig, files: DataFiles, teacher_confi
 
 def run_pass_rate(config: PassRateConfig, files: DataFiles, teacher_config: TeacherConfig) -> dict:
     """Write the pass-rate JSON atomically, print its per-constraint and per-family tables (stderr), return the
-    per-family figures."""
+    per-family figures.
+
+    Args:
+        config: The pass-rate settings.
+        files: Where constraints and user turns are read, and `out`, the JSON file written.
+        teacher_config: The teacher's settings.
+
+    Returns:
+        The result's "per_family" figures.
+    """
     constraints = _constraints(files)
     if files.values_per_family is not None:
         constraints = limit_values(constraints, files.values_per_family, seed=config.seed)
@@ -307,7 +354,14 @@ def run_pass_rate(config: PassRateConfig, files: DataFiles, teacher_config: Teac
 
 
 def run_constraints(config: ExportConfig) -> dict:
-    """Write the chosen constraints to config.out (atomically) and return their counts per split."""
+    """Write the chosen constraints to config.out (atomically) and return their counts per split.
+
+    Args:
+        config: The `constraints` subcommand's settings.
+
+    Returns:
+        The counts: "constraints", "families", "heldout", and "out", the file written.
+    """
     constraints = _constraints(config)
     if config.families:
         kept = matching_families(constraints, config.families, "--families")
@@ -322,7 +376,13 @@ def run_constraints(config: ExportConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Parse, run, print the summary; input errors exit with a one-line message."""
+    """Parse, run, print the summary; input errors exit with a one-line message.
+
+    Under a launcher only the main process prints the summary.
+
+    Args:
+        argv: The command-line arguments (default None: sys.argv[1:]).
+    """
     with exit_on_bad_input():
         name, configs = parse(argv)
         if name == "eval-set":

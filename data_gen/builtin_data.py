@@ -64,7 +64,21 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def read_data_file(path: Traversable, sections: Sequence[str]) -> dict[str, Any]:
-    """The top-level mapping of one YAML file, whose keys must be `sections`, in that order."""
+    """The top-level mapping of one YAML file, whose keys must be `sections`, in that order.
+
+    A key repeated in one mapping is an error, not a silent overwrite.
+
+    Args:
+        path: The YAML file.
+        sections: Its top-level keys: all required, in this order, and no others.
+
+    Returns:
+        The mapping, key -> its value as YAML reads it.
+
+    Raises:
+        DataFileError: When the file is missing, is not valid YAML, or its top level is not a non-empty mapping with
+            exactly the keys `sections`, in that order.
+    """
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except FileNotFoundError as error:
@@ -116,37 +130,87 @@ def _per_language(convert: Convert[T]) -> Convert[dict[str, T]]:
 
 @functools.cache
 def language_codes() -> tuple[str, ...]:
-    """The ISO 639-1 codes of the toy world's languages (user_turns.LANGUAGE_CODES)."""
+    """The ISO 639-1 codes of the toy world's languages (user_turns.LANGUAGE_CODES).
+
+    Returns:
+        The codes, in the order of topics.yaml's `languages`.
+
+    Raises:
+        DataFileError: When the file is missing or malformed, or the section has the wrong shape.
+    """
     return _texts(*_section("topics.yaml", "languages"))
 
 
 def topics() -> dict[str, dict[str, str]]:
-    """Topic -> language -> the topic as written in running text (user_turns.TOPICS)."""
+    """Topic -> language -> the topic as written in running text (user_turns.TOPICS).
+
+    Returns:
+        The mapping, in file order, with every language of topics.yaml for each topic.
+
+    Raises:
+        DataFileError: When the file is missing or malformed, or the section has the wrong shape.
+    """
     return _mapping(*_section("topics.yaml", "topics"), _per_language(_text))
 
 
 def topic_keywords() -> dict[str, dict[str, tuple[str, ...]]]:
-    """Topic (those of topics(), in order) -> language -> its keywords (user_turns.TOPIC_KEYWORDS)."""
+    """Topic (those of topics(), in order) -> language -> its keywords (user_turns.TOPIC_KEYWORDS).
+
+    Returns:
+        The mapping, with every language of topics.yaml for each topic.
+
+    Raises:
+        DataFileError: When the file is missing or malformed, or the section has the wrong shape.
+    """
     return _mapping(*_section("topic_keywords.yaml", "keywords"), _per_language(_texts), tuple(topics()))
 
 
 def phrasings() -> tuple[str, ...]:
-    """The English message templates, each with a {topic} slot (user_turns.PHRASINGS)."""
+    """The English message templates, each with a {topic} slot (user_turns.PHRASINGS).
+
+    Returns:
+        The templates, in file order.
+
+    Raises:
+        DataFileError: When the file is missing or malformed, or the section has the wrong shape.
+    """
     return _texts(*_section("phrasings.yaml", "phrasings"))
 
 
 def pools() -> dict[str, Any]:
-    """Pool name -> its YAML form: a list, a mapping of values to attributes, or a generator (constraints.py)."""
+    """Pool name -> its YAML form: a list, a mapping of values to attributes, or a generator (constraints.py).
+
+    Returns:
+        The mapping, in file order; the pools are not validated here.
+
+    Raises:
+        DataFileError: When the file is missing or malformed, or the section has the wrong shape.
+    """
     return _mapping(*_section("catalogue.yaml", "pools"), lambda value, _: value)
 
 
 def heldout_tiers() -> tuple[Any, str]:
-    """catalogue.yaml's `heldout_tiers` as written, with where it is (validated in data_gen.constraints)."""
+    """catalogue.yaml's `heldout_tiers` as written, with where it is (validated in data_gen.constraints).
+
+    Returns:
+        (value, where): the section as YAML reads it, and "FILE: heldout_tiers" for error messages.
+
+    Raises:
+        DataFileError: When catalogue.yaml is missing or malformed.
+    """
     return _section("catalogue.yaml", "heldout_tiers")
 
 
 def family_specs() -> tuple[dict[str, Any], ...]:
-    """The families' YAML entries, in file order (validated field by field in data_gen.constraints)."""
+    """The families' YAML entries, in file order (validated field by field in data_gen.constraints).
+
+    Returns:
+        The entries, each a mapping with a `family` name.
+
+    Raises:
+        DataFileError: When catalogue.yaml is missing or malformed, `families` is not a non-empty list, or an entry
+            is not a mapping with a `family` name.
+    """
     value, where = _section("catalogue.yaml", "families")
     if not isinstance(value, list) or not value:
         raise DataFileError(f"{where}: expected a non-empty list of families, got {value!r}")
@@ -157,23 +221,54 @@ def family_specs() -> tuple[dict[str, Any], ...]:
 
 
 def topic_replies() -> dict[str, tuple[str, ...]]:
-    """Language -> the responder's templates about a topic {T} (toy_world.TOPIC_REPLIES)."""
+    """Language -> the responder's templates about a topic {T} (toy_world.TOPIC_REPLIES).
+
+    Returns:
+        The mapping, with every language of topics.yaml, in its order.
+
+    Raises:
+        DataFileError: When the file is missing or malformed, or the section has the wrong shape.
+    """
     return _per_language(_texts)(*_section("toy_world.yaml", "topic_replies"))
 
 
 def toy_line(key: str) -> dict[str, str]:
-    """Language -> one of the responder's sentences in toy_world.yaml (generic_reply, assistant_line, ...)."""
+    """Language -> one of the responder's sentences in toy_world.yaml (generic_reply, assistant_line, ...).
+
+    Args:
+        key: The sentence's top-level key in toy_world.yaml.
+
+    Returns:
+        The mapping, with every language of topics.yaml, in its order.
+
+    Raises:
+        DataFileError: When the file is missing or malformed, or the section has the wrong shape.
+    """
     return _per_language(_text)(*_section("toy_world.yaml", key))
 
 
 def lines() -> dict[str, dict[str, str]]:
-    """Line name -> language -> the sentence a family's rule adds ({value} and its attributes fill it)."""
+    """Line name -> language -> the sentence a family's rule adds ({value} and its attributes fill it).
+
+    Returns:
+        The mapping, in file order, with every language of topics.yaml for each line.
+
+    Raises:
+        DataFileError: When the file is missing or malformed, or the section has the wrong shape.
+    """
     return _mapping(*_section("toy_world.yaml", "lines"), _per_language(_text))
 
 
 def language_phrases() -> dict[str, dict[str, str]]:
-    """Language code (every toy-world language but English) -> its phrases ({greeting, thanks, ...}: the first
-    language's keys, which every language has, in that order)."""
+    """Language code (every toy-world language but English) -> its phrases.
+
+    Returns:
+        The mapping; each language's phrases ({greeting, thanks, ...}) have the first language's keys, which every
+        language has, in that order.
+
+    Raises:
+        DataFileError: When the file is missing or malformed, or the section has the wrong shape.
+    """
     codes = tuple(code for code in language_codes() if code != "en")
     value, where = _section("toy_world.yaml", "language_phrases")
     first = value.get(codes[0]) if isinstance(value, dict) else None
@@ -182,5 +277,12 @@ def language_phrases() -> dict[str, dict[str, str]]:
 
 
 def emoji() -> tuple[str, ...]:
-    """What the `emoji` family ends a reply with."""
+    """What the `emoji` family ends a reply with.
+
+    Returns:
+        The emoji, in file order.
+
+    Raises:
+        DataFileError: When the file is missing or malformed, or the section has the wrong shape.
+    """
     return _texts(*_section("toy_world.yaml", "emoji"))

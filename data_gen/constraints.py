@@ -25,7 +25,8 @@ from typing import Any
 
 from data_gen import builtin_data
 from data_gen.builtin_data import DataFileError
-from gatt.data.checks import Check, Constraint, Probe, split_values
+from gatt.data.check_types import Check
+from gatt.data.checks import Constraint, Probe, split_values
 from gatt.data.events import (
     SHORT_PROB,
     instruction_text,  # noqa: F401  (data_gen's name for it)
@@ -97,7 +98,18 @@ class Family:
     spec: Mapping[str, Any]  # the catalogue entry, whose templates build each value's constraint
 
     def constraint(self, value: str, attributes: Mapping[str, Any]) -> Constraint:
-        """The constraint of one value: every template of the entry filled with it."""
+        """The constraint of one value: every template of the entry filled with it.
+
+        Args:
+            value: The value, one of `values`.
+            attributes: The value's attributes, filled into the templates beside it.
+
+        Returns:
+            The constraint, named `family:value`.
+
+        Raises:
+            DataFileError: When a template cannot be filled or a check is malformed.
+        """
         spec, where = self.spec, f"{_catalogue_file()}: family {self.name!r}"
         fill = {"value": value, **attributes}
         checks = tuple(_checks(spec["checks"], fill, f"{where} checks"))
@@ -265,7 +277,14 @@ def _family(spec: Mapping[str, Any], pools: Mapping[str, Any], lines: Mapping[st
 
 
 def load_families() -> dict[str, Family]:
-    """The catalogue's families by name, in file order; DataFileError naming the family and key at fault."""
+    """The catalogue's families by name, in file order.
+
+    Returns:
+        {family name: Family}.
+
+    Raises:
+        DataFileError: When a family is malformed or defined twice, naming the family and key at fault.
+    """
     pools, lines = builtin_data.pools(), builtin_data.lines()
     families: dict[str, Family] = {}
     for spec in builtin_data.family_specs():
@@ -324,15 +343,30 @@ HELDOUT_FAMILIES: tuple[str, ...] = tuple(name for names in HELDOUT_TIERS.values
 
 
 def check_signature(name: str) -> tuple[tuple[str, str], ...]:
-    """A family's checks as written in catalogue.yaml (type and templated parameters): two families with one
-    signature ask the same behaviour of a reply, with other values."""
+    """A family's checks as written in catalogue.yaml (type and templated parameters).
+
+    Two families with one signature ask the same behaviour of a reply, with other values.
+
+    Args:
+        name: The family.
+
+    Returns:
+        (check type, repr of the check's sorted items) per check, sorted.
+    """
     spec = next(spec for spec in builtin_data.family_specs() if spec["family"] == name)
     return tuple(sorted((check["type"], repr(sorted(check.items()))) for check in spec["checks"]))
 
 
 def tier_violations(tiers: Mapping[str, Sequence[str]]) -> list[str]:
-    """What makes a tier selection measure something else than it says, one line each: a held-out behaviour whose
-    checks a trained family (in no tier) has, or a held-out wording whose check type no trained family has."""
+    """What makes a tier selection measure something else than it says, one line each.
+
+    Args:
+        tiers: Tier -> its families (`load_heldout_tiers`); a family in no tier is trained.
+
+    Returns:
+        One line per problem: a held-out behaviour whose checks a trained family (in no tier) has, or a held-out
+        wording whose check type no trained family has; [] where there is none.
+    """
     held = {name for names in tiers.values() for name in names}
     trained = [name for name in FAMILIES if name not in held]
     signatures = {check_signature(name): name for name in trained}
@@ -362,8 +396,16 @@ def _takes(family: Family, other: Family) -> bool:
 
 
 def conflict(family_a: str, family_b: str) -> bool:
-    """Whether two families cannot hold together: two catalogue families sharing a slot or listing each other,
-    or a pair gatt.data.events knows (a benchmark's conflicting types)."""
+    """Whether two families cannot hold together.
+
+    Args:
+        family_a: A family's name.
+        family_b: Another family's name.
+
+    Returns:
+        For two catalogue families, whether they are different and share a slot or list each other; otherwise
+        whether gatt.data.events knows the pair (a benchmark's conflicting types).
+    """
     a, b = FAMILY_RULES.get(family_a), FAMILY_RULES.get(family_b)
     if a is not None and b is not None:
         return a.name != b.name and (a.slot == b.slot or _takes(a, b) or _takes(b, a))
@@ -371,7 +413,11 @@ def conflict(family_a: str, family_b: str) -> bool:
 
 
 def family_table() -> dict[str, dict[str, Any]]:
-    """Family -> {kind, conflicts: the families it never holds with}: what gatt reads (gatt/eval/builtin/families.yaml)."""
+    """The families' kinds and conflicts: what gatt reads (gatt/eval/builtin/families.yaml).
+
+    Returns:
+        Family -> {kind, conflicts: the families it never holds with}.
+    """
     return {
         name: {"kind": family.kind, "conflicts": [other for other in FAMILIES if conflict(name, other)]}
         for name, family in FAMILY_RULES.items()
@@ -381,7 +427,19 @@ def family_table() -> dict[str, dict[str, Any]]:
 def catalogue(
     *, heldout_fraction: float = 0.25, seed: int = 0, heldout_families: Sequence[str] = HELDOUT_FAMILIES
 ) -> list[Constraint]:
-    """Every catalogue constraint, tagged split="train" or "heldout" (held-out values and whole held-out families)."""
+    """Every catalogue constraint, tagged split="train" or "heldout" (held-out values and whole held-out families).
+
+    Args:
+        heldout_fraction: The share of each family's values held out (default 0.25).
+        seed: The seed of the value split, combined with each family's name.
+        heldout_families: The families held out whole (default HELDOUT_FAMILIES).
+
+    Returns:
+        The constraints, family by family in catalogue order.
+
+    Raises:
+        ValueError: When `heldout_families` names a family the catalogue does not have.
+    """
     unknown = set(heldout_families) - set(FAMILIES)
     if unknown:
         raise ValueError(f"unknown held-out families {sorted(unknown)}; expected some of {', '.join(FAMILIES)}")
@@ -395,9 +453,22 @@ def catalogue(
 
 
 def limit_values(constraints: Sequence[Constraint], per_family: int, seed: int = 0) -> list[Constraint]:
-    """At most `per_family` values of each family, in the input order: the variety knob of GAtt data, to
-    measure how held-out adherence grows with the number of distinct values seen. Each family's values are
-    shuffled with a fixed seed and the first `per_family` kept, so a larger K keeps a superset."""
+    """At most `per_family` values of each family, in the input order.
+
+    The variety knob of GAtt data, to measure how held-out adherence grows with the number of distinct values seen.
+
+    Args:
+        constraints: The constraints to choose from.
+        per_family: The most values kept per family (K). Each family's values are shuffled with a fixed seed and
+            the first `per_family` kept, so a larger K keeps a superset.
+        seed: The shuffle's seed.
+
+    Returns:
+        The kept constraints, in the input order.
+
+    Raises:
+        ValueError: When `per_family` is below 1.
+    """
     if per_family < 1:
         raise ValueError(f"values per family must be >= 1, got {per_family}")
     kept: set[str] = set()
@@ -409,9 +480,22 @@ def limit_values(constraints: Sequence[Constraint], per_family: int, seed: int =
 
 
 def limit_families(constraints: Sequence[Constraint], count: int, seed: int = 0) -> list[Constraint]:
-    """The constraints of at most `count` families, in the input order: the families curve's knob (how
-    held-out-family adherence grows with the number of trained families). The families are shuffled with a
-    fixed seed and the first `count` kept, so a larger count keeps a superset."""
+    """The constraints of at most `count` families, in the input order.
+
+    The families curve's knob (how held-out-family adherence grows with the number of trained families).
+
+    Args:
+        constraints: The constraints to choose from.
+        count: The most families kept. The families are shuffled with a fixed seed and the first `count` kept, so a
+            larger count keeps a superset.
+        seed: The shuffle's seed.
+
+    Returns:
+        The kept families' constraints, in the input order.
+
+    Raises:
+        ValueError: When `count` is below 1.
+    """
     if count < 1:
         raise ValueError(f"families must be >= 1, got {count}")
     families = sorted({c.family for c in constraints})
@@ -440,7 +524,15 @@ class ConstraintSampler:
             raise ValueError(f"short_prob must be in [0, 1], got {self.short_prob}")
 
     def sample(self, rng: random.Random) -> tuple[list[Constraint], bool]:
-        """(constraints, use_short) for one dialogue; each constraint in one of its wordings (`Constraint.phrased`)."""
+        """The constraints and instruction form of one dialogue.
+
+        Args:
+            rng: The random source.
+
+        Returns:
+            (constraints, use_short): each constraint in one of its wordings (`Constraint.phrased`); use_short True
+            with probability `short_prob`.
+        """
         families = sorted({c.family for c in self.constraints})
         if self.by_family:
             family = rng.choice(families)

@@ -27,7 +27,16 @@ from gatt.io.files import atomic_path, write_text
 
 
 def write_eval_set(out_dir: Path, *, seed: int = 0) -> dict:
-    """Write out_dir/constraints.yaml, families.yaml and user_turns.jsonl atomically; return their counts."""
+    """Write out_dir/constraints.yaml, families.yaml and user_turns.jsonl atomically; return their counts.
+
+    Args:
+        out_dir: Folder to write into; created if missing.
+        seed: Seed of the catalogue and of the training/held-out split of the user turns (default 0).
+
+    Returns:
+        The counts: "constraints", "families", "heldout_constraints", "user_turns" and "topics" (of the held-out
+        turns), and "out", the folder as a string.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     constraints = catalogue(seed=seed)
@@ -52,7 +61,16 @@ def write_eval_set(out_dir: Path, *, seed: int = 0) -> dict:
 
 
 def training_turns(seed: int = 0) -> list[EvalTurn]:
-    """The training side of the same split, as the evaluation reads turns (topic and on-topic check): the messages of
-    GRPO's prompts (recipes/grpo_gatt.py), so that the report's held-out messages are never trained on."""
+    """The training side of the same split, as the evaluation reads turns (topic and on-topic check).
+
+    These are the messages of GRPO's prompts (recipes/grpo_gatt.py), so that the report's held-out messages are
+    never trained on.
+
+    Args:
+        seed: Seed of the split, as given to `write_eval_set` (default 0).
+
+    Returns:
+        One `EvalTurn` per training user turn that has a topic, with its on-topic check.
+    """
     train, _ = split_user_turns(seed=seed)
     return [EvalTurn(turn.text, (on_topic_check(turn.topic),), turn.topic) for turn in train if turn.topic is not None]

@@ -23,8 +23,8 @@ from tqdm.auto import tqdm
 
 from data_gen.constraints import instruction_text
 from data_gen.shards import by_count
-from data_gen.synthesis import _key, first_failed, gate_config, gate_turn, teacher_gate
-from data_gen.teacher import Teacher, TurnRequest
+from data_gen.synthesis import _key, first_failed, gate_turn
+from data_gen.teacher import Teacher, TurnRequest, gate_config, teacher_gate
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import UserTurn
 from gatt.data.checks import CUSTOM_FAMILY, Constraint, reply_checks
@@ -37,6 +37,12 @@ EXAMPLE_WIDTH = 100  # characters of a user turn or rejected reply in the printe
 
 @dataclass(frozen=True)
 class PassRateConfig(gate_flags(frozen=True)):
+    """The settings of `python -m data_gen pass-rate`: what is sampled per constraint, and the answer gate's flags.
+
+    Raises:
+        ValueError: When `prompts` or `samples` is below 1.
+    """
+
     prompts: int = arg(8, "user turns per constraint")
     samples: int = arg(2, "candidates per prompt (k)")
     seed: int = arg(0, "prompt draw and sampling seed")
@@ -177,8 +183,19 @@ def _calls(cases: Sequence[Case], chunk: int) -> list[tuple[int, int]]:
 def demonstrations(
     teacher: Teacher, constraints: Sequence[Constraint], user_pool: Sequence[UserTurn], config: PassRateConfig
 ) -> dict[str, Demonstration]:
-    """Per constraint, one exchange from a separate draw (seed + 1) whose reply passes the checks and the gate:
-    the reminded user turn and that reply, to put before the teacher's prompt (richer context distillation)."""
+    """Per constraint, one exchange from a separate draw (seed + 1) whose reply passes the checks and the gate.
+
+    Args:
+        teacher: The teacher that writes the replies.
+        constraints: The constraints to find a demonstration for.
+        user_pool: The user turns prompts are drawn from (a constraint without checks is asked its probe questions
+            instead), and the gate's contrast questions.
+        config: The settings; the draw uses `seed` + 1 and no demonstration.
+
+    Returns:
+        {constraint name: the reminded user turn and that reply}, to put before the teacher's prompt (richer context
+        distillation); a constraint with no passing reply is left out.
+    """
     rng = random.Random(f"demonstrations-{config.seed}")
     draw = replace(config, seed=config.seed + 1, demonstration=False)
     cases = _cases(constraints, user_pool, draw, rng)
@@ -197,10 +214,26 @@ def demonstrations(
 def measure_pass_rates(
     teacher: Teacher, constraints: Sequence[Constraint], user_pool: Sequence[UserTurn], config: PassRateConfig
 ) -> dict[str, Any]:
-    """Per constraint and per family: the share of candidates passing the checks, the checks and the gate,
-    and the share of prompts where one of the k candidates passes both (`best_of_k`). With
-    `config.demonstration`, each prompt is preceded by a demonstration (`demonstrations`); a constraint
-    without one is measured without."""
+    """Measure the one-turn pass rates of `teacher`, per constraint and per family.
+
+    Args:
+        teacher: The teacher that writes the candidates.
+        constraints: The constraints to measure.
+        user_pool: The user turns prompts are drawn from (a constraint without checks is asked its probe questions
+            instead), and the gate's contrast questions.
+        config: The settings. With `config.demonstration`, each prompt is preceded by a demonstration
+            (`demonstrations`); a constraint without one is measured without. With `config.without_instruction`, the
+            same prompts are sampled again without the instruction.
+
+    Returns:
+        {"settings", "per_family", "per_constraint"}: per constraint and per family, the share of candidates passing
+        the checks, the checks and the gate, the share of prompts where one of the k candidates passes both
+        (`best_of_k`) and the rejection reasons; per constraint also its commonest reason's first rejected reply
+        (`rejection_example`).
+
+    Raises:
+        ValueError: When `constraints` or `user_pool` is empty.
+    """
     if not constraints:
         raise ValueError("no constraint to measure")
     if not user_pool:
@@ -243,16 +276,7 @@ def measure_pass_rates(
             row["bare_checks_and_gate"] = row.get("bare_checks_and_gate", 0) + sum(j.gated for j in plain)
     families = sorted({row["family"] for row in rows.values()})
     return {
-        "settings": {
-            **asdict(config),
-            "teacher": teacher.name,
-            **({"demonstrated": sorted(demos)} if config.demonstration else {}),
-            **(
-                {"embedding_judge": EMBEDDING_JUDGE}
-                if gate_config(strict_gate=config.strict_gate, relevance_judge=config.relevance_judge).uses_embedding
-                else {}
-            ),
-        },
+        "settings": _settings(config, teacher, demos),
         "per_family": {f: _rates([r for r in rows.values() if r["family"] == f]) for f in families},
         "per_constraint": {
             name: {"family": r["family"], "split": r["split"], **_rates([r]), **_example(examples.get(name, {}), r)}
@@ -300,9 +324,16 @@ def _cell(text: str, width: int = EXAMPLE_WIDTH) -> str:
 
 
 def format_constraint_rates(result: dict[str, Any]) -> str:
-    """The per-constraint table in markdown, one row per constraint in the order measured: its name, family,
-    split, prompts and candidates, the JSON's `checks`, `checks_and_gate` and `best_of_k` as percentages, and
-    why candidates were rejected (`rejection_reasons`)."""
+    """The per-constraint table in markdown, one row per constraint in the order measured.
+
+    Args:
+        result: What `measure_pass_rates` returned.
+
+    Returns:
+        The table: per constraint its name, family, split, prompts and candidates, the JSON's `checks`,
+        `checks_and_gate` and `best_of_k` as percentages (and the checks without instruction where measured), and
+        why candidates were rejected (`rejection_reasons`).
+    """
     k = result["settings"]["samples"]
     bare = result["settings"].get("without_instruction", False)
     header = ["constraint", "family", "split", "prompts", "candidates", "checks", "checks and gate", f"best of {k}"]
@@ -342,7 +373,15 @@ def format_examples(result: dict[str, Any]) -> str:
 
 
 def format_family_rates(result: dict[str, Any]) -> str:
-    """The per-family table in markdown."""
+    """The per-family table in markdown.
+
+    Args:
+        result: What `measure_pass_rates` returned.
+
+    Returns:
+        The table: per family its candidates, `checks`, `checks_and_gate` and `best_of_k` as percentages (and the
+        checks without instruction where measured), and why candidates were rejected.
+    """
     k = result["settings"]["samples"]
     bare = result["settings"].get("without_instruction", False)
     header = ["family", "candidates", "checks", "checks and gate", f"best of {k}"]
@@ -357,11 +396,30 @@ def format_family_rates(result: dict[str, Any]) -> str:
 
 
 def format_pass_rates(result: dict[str, Any]) -> str:
-    """What `python -m data_gen pass-rate` prints: the per-constraint table, then the per-family table unless
-    every constraint is of the default family `custom` (a constraint file without `family` fields), then the
-    rejected replies (`format_examples`) where any was."""
+    """What `python -m data_gen pass-rate` prints.
+
+    Args:
+        result: What `measure_pass_rates` returned.
+
+    Returns:
+        The per-constraint table, then the per-family table unless every constraint is of the default family
+        `custom` (a constraint file without `family` fields), then the rejected replies (`format_examples`) where
+        any was; separated by blank lines.
+    """
     tables = [format_constraint_rates(result)]
     if set(result["per_family"]) != {CUSTOM_FAMILY}:
         tables.append(format_family_rates(result))
     tables.append(format_examples(result))
     return "\n\n".join(table for table in tables if table)
+
+
+def _settings(config: PassRateConfig, teacher: Teacher, demos: dict[str, Any]) -> dict[str, Any]:
+    """The measurement's settings as its JSON records them: the config, the teacher, the demonstrated constraints and
+    the embedding judge where the gate uses one."""
+    uses_embedding = gate_config(strict_gate=config.strict_gate, relevance_judge=config.relevance_judge).uses_embedding
+    return {
+        **asdict(config),
+        "teacher": teacher.name,
+        **({"demonstrated": sorted(demos)} if config.demonstration else {}),
+        **({"embedding_judge": EMBEDDING_JUDGE} if uses_embedding else {}),
+    }

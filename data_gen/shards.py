@@ -30,7 +30,18 @@ def by_count(counts: Counter) -> dict[str, int]:
 def load_demonstrations(
     path: Path, demonstrate: Callable[[], dict[str, list[dict[str, str]]]] | None
 ) -> dict[str, list[dict[str, str]]]:
-    """The demonstrations kept at `path`, or `demonstrate()`'s, written there first."""
+    """The demonstrations kept at `path`, or `demonstrate()`'s, written there first.
+
+    Args:
+        path: The shard folder's demonstrations file (JSON).
+        demonstrate: Makes the demonstrations when `path` does not exist yet; None: none can be made.
+
+    Returns:
+        The demonstrations: messages (role and content) by constraint name.
+
+    Raises:
+        ValueError: When `path` does not exist and `demonstrate` is None.
+    """
     if path.exists():
         return json.loads(path.read_text())
     if demonstrate is None:
@@ -41,11 +52,27 @@ def load_demonstrations(
 
 
 def shard_path(shard_dir: Path, shard: int) -> Path:
+    """The file of shard number `shard`: `shard-NNNNN.jsonl` in `shard_dir`.
+
+    Args:
+        shard_dir: The folder of the shards.
+        shard: The shard's number.
+
+    Returns:
+        The shard's path (its stats beside it, with the suffix `.stats.json`).
+    """
     return shard_dir / f"shard-{shard:05d}.jsonl"
 
 
 def shard_tally(path: Path) -> Counter:
-    """A finished shard's kept and dropped dialogues."""
+    """A finished shard's kept and dropped dialogues.
+
+    Args:
+        path: The shard's file, one dialogue entry a line.
+
+    Returns:
+        The counts under `kept` and `dropped`.
+    """
     tally: Counter = Counter()
     for line in path.read_text(encoding="utf-8").splitlines():
         tally["kept" if json.loads(line)["kept"] else "dropped"] += 1
@@ -53,6 +80,16 @@ def shard_tally(path: Path) -> Counter:
 
 
 def check_settings(path: Path, settings: dict[str, Any]) -> None:
+    """Refuse a shard folder made with other settings; a new folder records these.
+
+    Args:
+        path: The folder's settings file (`settings.json` beside the shards).
+        settings: This run's settings, as JSON reads them back (tuples as lists); written to `path` when it does not
+            exist.
+
+    Raises:
+        ValueError: When `path` holds other settings (use another --out or delete that folder).
+    """
     if path.exists():
         previous = json.loads(path.read_text())
         if previous != settings:
@@ -64,26 +101,23 @@ def check_settings(path: Path, settings: dict[str, Any]) -> None:
 
 
 def merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str, processes: int) -> None:
-    """Concatenate the shards into NAME.jsonl (atomically) and summarise yield, lengths and who made what."""
-    stats: Counter = Counter()
-    entries = []
-    per_rank = [0] * processes  # dialogues made by each process (a shard from an earlier run keeps its maker)
-    for shard in range(num_shards):
-        path = shard_path(shard_dir, shard)
-        if not path.exists():
-            raise FileNotFoundError(
-                f"{path} is missing after every process finished: processes on several "
-                "machines need --out on a filesystem they all write to"
-            )
-        made = json.loads(path.with_suffix(".stats.json").read_text())
-        made = (
-            made if "counts" in made else {"process": 0, "counts": made}
-        )  # a shard written before processes were recorded
-        stats.update(made["counts"])
-        lines = path.read_text(encoding="utf-8").splitlines()
-        per_rank += [0] * (made["process"] + 1 - len(per_rank))
-        per_rank[made["process"]] += len(lines)
-        entries += [json.loads(line) for line in lines]
+    """Concatenate the shards into NAME.jsonl (atomically) and summarise yield, lengths and who made what.
+
+    Each kept dialogue gives its record and its value swaps; the summary (records, dialogues, rejections, yield and
+    pass rate per family, turn lengths, dialogues made by each process) goes to NAME.summary.json.
+
+    Args:
+        out_dir: Where NAME.jsonl and NAME.summary.json are written.
+        shard_dir: The folder of the shards and their `.stats.json` files.
+        num_shards: How many shards the run has.
+        name: NAME, the output files' stem.
+        processes: How many processes made the shards (a shard from an earlier run keeps its maker's index).
+
+    Raises:
+        FileNotFoundError: When a shard is missing after every process finished (processes on several machines need
+            --out on a filesystem they all write to).
+    """
+    entries, stats, per_rank = _read_shards(shard_dir, num_shards, processes)
     records = [record for e in entries if e["kept"] for record in (e["record"], *e.get("swaps", ()))]
     write_text(out_dir / f"{name}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     lengths = [e["turns"] for e in entries if e["kept"]]
@@ -131,3 +165,27 @@ def merge(out_dir: Path, shard_dir: Path, num_shards: int, name: str, processes:
         },
     }
     write_text(out_dir / f"{name}.summary.json", json.dumps(summary, indent=2))
+
+
+def _read_shards(shard_dir: Path, num_shards: int, processes: int) -> tuple[list[dict[str, Any]], Counter, list[int]]:
+    """Every shard's entries, their summed counts, and the dialogues each process made (`merge`'s Raises)."""
+    stats: Counter = Counter()
+    entries = []
+    per_rank = [0] * processes  # dialogues made by each process (a shard from an earlier run keeps its maker)
+    for shard in range(num_shards):
+        path = shard_path(shard_dir, shard)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{path} is missing after every process finished: processes on several "
+                "machines need --out on a filesystem they all write to"
+            )
+        made = json.loads(path.with_suffix(".stats.json").read_text())
+        made = (
+            made if "counts" in made else {"process": 0, "counts": made}
+        )  # a shard written before processes were recorded
+        stats.update(made["counts"])
+        lines = path.read_text(encoding="utf-8").splitlines()
+        per_rank += [0] * (made["process"] + 1 - len(per_rank))
+        per_rank[made["process"]] += len(lines)
+        entries += [json.loads(line) for line in lines]
+    return entries, stats, per_rank

@@ -32,11 +32,12 @@ from tqdm.auto import tqdm
 
 from data_gen.constraints import ConstraintSampler, instruction_text
 from data_gen.shards import check_settings, load_demonstrations, merge, shard_path, shard_tally
-from data_gen.teacher import Teacher, TurnRequest
+from data_gen.teacher import Teacher, TurnRequest, gate_config, teacher_gate
 from data_gen.toy_world import with_instruction
 from data_gen.user_turns import TOPIC_KEYWORDS, UserTurn, on_topic_check
 from data_gen.value_swaps import families, swapped
-from gatt.data.checks import Check, Constraint, passes_all, reply_checks
+from gatt.data.check_types import Check
+from gatt.data.checks import Constraint, passes_all, reply_checks
 from gatt.data.events import (
     KINDS,
     SHORT_PROB,
@@ -52,12 +53,9 @@ from gatt.data.events import (
 )
 from gatt.eval.embedding import EMBEDDING_JUDGE
 from gatt.eval.gate import (
-    AnswerGate,
-    GateConfig,
     GateItem,
     GateTurn,
     gate_flags,
-    relevance_embedder,
 )
 from gatt.io.config import REQUIRED, arg
 from gatt.io.distributed import my_items, process_state
@@ -228,12 +226,29 @@ class _Dialogue:
 
 
 def is_probe(constraints: Sequence[Constraint], turn: UserTurn) -> bool:
-    """Whether the turn asks one of the constraints' attribute questions."""
+    """Whether the turn asks one of the constraints' attribute questions.
+
+    Args:
+        constraints: The dialogue's constraints.
+        turn: The user turn.
+
+    Returns:
+        True where the turn's text is one of the constraints' probe questions.
+    """
     return any(probe.question == turn.text for c in constraints for probe in c.probes)
 
 
 def gate_turn(constraints: Sequence[Constraint], turn: UserTurn, reply: str) -> GateTurn:
-    """The turn as the answer gate sees it: a probe, or a chat message with its topic's on-topic check."""
+    """The turn as the answer gate sees it: a probe, or a chat message with its topic's on-topic check.
+
+    Args:
+        constraints: The dialogue's constraints (to tell a probe).
+        turn: The user turn.
+        reply: The reply to it.
+
+    Returns:
+        The gate's turn; on-topic checks only where the turn's topic is a built-in one (`TOPIC_KEYWORDS`).
+    """
     on_topic = (on_topic_check(turn.topic),) if turn.topic in TOPIC_KEYWORDS else ()
     return GateTurn(turn.text, reply, "probe" if is_probe(constraints, turn) else "chat", on_topic)
 
@@ -246,8 +261,17 @@ def _key(turn: UserTurn) -> str:
 def draw_dialogue(
     index: int, config: SynthesisConfig, sampler: ConstraintSampler | None, user_pool: Sequence[UserTurn]
 ) -> _Dialogue:
-    """Constraints, instruction form and user turns of dialogue `index`, from (seed, index) alone (no sampler:
-    a dialogue without instruction)."""
+    """Constraints, instruction form and user turns of dialogue `index`, from (seed, index) alone.
+
+    Args:
+        index: The dialogue's index in the run.
+        config: The synthesis config: its draw key, turn range, probe probability and kinds.
+        sampler: Draws the dialogue's constraints and instruction form (None: a dialogue without instruction).
+        user_pool: The user messages chat turns are drawn from.
+
+    Returns:
+        The dialogue in flight, with no replies yet.
+    """
     rng = random.Random(f"{config.draw_key}-{index}")
     constraints, use_short = sampler.sample(rng) if sampler is not None else ([], False)
     num_turns = rng.randint(config.min_turns, config.max_turns)
@@ -275,7 +299,15 @@ def _chat_turn(rng: random.Random, user_pool: Sequence[UserTurn], avoid: set[str
 
 
 def redraw_turn(dialogue: _Dialogue, config: SynthesisConfig, user_pool: Sequence[UserTurn]) -> None:
-    """Replace the current turn's user message by a chat message on another topic, from (seed, index, turn, try)."""
+    """Replace the current turn's user message by a chat message on another topic, from (seed, index, turn, try).
+
+    Counts the try in `dialogue.redrawn`.
+
+    Args:
+        dialogue: The dialogue, changed in place.
+        config: The synthesis config (its draw key).
+        user_pool: The user messages to draw from.
+    """
     turn = len(dialogue.replies)
     dialogue.redrawn += 1
     rng = random.Random(f"{config.draw_key}-{dialogue.index}-redraw-{turn}-{dialogue.redrawn}")
@@ -312,8 +344,17 @@ def synthesize_shard(
 ) -> None:
     """Run every dialogue of a shard to its end, one batched teacher call per turn.
 
-    `progress` (a tqdm bar) advances by one for each dialogue as it ends; its postfix shows the turn, the
-    dialogues still active, and the run's kept and dropped dialogues so far (`tally`, shared across shards)."""
+    Args:
+        dialogues: The shard's dialogues, run in place: replies appended, `ended` set.
+        teacher: Samples the candidates; its scorer (and device) serve the answer gate.
+        config: The synthesis config.
+        user_pool: The user messages for redrawn turns and the gate's contrast questions.
+        stats: Counts of candidates, rejections (per reason and family) and turns, updated in place.
+        progress: A tqdm bar that advances by one for each dialogue as it ends; its postfix shows the turn, the
+            dialogues still active, and the run's kept and dropped dialogues so far (default None: no bar).
+        tally: The run's kept and dropped dialogues, shared across shards and updated in place (default None: a
+            fresh count).
+    """
     k = config.samples_per_turn
     gate = teacher_gate(gate_config(config.strict_repeats, config.strict_gate, config.relevance_judge), teacher)
     tally = Counter() if tally is None else tally
@@ -375,7 +416,16 @@ def _show(progress: tqdm | None, tally: Counter, *, turn: int | None, active: in
 
 
 def to_record(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -> dict[str, Any]:
-    """The record format of docs/data.md ("Formats"): clean messages, the instruction kept apart."""
+    """The record format of docs/data.md ("Formats"): clean messages, the instruction kept apart.
+
+    Args:
+        dialogue: The dialogue, up to its last kept reply.
+        teacher_name: The teacher's name, for the record's meta.
+        config: The synthesis config (seed, round, k, kinds).
+
+    Returns:
+        The record; "kind" and "events" only where `config.kinds` is not ("first",).
+    """
     messages = []
     for turn, reply in zip(dialogue.turns, dialogue.replies):
         messages += [{"role": "user", "content": turn.text}, {"role": "assistant", "content": reply}]
@@ -405,21 +455,6 @@ def to_record(dialogue: _Dialogue, teacher_name: str, config: SynthesisConfig) -
     return record
 
 
-def gate_config(
-    strict_repeats: bool = False, strict_gate: bool = False, relevance_judge: str | None = None
-) -> GateConfig:
-    """The teacher's answer gate: the default, without the topic-change exemption, or the real-model gate; judging
-    relevance by `relevance_judge` where given (else the gate's own default)."""
-    gate = GateConfig.strict() if strict_gate else GateConfig(topic_change_exempts=not strict_repeats)
-    return gate if relevance_judge is None else gate.judged_by(relevance_judge)
-
-
-def teacher_gate(settings: GateConfig, teacher: Teacher) -> AnswerGate:
-    """The answer gate of `settings` with the teacher's judges: its likelihood contrast, and the embedding model on
-    its device where `settings` name that judge."""
-    return AnswerGate(settings, teacher.scorer, relevance_embedder(settings, getattr(teacher, "device", "cpu")))
-
-
 def synthesize(
     out_dir: str | Path,
     config: SynthesisConfig,
@@ -431,27 +466,28 @@ def synthesize(
 ) -> dict[str, Any]:
     """Write `out_dir/NAME.jsonl` (resuming finished shards) and return the summary (on every process).
 
-    No constraints: dialogues without an instruction, each reply the teacher's own answer that passes the
-    answer gate (replay data against forgetting). With `config.demonstration`, `demonstrate()` gives each
-    constraint's demonstration (a passing exchange, data_gen/pass_rate.py), kept in the shard folder so a
-    resumed run uses the same ones; a dialogue's teacher prompt opens with those of its constraints."""
+    Args:
+        out_dir: Output folder; the shards go to `out_dir/NAME.shards`.
+        config: The synthesis config.
+        teacher: Samples the replies and judges their relevance.
+        constraints: The constraints drawn from; none: dialogues without an instruction, each reply the teacher's
+            own answer that passes the answer gate (replay data against forgetting).
+        user_pool: The user messages drawn from.
+        name: The output's name, NAME (default "gatt").
+        demonstrate: With `config.demonstration`, gives each constraint's demonstration (a passing exchange,
+            data_gen/pass_rate.py), kept in the shard folder so a resumed run uses the same ones; a dialogue's
+            teacher prompt opens with those of its constraints (default None).
+
+    Returns:
+        The run's summary, as `out_dir/NAME.summary.json` holds it.
+
+    Raises:
+        ValueError: When the shard folder was made with other settings (`check_settings`).
+    """
     out_dir = Path(out_dir)
     shard_dir = out_dir / f"{name}.shards"
     shard_dir.mkdir(parents=True, exist_ok=True)
-    # relevance_judge left at the gate's default and no value swaps stay out: shards written before those settings
-    # existed resume
-    later = {"relevance_judge": config.relevance_judge, "value_swaps": config.value_swaps}
-    later = {key: value for key, value in later.items() if value}
-    settings = {
-        "config": {**{k: v for k, v in asdict(config).items() if k not in ("relevance_judge", "value_swaps")}, **later},
-        "teacher": teacher.name,
-        "constraints": [c.name for c in constraints],
-        "user_pool": len(user_pool),
-    }
-    if gate_config(config.strict_repeats, config.strict_gate, config.relevance_judge).uses_embedding:
-        settings["embedding_judge"] = EMBEDDING_JUDGE
-    settings = json.loads(json.dumps(settings))  # as settings.json reads back (tuples as lists)
-    check_settings(shard_dir / "settings.json", settings)
+    check_settings(shard_dir / "settings.json", _run_settings(config, teacher, constraints, user_pool))
     demonstrations = load_demonstrations(shard_dir / "demonstrations.json", demonstrate) if config.demonstration else {}
     # Families drawn alike: a family with few values (all caps) gets as much GAtt data as the hobbies.
     sampler = ConstraintSampler(constraints, short_prob=config.short_prob, by_family=True) if constraints else None
@@ -525,3 +561,22 @@ def _shard_entry(
                 copies.setdefault(json.dumps(copy["meta"]["swaps"], sort_keys=True), copy)
         entry["swaps"] = list(copies.values())
     return entry
+
+
+def _run_settings(
+    config: SynthesisConfig, teacher: Teacher, constraints: Sequence[Constraint], user_pool: Sequence[UserTurn]
+) -> dict[str, Any]:
+    """What a shard folder is made with (its settings.json), as that file reads back (tuples as lists)."""
+    # relevance_judge left at the gate's default and no value swaps stay out: shards written before those settings
+    # existed resume
+    later = {"relevance_judge": config.relevance_judge, "value_swaps": config.value_swaps}
+    later = {key: value for key, value in later.items() if value}
+    settings = {
+        "config": {**{k: v for k, v in asdict(config).items() if k not in ("relevance_judge", "value_swaps")}, **later},
+        "teacher": teacher.name,
+        "constraints": [c.name for c in constraints],
+        "user_pool": len(user_pool),
+    }
+    if gate_config(config.strict_repeats, config.strict_gate, config.relevance_judge).uses_embedding:
+        settings["embedding_judge"] = EMBEDDING_JUDGE
+    return json.loads(json.dumps(settings))

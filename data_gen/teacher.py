@@ -1,7 +1,8 @@
 """Teachers for context distillation: the toy world's scripted oracle, or any causal LM directory.
 
 A teacher answers a batch of turn requests, each the dialogue so far with the instruction appended to
-every user message, with `k` candidate replies per request.
+every user message, with `k` candidate replies per request. `teacher_gate` is the answer gate a candidate must also
+pass, its relevance judged by the teacher's own model where the gate asks for the likelihood contrast.
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ from typing import Any, Protocol
 from data_gen.toy_world import ToyResponder
 from data_gen.user_turns import UserTurn
 from gatt.data.checks import Constraint
+from gatt.eval.gate import (
+    AnswerGate,
+    GateConfig,
+    relevance_embedder,
+)
 from gatt.eval.relevance import RelevanceScorer
 from gatt.io.config import REQUIRED, arg
 from gatt.model.chat_model import TORCH_DTYPES, load_chat_model
@@ -42,14 +48,32 @@ class Teacher(Protocol):
     name: str
     scorer: RelevanceScorer | None  # judges whether a reply answers a user turn that has no on-topic check
 
-    def sample(self, requests: Sequence[TurnRequest], k: int) -> list[list[str]]: ...
+    def sample(self, requests: Sequence[TurnRequest], k: int) -> list[list[str]]:
+        """Candidate replies for each request.
+
+        Args:
+            requests: the turns to answer.
+            k: the most candidates per request.
+
+        Returns:
+            Up to `k` candidates per request, in order; an empty list means the dialogue cannot go on.
+        """
+        ...
 
     def seed(self, seed: int) -> None:
-        """Restart sampling from `seed` (synthesis seeds each shard, so resuming reproduces it)."""
+        """Restart sampling from `seed` (synthesis seeds each shard, so resuming reproduces it).
+
+        Args:
+            seed: the sampling seed.
+        """
 
 
 class OracleTeacher:
-    """The toy world's scripted responder: one deterministic, always-obeying candidate."""
+    """The toy world's scripted responder: one deterministic, always-obeying candidate.
+
+    Args:
+        catalogue: the constraints the responder knows how to obey.
+    """
 
     name = "oracle"
     scorer = None  # the toy world's turns carry their topic: the on-topic check judges them
@@ -58,11 +82,23 @@ class OracleTeacher:
         self.responder = ToyResponder(catalogue)
 
     def sample(self, requests: Sequence[TurnRequest], k: int) -> list[list[str]]:
-        """One candidate per request (sampling it k times would give k copies)."""
+        """One candidate per request (sampling it k times would give k copies).
+
+        Args:
+            requests: the turns to answer.
+            k: unused: the oracle gives one candidate.
+
+        Returns:
+            The responder's reply to each request's user turn under its constraints, one per request.
+        """
         return [[self.responder.reply(r.turn, r.constraints)] for r in requests]
 
     def seed(self, seed: int) -> None:
-        """Nothing to seed: the oracle is deterministic."""
+        """Nothing to seed: the oracle is deterministic.
+
+        Args:
+            seed: ignored.
+        """
 
 
 class ModelTeacher:
@@ -90,10 +126,25 @@ class ModelTeacher:
         numerics: str = "exact",
         seed: int = 0,
     ) -> None:
-        """`device`: default this process's device (cuda:LOCAL_RANK under a launcher, else cuda if there is one,
-        else cpu). `dtype`: fp32, bf16, fp16 or auto (the checkpoint's); default: transformers' default.
-        `device_map` (e.g. "auto"): spread a teacher too large for one device over the visible ones, instead of `device`.
-        `numerics`: exact, bf16, or int8 on CPU (gatt/model/numerics.py: faster sampling; the candidates differ)."""
+        """Load the teacher and its sampler.
+
+        Args:
+            model_dir: the causal LM's directory (its tokenizer needs a chat template).
+            temperature: sampling temperature.
+            top_p: nucleus sampling mass.
+            repetition_penalty: Hugging Face's repetition penalty over the reply being written; 1.0: off.
+            no_repeat_ngram_size: no n-gram of this size twice in one reply; 0: off.
+            max_new_tokens: a reply's length limit in tokens; a prompt longer than the context less this gets no
+                candidates.
+            batch_size: dialogues decoded together in one `ChatBatch`.
+            device: default this process's device (cuda:LOCAL_RANK under a launcher, else cuda if there is one,
+                else cpu).
+            dtype: fp32, bf16, fp16 or auto (the checkpoint's); default: transformers' default.
+            device_map: e.g. "auto": spread a teacher too large for one device over the visible ones, instead of
+                `device`.
+            numerics: exact, bf16, or int8 on CPU (gatt/model/numerics.py: faster sampling; the candidates differ).
+            seed: the sampling seed.
+        """
         self.name = str(model_dir)
         self.model, self.tokenizer = load_chat_model(
             model_dir, role="teacher", device=device, device_map=device_map, dtype=dtype, numerics=numerics
@@ -115,11 +166,27 @@ class ModelTeacher:
         self._candidates: dict[Any, list[str]] = {}  # each dialogue's candidates of its last turn
 
     def seed(self, seed: int) -> None:
+        """Restart sampling from `seed` and drop the dialogues under way (their KV caches and candidates).
+
+        Args:
+            seed: the sampling seed.
+        """
         self.sampler.generator.manual_seed(seed)
         self._groups, self._candidates = [], {}
 
     def sample(self, requests: Sequence[TurnRequest], k: int) -> list[list[str]]:
-        """k sampled replies per request; none for a request whose prompt no longer fits the context."""
+        """k sampled replies per request; none for a request whose prompt no longer fits the context.
+
+        A request with a `key` continues its dialogue's batch row, the candidate its history kept as the last reply
+        (its KV cache kept); one without starts a fresh row.
+
+        Args:
+            requests: the turns to answer.
+            k: candidates per request.
+
+        Returns:
+            `k` candidates per request, in order; an empty list for a request whose prompt does not fit.
+        """
         prompts = [
             self.tokenizer.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
             for r in requests
@@ -193,13 +260,34 @@ class TeacherConfig(sampler_flags("the --teacher folder's")):
 
 
 def teacher_decoding(config: TeacherConfig) -> tuple[dict[str, float | int], dict[str, str]]:
-    """The teacher's sampler settings (each flag given, else the teacher folder's generation_config.json, else the
-    built-in default: the oracle has no folder) and where each came from."""
+    """The teacher's sampler settings and where each came from.
+
+    Each flag given, else the teacher folder's generation_config.json, else the built-in default (the oracle has no
+    folder).
+
+    Args:
+        config: the teacher's flags.
+
+    Returns:
+        (setting -> value, setting -> its source), as `sampler_settings` gives them.
+    """
     return sampler_settings(asdict(config), None if config.teacher == "oracle" else model_path(config.teacher))
 
 
 def build_teacher(config: TeacherConfig, constraints: list[Constraint]) -> Teacher:
-    """The oracle (the toy world's responder for `constraints`) or a model teacher as `config` says."""
+    """The oracle or a model teacher as `config` says.
+
+    Args:
+        config: the teacher's flags: `teacher` is "oracle", "embedded" or a causal LM directory.
+        constraints: the catalogue the oracle (the toy world's responder) answers under.
+
+    Returns:
+        An `OracleTeacher` or a `ModelTeacher`.
+
+    Raises:
+        FileNotFoundError: when the teacher folder or .gguf file does not exist (`check_model_folder`).
+        ValueError: when it is not a model folder (`check_model_folder`).
+    """
     if config.teacher == "oracle":
         return OracleTeacher(constraints)
     folder = model_path(config.teacher)
@@ -217,3 +305,34 @@ def build_teacher(config: TeacherConfig, constraints: list[Constraint]) -> Teach
         device_map=config.teacher_device_map,
         numerics=config.teacher_numerics,
     )
+
+
+def gate_config(
+    strict_repeats: bool = False, strict_gate: bool = False, relevance_judge: str | None = None
+) -> GateConfig:
+    """The teacher's answer gate: the default, without the topic-change exemption, or the real-model gate.
+
+    Args:
+        strict_repeats: Drop the topic-change exemption (default False).
+        strict_gate: Use the real-model gate, `GateConfig.strict()` (default False; it overrides `strict_repeats`).
+        relevance_judge: Judge relevance by this judge (default None: the gate's own default).
+
+    Returns:
+        The gate's config.
+    """
+    gate = GateConfig.strict() if strict_gate else GateConfig(topic_change_exempts=not strict_repeats)
+    return gate if relevance_judge is None else gate.judged_by(relevance_judge)
+
+
+def teacher_gate(settings: GateConfig, teacher: Teacher) -> AnswerGate:
+    """The answer gate of `settings` with the teacher's judges.
+
+    Args:
+        settings: The gate's config.
+        teacher: The teacher: its likelihood contrast (`scorer`), and its device (else "cpu") for the embedding model
+            where `settings` name that judge.
+
+    Returns:
+        The answer gate.
+    """
+    return AnswerGate(settings, teacher.scorer, relevance_embedder(settings, getattr(teacher, "device", "cpu")))

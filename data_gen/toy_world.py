@@ -55,7 +55,12 @@ def _sentences(text: str) -> list[str]:
 
 
 class ToyResponder:
-    """Answers a user turn under the constraints in view, deterministically."""
+    """Answers a user turn under the constraints in view, deterministically.
+
+    Args:
+        catalogue: The constraints whose probe questions it recognises, by their text, so a probe works wherever
+            it is asked.
+    """
 
     def __init__(self, catalogue: Sequence[Constraint]) -> None:
         # Probe questions are recognised by their text, so a probe works wherever it is asked.
@@ -65,8 +70,16 @@ class ToyResponder:
                 self.probe_families.setdefault(p.question, set()).add(c.family)
 
     def reply(self, turn: UserTurn, in_view: Sequence[Constraint] = ()) -> str:
-        """The reply to `turn` obeying every constraint in `in_view` (at most one per family; constraints of
-        families or values the catalogue does not have are not obeyed)."""
+        """The reply to `turn` obeying every constraint in `in_view`.
+
+        Args:
+            turn: The user turn; a probe question is answered as a probe.
+            in_view: The constraints in view, at most one per family (default none); constraints of families or
+                values the catalogue does not have are not obeyed.
+
+        Returns:
+            The reply.
+        """
         rules = [(FAMILY_RULES[c.family], _attributes(c)) for c in in_view if c.family in FAMILY_RULES]
         rules = [(rule, fill) for rule, fill in rules if fill is not None]
         lang = next((LANGUAGES[fill["value"]][0] for rule, fill in rules if rule.reply.language), "en")
@@ -156,8 +169,25 @@ def base_corpus(
     short_prob: float = SHORT_PROB,
     max_turns: int = 12,
 ) -> Iterator[dict[str, Any]]:
-    """Yield base SFT records {"id", "kind", "messages"} in the Hugging Face `messages` format: dialogues with
-    local instructions (or none) of 1 to `max_turns` turns, system-prompt dialogues of 1 or 2."""
+    """Yield base SFT records {"id", "kind", "messages"} in the Hugging Face `messages` format.
+
+    Dialogues with local instructions (or none) of 1 to `max_turns` turns, system-prompt dialogues of 1 or 2.
+    Each dialogue is drawn from its own seed, so a record does not depend on the number of dialogues.
+
+    Args:
+        num_dialogues: The number of dialogues.
+        seed: The corpus's seed.
+        catalogue: The constraints the instructions are drawn from, and whose probe questions are asked.
+        user_pool: The user turns drawn for the messages that are not probes.
+        short_prob: The chance of the instruction's short form (default SHORT_PROB).
+        max_turns: The most turns of a dialogue that is not a system-prompt one (default 12; at least 2).
+
+    Yields:
+        One record per dialogue: "id" (`b-000000`, ...), "kind" (`local`, `system` or `plain`) and "messages".
+
+    Raises:
+        ValueError: When `max_turns` is below 2.
+    """
     if max_turns < 2:
         raise ValueError(f"max_turns must be >= 2, got {max_turns}")
     responder = ToyResponder(catalogue)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_gen import builtin_data
-from gatt.data.checks import Check
+from gatt.data.check_types import Check
 
 # Re-exported: data_gen's callers read a user's dialogues from here.
 from gatt.data.dialogues import DIALOGUE_FORMATS, ROLES, OnError, load_dialogues, load_user_texts, validate_messages
@@ -69,12 +69,29 @@ def _user_turn(phrasing: str, topic: str) -> UserTurn:
 
 
 def all_user_turns() -> list[UserTurn]:
-    """Every distinct built-in message (topics x phrasings), in a fixed order; at least 500 distinct texts."""
+    """Every distinct built-in message (topics x phrasings), in a fixed order; at least 500 distinct texts.
+
+    Returns:
+        One user turn per (topic, phrasing), topic by topic.
+    """
     return [_user_turn(phrasing, topic) for topic in TOPICS for phrasing in PHRASINGS]
 
 
 def split_user_turns(heldout_fraction: float = 0.2, seed: int = 0) -> tuple[list[UserTurn], list[UserTurn]]:
-    """Split all_user_turns() by (phrasing, topic) pair into (train, held-out); every topic is on both sides."""
+    """Split all_user_turns() by (phrasing, topic) pair into (train, held-out); every topic is on both sides.
+
+    Each topic holds out the same number of phrasings, at least one and never all of them.
+
+    Args:
+        heldout_fraction: the share of each topic's phrasings held out, strictly between 0 and 1.
+        seed: the seed of the split (a topic's split does not change when other topics are added).
+
+    Returns:
+        (train, held-out) user turns, each in all_user_turns()'s order.
+
+    Raises:
+        ValueError: when `heldout_fraction` is not strictly between 0 and 1.
+    """
     if not 0.0 < heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction must be strictly between 0 and 1, got {heldout_fraction}")
     # Each topic holds out the same number of phrasings, at least one and never all of them.
@@ -111,7 +128,23 @@ def _allowed(pool: Sequence[UserTurn], recent: list[str]) -> list[UserTurn]:
 def sample_user_turns(
     n: int, seed: int, *, exclude_recent: int = 4, pool: Sequence[UserTurn] | None = None
 ) -> list[UserTurn]:
-    """n messages drawn from `seed` (default pool: all); no topic recurs within `exclude_recent` turns."""
+    """n messages drawn from `seed`; no topic recurs within `exclude_recent` turns.
+
+    A user's own messages have no topic: for them the message itself must not recur. A pool with fewer topics than
+    the window cannot honour it; the oldest topics are forgotten first.
+
+    Args:
+        n: how many messages to draw.
+        seed: the seed of the draw.
+        exclude_recent: the window of turns within which no topic recurs; 0: no window.
+        pool: the messages to draw from (default: all_user_turns()).
+
+    Returns:
+        The `n` messages drawn, with replacement.
+
+    Raises:
+        ValueError: when `n` or `exclude_recent` is negative, or the pool is empty.
+    """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     if exclude_recent < 0:
@@ -138,7 +171,14 @@ def sample_user_turns(
 
 
 def on_topic_check(topic: str) -> Check:
-    """A `contains_any` check passed by a reply that names `topic` in any language (keywords, first seen kept)."""
+    """A `contains_any` check passed by a reply that names `topic` in any language (keywords, first seen kept).
+
+    Args:
+        topic: a TOPICS key.
+
+    Returns:
+        The check, its words the topic's keywords in every language, deduplicated ignoring case.
+    """
     # The keywords, not the noun phrases ("the ocean"): a real model writes "oceans" or "im Ozean"
     # as often as the article form, and every noun phrase contains its own keyword anyway.
     # Keyed by casefold because the check ignores case: "Viking" (en, fr, nl) is one word.
@@ -150,5 +190,18 @@ def on_topic_check(topic: str) -> Check:
 
 
 def load_user_turns(path: str | Path, *, on_error: OnError = "raise") -> list[UserTurn]:
-    """User messages of a dialogue file or a .txt file (one a line), in order, deduplicated, topic None."""
+    """User messages of a dialogue file or a .txt file (one a line), in order, deduplicated, topic None.
+
+    Args:
+        path: a .txt file, or a dialogue file or folder (`gatt.data.dialogues.load_dialogues`).
+        on_error: "raise" on the first malformed dialogue, or "skip" it.
+
+    Returns:
+        One user turn per distinct stripped message.
+
+    Raises:
+        FileNotFoundError: when `path` does not exist.
+        ValueError: when the file is unsupported, a dialogue is malformed (with "raise"), or no user turns are
+            found.
+    """
     return [UserTurn(text=text, topic=None) for text in load_user_texts(path, on_error=on_error)]

@@ -31,7 +31,14 @@ from gatt.data.events import constraint_entry, instruction_text
 
 
 def families(constraints: Sequence[Constraint]) -> dict[str, list[Constraint]]:
-    """The constraints that can stand in for one another: by family, users' family-less constraints left out."""
+    """The constraints that can stand in for one another: by family, users' family-less constraints left out.
+
+    Args:
+        constraints: the constraints synthesis draws from.
+
+    Returns:
+        Family -> its constraints that have a value, in order.
+    """
     pool: dict[str, list[Constraint]] = {}
     for c in constraints:
         if c.family != CUSTOM_FAMILY and c.value:
@@ -46,9 +53,19 @@ def swapped(
     rng: random.Random,
     number: int,
 ) -> dict[str, Any] | None:
-    """Copy `number` of a first-kind GAtt record (docs/data.md, "Formats") given under `constraints` (as drawn, in
-    their wordings), each swappable constraint given another value of its family from `pool`; None where no
-    constraint could be swapped exactly."""
+    """A copy of a first-kind GAtt record (docs/data.md, "Formats"), each swappable constraint given another value.
+
+    Args:
+        record: the GAtt record; one that carries `events` or no instruction is not swapped.
+        constraints: the constraints the record was given under (as drawn, in their wordings).
+        pool: family -> its constraints (`families`), the other values drawn from.
+        rng: the generator the new values are drawn with.
+        number: the copy's number, in its id (`<id>-swap-<number>`).
+
+    Returns:
+        The copy (its instruction, short form, constraints and replies swapped, `meta` naming the record and the
+        swaps), or None where no constraint could be swapped exactly.
+    """
     if record.get("events") or record["instruction"] is None:
         return None
     replies = [m["content"] for m in record["messages"] if m["role"] == "assistant"]

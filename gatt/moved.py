@@ -48,7 +48,14 @@ MOVED = {
 
 
 def new_name(old: str) -> str | None:
-    """The module an old path names now (`gatt.attention.core` -> `gatt.model.attention.core`), or None."""
+    """The module an old path names now (`gatt.attention.core` -> `gatt.model.attention.core`), or None.
+
+    Args:
+        old: A dotted module name, old or not.
+
+    Returns:
+        The new dotted module name, or None when `old` is neither a moved module nor inside a moved package.
+    """
     for before, after in MOVED.items():
         if old == before or old.startswith(before + "."):
             return after + old[len(before) :]
@@ -61,6 +68,17 @@ class MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(
         self, fullname: str, path: object = None, target: object = None
     ) -> importlib.machinery.ModuleSpec | None:
+        """A spec that this finder loads, for an old path whose new module exists.
+
+        Args:
+            fullname: The dotted name being imported.
+            path: The parent package's `__path__` (unused).
+            target: The module being reloaded, if any (unused).
+
+        Returns:
+            A spec named `fullname` with the new module's origin and package status, or None when `fullname` is
+            not an old path or its new module cannot be found.
+        """
         target_name = new_name(fullname)
         if target_name is None:
             return None
@@ -72,15 +90,37 @@ class MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         )
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        """Import the new module and hand it back as the old path's module.
+
+        Keeps the new module's own spec in `spec.loader_state`, for `exec_module` to put back.
+
+        Args:
+            spec: The old path's spec, from `find_spec`.
+
+        Returns:
+            The new module object itself.
+        """
         module = importlib.import_module(new_name(spec.name) or spec.name)
         spec.loader_state = module.__spec__  # the import system sets __spec__ to the old path's: put it back
         return module
 
     def exec_module(self, module: ModuleType) -> None:
+        """Run nothing (the new module already ran); restore its own `__spec__`.
+
+        Args:
+            module: The module `create_module` returned.
+        """
         module.__spec__ = module.__spec__.loader_state
 
     def get_code(self, fullname: str) -> CodeType | None:
-        """`python -m OLD` runs the new module's code as __main__."""
+        """`python -m OLD` runs the new module's code as __main__.
+
+        Args:
+            fullname: The dotted name, old or new.
+
+        Returns:
+            The code of the new module, or None when it is not found or its loader cannot give code.
+        """
         found = importlib.util.find_spec(new_name(fullname) or fullname)
         return (
             found.loader.get_code(found.name)
@@ -90,7 +130,10 @@ class MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install() -> None:
-    """Put the finder first on sys.meta_path, once: an old package's submodules (`gatt.attention.core`) must reach
-    it before the path finder, which would load a second copy of the file from the package's `__path__`."""
+    """Put the finder first on sys.meta_path, once.
+
+    An old package's submodules (`gatt.attention.core`) must reach it before the path finder, which would load a
+    second copy of the file from the package's `__path__`.
+    """
     if not any(isinstance(finder, MovedFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, MovedFinder())

@@ -45,7 +45,7 @@ import torch
 from data_gen.__main__ import command_keys
 from data_gen.constraints import tier_violations
 from gatt.data.events import KINDS
-from gatt.eval.evaluate import EvalConfig
+from gatt.eval.eval_config import EvalConfig
 from gatt.eval.report import add_rounds, summary_tables
 from gatt.io.cli import exit_on_bad_input
 from gatt.io.config import config_keys, read_yaml_config, yaml_values

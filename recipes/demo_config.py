@@ -12,7 +12,7 @@ from typing import Any
 
 from data_gen.__main__ import command_keys
 from data_gen.constraints import HELDOUT_TIERS, load_heldout_tiers
-from gatt.eval.evaluate import EvalConfig
+from gatt.eval.eval_config import EvalConfig
 from gatt.io.config import check_section, config_keys, dataclass_from_dict, override_keys, read_yaml_config
 from gatt.training.grpo import GRPOGattConfig
 from gatt.training.trainer import TrainConfig

@@ -16,7 +16,8 @@ from data_gen.synthesis import SynthesisConfig  # noqa: E402
 from data_gen.teacher import ModelTeacher  # noqa: E402
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns  # noqa: E402
 from gatt.eval.plan import plan_dialogues  # noqa: E402
-from gatt.eval.rollout import RolloutConfig, reference_rollout, rollout  # noqa: E402
+from gatt.eval.rollout import reference_rollout, rollout  # noqa: E402
+from gatt.eval.turns import RolloutConfig
 from gatt.model.generation import ChatBatch  # noqa: E402
 
 

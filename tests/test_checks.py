@@ -8,9 +8,8 @@ import pytest
 import yaml
 
 from gatt.data import checks as checks_module
+from gatt.data.check_types import CHECK_TYPES, Check
 from gatt.data.checks import (
-    CHECK_TYPES,
-    Check,
     Constraint,
     Probe,
     check_reply,

@@ -13,7 +13,8 @@ from data_gen.__main__ import build_parser as data_gen_parser
 from data_gen.__main__ import parse as data_gen_parse
 from data_gen.synthesis import SynthesisConfig
 from data_gen.teacher import TeacherConfig
-from gatt.eval.evaluate import EvalConfig, build_parser
+from gatt.eval.eval_config import EvalConfig
+from gatt.eval.evaluate import build_parser
 from gatt.io.config import REQUIRED, arg, config_parser, dataclass_from_dict, parse_config
 from gatt.training.grpo import GRPOGattConfig
 from gatt.training.trainer import TrainConfig

@@ -13,7 +13,8 @@ from if_verifiable.common import evaluate_instructions
 
 from data_gen.constraints import ConstraintSampler, conflict
 from gatt.data import constraint_sets
-from gatt.data.checks import Check, hold_out_families, load_constraints
+from gatt.data.check_types import Check
+from gatt.data.checks import hold_out_families, load_constraints
 
 REPLIES = (
     "the weather is nice today and i like it",

@@ -27,7 +27,8 @@ from data_gen.synthesis import SynthesisConfig, _Dialogue, synthesize_shard
 from data_gen.teacher import TurnRequest
 from data_gen.toy_world import ToyResponder, base_corpus
 from data_gen.user_turns import UserTurn, all_user_turns, split_user_turns
-from gatt.data.checks import Check, Constraint, passes_all, reply_checks
+from gatt.data.check_types import Check
+from gatt.data.checks import Constraint, passes_all, reply_checks
 from gatt.io.processes import ProcessTree
 
 ROOT = Path(__file__).resolve().parents[1]

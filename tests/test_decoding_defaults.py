@@ -13,8 +13,9 @@ import gatt.model.pretrained
 from data_gen.__main__ import build_parser as data_gen_parser
 from data_gen.__main__ import parse as data_gen_parse
 from data_gen.teacher import build_teacher, teacher_decoding
-from gatt.eval.evaluate import EvalConfig, parse_models, report_decoding
+from gatt.eval.eval_config import EvalConfig
 from gatt.eval.evaluate import build_parser as evaluate_parser
+from gatt.eval.evaluate import parse_models, report_decoding
 from gatt.io.config import parse_config
 from gatt.model.embedded import model_path
 from gatt.model.pretrained import SMOLLM2_REPETITION_PENALTY, export_smollm2, write_generation_config

@@ -11,7 +11,7 @@ from test_user_constraints import TENNIS, model_dir  # noqa: F401  (the tiny cha
 from transformers import AutoModel, AutoTokenizer
 
 import gatt.eval.embedding
-from gatt.data.checks import Check
+from gatt.data.check_types import Check
 from gatt.eval.embedding import MINILM_SHA256, SentenceEmbedder, minilm_zip, sentence_embedder
 from gatt.eval.gate import AnswerGate, GateConfig, GateItem, GateTurn
 
@@ -129,7 +129,8 @@ def test_an_unknown_judge_is_refused():
 @pytest.mark.parametrize("command", ["gatt", "replay", "pass-rate"])
 def test_the_data_commands_and_the_report_take_the_relevance_judge(command):
     from data_gen.__main__ import parse
-    from gatt.eval.evaluate import EvalConfig, build_parser
+    from gatt.eval.eval_config import EvalConfig
+    from gatt.eval.evaluate import build_parser
     from gatt.io.config import parse_config
 
     sizes = ["--num-dialogues", "2"] if command != "pass-rate" else []

@@ -14,7 +14,8 @@ from data_gen.constraints import FAMILIES, HELDOUT_FAMILIES, catalogue
 from data_gen.eval_set import write_eval_set
 from data_gen.toy_world import ToyResponder
 from data_gen.user_turns import TOPICS, UserTurn, on_topic_check, split_user_turns
-from gatt.data.checks import Check, hold_out_families
+from gatt.data.check_types import Check
+from gatt.data.checks import hold_out_families
 from gatt.data.events import builtin_families
 from gatt.eval.inputs import BUILTIN_DIR, EvalTurn, load_eval_constraints, load_eval_turns
 from gatt.eval.plan import stratify

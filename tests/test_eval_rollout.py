@@ -12,19 +12,13 @@ import torch
 import yaml
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from gatt.data.checks import Check, Constraint, Probe
+from gatt.data.check_types import Check
+from gatt.data.checks import Constraint, Probe
 from gatt.eval.evaluate import main as evaluate_main
 from gatt.eval.inputs import EvalTurn
 from gatt.eval.plan import EvalDialogue, PlannedTurn, plan_dialogues, stratify
-from gatt.eval.rollout import (
-    GENERATE_AT_MOST,
-    RolloutConfig,
-    batch_decoder,
-    generate_rollout,
-    reference_rollout,
-    render,
-    rollout,
-)
+from gatt.eval.rollout import GENERATE_AT_MOST, batch_decoder, generate_rollout, reference_rollout, rollout
+from gatt.eval.turns import RolloutConfig, render
 from gatt.model.modeling import GattConfig, GattForCausalLM
 from gatt.model.tokenizer import train_tokenizer
 

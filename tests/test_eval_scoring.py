@@ -6,15 +6,8 @@ from typing import Any
 
 import pytest
 
-from gatt.eval.report import (
-    _adherence_figure,
-    _markdown,
-    _models,
-    build_report,
-    format_table,
-    summary_tables,
-    write_report,
-)
+from gatt.eval.figures import adherence_figure
+from gatt.eval.report import _markdown, build_report, format_table, report_models, summary_tables, write_report
 from gatt.eval.scoring import (
     STRATA_INSTRUCTED,
     adherence_per_turn,
@@ -411,11 +404,11 @@ def test_write_report_files(tmp_path: Path) -> None:
 
 def test_adherence_figure_keeps_its_legend_off_the_curves_and_the_checks_in_their_own_panel() -> None:
     report = build_report(long_run(), {"turns": 22, "seed": 0})
-    figure = _adherence_figure(report)
+    figure = adherence_figure(report, report_models(report))
     figure.draw_without_rendering()  # lays out the constrained figure
     gated, checks = figure.axes
     assert [ax.get_title() for ax in (gated, checks)] == ["Checks and answer gate", "Checks alone"]
-    models = _models(report)
+    models = report_models(report)
     strata = ("per_turn", "heldout_per_turn", "heldout_family_per_turn")
     series = [
         f"{m}: {label}"
@@ -438,7 +431,8 @@ def test_adherence_figure_of_held_out_strata_alone() -> None:
         dialogue("v", "heldout_value", "a", [T, F, T]),
         dialogue("f", "heldout_family", "b", [F, T, T]),
     ]
-    figure = _adherence_figure(build_report(run, {}))
+    report = build_report(run, {})
+    figure = adherence_figure(report, report_models(report))
     gated, checks = figure.axes
     labels = ["gatt: held-out values", "gatt: held-out families"]
     assert [line.get_label() for line in gated.lines] == labels == [line.get_label() for line in checks.lines]

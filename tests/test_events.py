@@ -14,7 +14,8 @@ from data_gen.__main__ import main as data_gen_main
 from data_gen.constraints import catalogue
 from data_gen.synthesis import SynthesisConfig, _Dialogue
 from data_gen.user_turns import UserTurn
-from gatt.data.checks import Check, Constraint, dump_constraints, load_constraints, passes_all
+from gatt.data.check_types import Check
+from gatt.data.checks import Constraint, dump_constraints, load_constraints, passes_all
 from gatt.data.events import (
     KINDS,
     Event,
@@ -28,8 +29,8 @@ from gatt.data.events import (
 )
 from gatt.eval.inputs import EvalTurn
 from gatt.eval.plan import plan_dialogues
-from gatt.eval.rollout import RolloutConfig, user_message
 from gatt.eval.scoring import per_kind
+from gatt.eval.turns import RolloutConfig, user_message
 
 CATALOGUE = catalogue()
 BY_NAME = {c.name: c for c in CATALOGUE}

@@ -2,18 +2,9 @@
 
 import pytest
 
-from gatt.data.checks import Check
-from gatt.eval.gate import (
-    AnswerGate,
-    GateConfig,
-    GateItem,
-    GateTurn,
-    RelevanceScorer,
-    is_empty,
-    is_salad,
-    loops,
-    repeated_share,
-)
+from gatt.data.check_types import Check
+from gatt.eval.gate import AnswerGate, GateConfig, GateItem, GateTurn, RelevanceScorer
+from gatt.eval.non_answers import is_empty, is_salad, loops, repeated_share
 
 SKY, BEES, QUAKE, CAMP = (
     "Why is the sky blue?",

@@ -14,7 +14,7 @@ import yaml
 from safetensors.torch import load_file
 
 from data_gen.eval_set import training_turns  # noqa: E402
-from gatt.data.checks import Check  # noqa: E402
+from gatt.data.check_types import Check  # noqa: E402
 from gatt.eval.gate import GateConfig  # noqa: E402
 from gatt.eval.inputs import load_eval_turns  # noqa: E402
 from gatt.model.embedded import model_path  # noqa: E402

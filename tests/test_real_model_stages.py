@@ -11,7 +11,8 @@ from data_gen.pass_rate import PassRateConfig, format_pass_rates, measure_pass_r
 from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.teacher import ModelTeacher, TurnRequest
 from data_gen.user_turns import UserTurn, split_user_turns
-from gatt.data.checks import Check, Constraint, Probe
+from gatt.data.check_types import Check
+from gatt.data.checks import Constraint, Probe
 from gatt.data.collator import GAttCollator
 from gatt.eval.gate import REASONS
 from gatt.model.tokenizer import train_tokenizer

@@ -17,7 +17,8 @@ from data_gen.__main__ import main as data_gen_main
 from data_gen.synthesis import SynthesisConfig, synthesize
 from data_gen.teacher import TurnRequest
 from data_gen.user_turns import split_user_turns
-from gatt.data.checks import Check, CheckError, load_constraints
+from gatt.data.check_types import Check, CheckError
+from gatt.data.checks import load_constraints
 from gatt.eval.evaluate import main as evaluate_main
 from gatt.io import processes
 from gatt.model.modeling import GattConfig, GattForCausalLM

@@ -10,7 +10,8 @@ from data_gen.constraints import catalogue, conflict
 from data_gen.toy_world import ToyResponder
 from data_gen.user_turns import all_user_turns
 from data_gen.value_swaps import families, swapped
-from gatt.data.checks import Check, Constraint, passes_all, reply_checks
+from gatt.data.check_types import Check
+from gatt.data.checks import Constraint, passes_all, reply_checks
 from gatt.data.events import constraint_entry, instruction_text
 
 CATALOGUE = catalogue()

@@ -1,52 +1,27 @@
-"""Programmatic checks of assistant replies, the constraints and probes built on them, and their YAML files."""
+"""The constraints and probes built on the programmatic checks (gatt/data/check_types.py), and their YAML files."""
 
-import copy
 import fnmatch
-import functools
-import importlib
-import os
 import random
-import re
 import string
-import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from gatt.data import constraint_sets
-from gatt.data.language import detect_language, known_language_codes
-from gatt.io.cli import BadInput
+from gatt.data.check_types import BENCHMARK_CHECKS, Check
+from gatt.data.check_types import CHECK_TYPES as CHECK_TYPES  # re-exported: the names gatt.data.checks had before
+from gatt.data.check_types import CheckError as CheckError
+from gatt.data.check_types import resolve_function as resolve_function
 from gatt.io.files import atomic_path
 
-if TYPE_CHECKING:
-    pass
-
-CHECK_TYPES: dict[str, tuple[str, ...]] = {
-    "language": ("code",),
-    "regex": ("pattern",),
-    "startswith": ("text",),
-    "endswith": ("text",),
-    "contains_any": ("words",),
-    "not_contains": ("words",),
-    "all_caps": (),
-    "max_words": ("n",),
-    "min_words": ("n",),
-    "max_sentences": ("n",),
-    "python": ("function",),
-    "ifeval": ("id",),  # IFEval's own checker of one instruction type (gatt/data/constraint_sets.py)
-    "ifbench": ("id",),  # IFBench's
-}
-OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"python": ("args",), "ifeval": ("kwargs",), "ifbench": ("kwargs",)}
-BENCHMARK_CHECKS = ("ifeval", "ifbench")
 # The --constraints flag's help, wherever a constraint file is read.
 CONSTRAINTS_HELP = (
     "a constraint YAML with split tags, or a built-in instruction set: ifeval, ifbench or ifeval,ifbench "
     "(docs/data.md; default: the built-in catalogue)"
 )
-_FUNCTION_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 SPLITS = ("train", "heldout")
 _CONSTRAINT_KEYS = (
     "name",
@@ -63,80 +38,28 @@ _CONSTRAINT_KEYS = (
 _PROBE_KEYS = ("question", "checks")
 
 
-class CheckError(BadInput):
-    """A user's `python` check failed to run (could not be imported in this process, raised, or returned no bool)."""
-
-
-@functools.cache
-def resolve_function(spec: str) -> Callable[..., Any]:
-    """The callable named "package.module:name", imported as `python -m` would (the current directory too)."""
-    module_name, _, attribute = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError:
-        # `python script.py` and `accelerate launch` put the script's folder on sys.path, not the current one.
-        if os.getcwd() in sys.path:
-            raise
-        sys.path.append(os.getcwd())
-        module = importlib.import_module(module_name)
-    target: Any = module
-    for part in attribute.split("."):
-        target = getattr(target, part)
-    if not callable(target):
-        raise TypeError(f"{spec} is a {type(target).__name__}, not a function")
-    return target
-
-
-@functools.cache
-def _words_regex(words: tuple[str, ...]) -> re.Pattern[str]:
-    # Look-arounds instead of \b so words that start or end with punctuation ("C++") still match whole.
-    alternatives = (r"\s+".join(re.escape(part) for part in word.split()) for word in words)
-    return re.compile("|".join(rf"(?<!\w){alt}(?!\w)" for alt in alternatives), re.IGNORECASE)
-
-
-def _count_sentences(text: str) -> int:
-    return sum(1 for piece in re.split(r"[.!?]+", text) if piece.strip())
-
-
-def _field_problem(key: str, value: Any) -> str | None:
-    """What is wrong with one check field's value, or None if it is fine."""
-    if key == "code" and (not isinstance(value, str) or value not in known_language_codes()):
-        known = ", ".join(sorted(known_language_codes()))
-        return f"must be a lower-case ISO 639-1 code known to the detector, got {value!r}; known: {known}"
-    if key in ("pattern", "text") and (not isinstance(value, str) or not value):
-        return f"must be a non-empty string, got {value!r}"
-    if key == "pattern":
-        try:
-            re.compile(value)
-        except re.error as exc:
-            return f"is not a valid regular expression ({exc}): {value!r}"
-    words_problem = f"must be a non-empty list of non-empty strings, got {value!r}"
-    if key == "words" and not (isinstance(value, list | tuple) and value):
-        return words_problem
-    if key == "words" and not all(isinstance(word, str) and word.strip() for word in value):
-        return words_problem
-    # bool is an int subclass; `n: true` in YAML is a mistake, not 1.
-    if key == "n" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        return f"must be a positive integer, got {value!r}"
-    if key == "function":
-        if not isinstance(value, str) or not _FUNCTION_SPEC.match(value):
-            return f'must be "package.module:name", got {value!r}'
-        try:
-            resolve_function(value)
-        except Exception as exc:  # noqa: BLE001  (whatever the import raises, the user needs its text)
-            return f"{value!r} cannot be imported: {type(exc).__name__}: {exc}"
-    if key == "args" and not (isinstance(value, Mapping) and all(isinstance(k, str) for k in value)):
-        return f"must be a mapping of keyword arguments, got {value!r}"
-    return None
-
-
 # A constraint's own wordings of instruction events (`changes`: gatt/data/events.py), by the event they word.
 WORDINGS = ("late", "replace", "revoke", "add")
 SLOTS = {"late": {"instruction"}, "replace": {"instruction", "old"}, "revoke": {"old"}, "add": {"instruction"}}
 
 
 def check_wordings(spec: object, where: str) -> dict[str, tuple[str, ...]]:
-    """`{late|replace|revoke|add: [wording, ...]}` validated: non-empty strings using only their slots."""
+    """`{late|replace|revoke|add: [wording, ...]}` validated: non-empty strings using only their slots.
+
+    A late or add wording may use `{instruction}`, a replace wording `{instruction}` and `{old}`, a revoke
+    wording `{old}`.
+
+    Args:
+        spec: The wordings as read: a mapping of event (late, replace, revoke, add) to a list of wordings.
+        where: Where they were read, the start of every error message.
+
+    Returns:
+        The wordings by event, each list as a tuple.
+
+    Raises:
+        ValueError: When `spec` is not a mapping, has an unknown key, maps a key to anything but a non-empty list
+            of non-empty strings, or has a wording that is not a valid format string or uses a slot its event lacks.
+    """
     if not isinstance(spec, Mapping):
         raise ValueError(f"{where}: expected a mapping of {', '.join(WORDINGS)} to lists of wordings, got {spec!r}")
     out = {}
@@ -157,114 +80,6 @@ def check_wordings(spec: object, where: str) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def _validated_args(check_type: str, args: Mapping[str, Any], where: str) -> dict[str, Any]:
-    if not isinstance(check_type, str) or check_type not in CHECK_TYPES:
-        expected = ", ".join(sorted(CHECK_TYPES))
-        raise ValueError(f"{where}: unknown check type {check_type!r}; expected one of {expected}")
-    required = CHECK_TYPES[check_type]
-    for key in args:
-        if key not in required + OPTIONAL_FIELDS.get(check_type, ()):
-            allowed = ", ".join(required + OPTIONAL_FIELDS.get(check_type, ())) or "none"
-            raise ValueError(f"{where}: unknown field {key!r} for check type {check_type!r}; allowed: {allowed}")
-    for key in required:
-        if key not in args:
-            raise ValueError(f"{where}: check type {check_type!r} needs field {key!r}")
-    if check_type in BENCHMARK_CHECKS:
-        args = {**args, "kwargs": args.get("kwargs", {})}
-        if problem := constraint_sets.check_problem(check_type, args["id"], args["kwargs"]):
-            raise ValueError(f"{where}: {problem}")
-    for key in args:
-        problem = _field_problem(key, args[key])
-        if problem:
-            raise ValueError(f"{where}: field {key!r} {problem}")
-    # A private copy: the caller's lists must not change a frozen check behind its back.
-    out = copy.deepcopy(dict(args))
-    if "words" in out:
-        out["words"] = list(out["words"])
-    return out
-
-
-@dataclass(frozen=True)
-class Check:
-    """One programmatic test of a reply, e.g. Check("language", {"code": "fr"}).
-
-    A `python` check calls a user's function, `Check("python", {"function": "pkg.mod:name", "args": {...}})`:
-    `name(reply, **args)` must return a bool. It is imported by name in every process that runs it.
-    """
-
-    type: str
-    args: Mapping[str, Any] = field(default_factory=dict)
-    origin: str = field(default="", compare=False, repr=False)  # where it was defined, for error messages
-
-    def __post_init__(self) -> None:
-        # Validate here too, so a Check built in code cannot fail later inside `passes`.
-        where = self.origin or f"check {self.type!r}"
-        object.__setattr__(self, "args", _validated_args(self.type, self.args, where))
-
-    def passes(self, reply: str) -> bool:
-        """Whether the reply satisfies this check."""
-        text = reply.strip()
-        args = self.args
-        match self.type:
-            case "language":
-                return bool(text) and detect_language(text) == args["code"]
-            case "regex":
-                return re.search(args["pattern"], text) is not None
-            case "startswith":
-                return text.startswith(args["text"])
-            case "endswith":
-                return text.endswith(args["text"])
-            case "contains_any":
-                return _words_regex(tuple(args["words"])).search(text) is not None
-            case "not_contains":
-                return _words_regex(tuple(args["words"])).search(text) is None
-            case "all_caps":
-                return any(char.isupper() or char.islower() for char in text) and text == text.upper()
-            case "max_words":
-                return len(text.split()) <= args["n"]
-            case "min_words":
-                return len(text.split()) >= args["n"]
-            case "max_sentences":
-                return _count_sentences(text) <= args["n"]
-            case "python":
-                return self._call(reply)
-            case "ifeval" | "ifbench":
-                return self._benchmark(text)
-        raise AssertionError(f"unhandled check type {self.type!r}")  # CHECK_TYPES and this match disagree
-
-    def _call(self, reply: str) -> bool:
-        function = self.args["function"]
-        where = self.origin or "check"
-        try:
-            result = resolve_function(function)(reply, **self.args.get("args", {}))
-        except Exception as exc:  # noqa: BLE001  (a user's function: report whatever it raised, and where)
-            raise CheckError(f"{where}: python check {function!r} raised {type(exc).__name__}: {exc}") from exc
-        if type(result).__name__ not in ("bool", "bool_"):  # Python's or numpy's
-            raise CheckError(f"{where}: python check {function!r} returned {type(result).__name__}, not a bool")
-        return bool(result)
-
-    def _benchmark(self, text: str) -> bool:
-        try:
-            return constraint_sets.passes(self.type, self.args["id"], self.args["kwargs"], text)
-        except Exception as exc:  # noqa: BLE001  (the benchmark's checker: report whatever it raised, and where)
-            where = self.origin or "check"
-            raise CheckError(
-                f"{where}: {self.type} checker {self.args['id']!r} raised {type(exc).__name__}: {exc}"
-            ) from exc
-
-    def to_dict(self) -> dict[str, Any]:
-        """The YAML/JSON form: {"type": ..., **args}."""
-        return {"type": self.type, **copy.deepcopy(dict(self.args))}
-
-    @classmethod
-    def from_dict(cls, spec: Mapping[str, Any], where: str = "check") -> "Check":
-        """Build a check from its YAML/JSON form; ValueError starting with `where` if it is malformed."""
-        if not isinstance(spec, Mapping) or "type" not in spec:
-            raise ValueError(f"{where}: expected a mapping with a 'type' key, got {spec!r}")
-        args = {key: value for key, value in spec.items() if key != "type"}
-        return cls(type=spec["type"], args=args, origin=where)
-
-
 @dataclass(frozen=True)
 class Probe:
     """An attribute question asked late in a dialogue, with the checks its answer must pass."""
@@ -276,12 +91,28 @@ class Probe:
         object.__setattr__(self, "checks", tuple(self.checks))
 
     def to_dict(self) -> dict[str, Any]:
-        """The YAML/JSON form: {"question": ..., "checks": [...]}."""
+        """The YAML/JSON form of this probe.
+
+        Returns:
+            {"question": ..., "checks": [...]}, each check in its own YAML/JSON form.
+        """
         return {"question": self.question, "checks": [check.to_dict() for check in self.checks]}
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any], where: str = "probe") -> "Probe":
-        """Build a probe from its YAML/JSON form; ValueError starting with `where` if it is malformed."""
+        """Build a probe from its YAML/JSON form.
+
+        Args:
+            spec: The YAML/JSON form, {"question": ..., "checks": [...]}.
+            where: Where it was read (default "probe"): the start of error messages.
+
+        Returns:
+            The probe.
+
+        Raises:
+            ValueError: When it is malformed (not a mapping, an unknown key, no question, no non-empty list of valid
+                checks); the message starts with `where`.
+        """
         _require_mapping(spec, _PROBE_KEYS, where)
         question = _require_text(spec, "question", where)
         checks = _parse_checks(spec, where, f"{where}.checks")
@@ -333,7 +164,12 @@ class Constraint:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """The constraint-file entry form, with family, value and split."""
+        """The constraint-file entry form, with family, value and split.
+
+        Returns:
+            The entry: name, instruction, short, checks, family, value and split, plus probes, paraphrases and
+            changes where the constraint has them.
+        """
         out: dict[str, Any] = {
             "name": self.name,
             "instruction": self.instruction,
@@ -350,14 +186,32 @@ class Constraint:
         return out
 
     def phrased(self, rng: random.Random) -> "Constraint":
-        """This constraint with its full instruction drawn from `instruction` and its paraphrases."""
+        """This constraint with its full instruction drawn from `instruction` and its paraphrases.
+
+        Args:
+            rng: The random source of the draw.
+
+        Returns:
+            This constraint itself when it has no paraphrases, else a copy with the drawn instruction.
+        """
         if not self.paraphrases:
             return self
         return replace(self, instruction=rng.choice((self.instruction, *self.paraphrases)))
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any], where: str = "constraint") -> "Constraint":
-        """Build a constraint from its file entry; ValueError starting with `where` and the name if malformed."""
+        """Build a constraint from its file entry.
+
+        Args:
+            spec: The file entry (docs/data.md, "Formats").
+            where: Where it was read (default "constraint"): the start of error messages, followed by the name.
+
+        Returns:
+            The constraint.
+
+        Raises:
+            ValueError: When the entry is malformed; the message starts with `where` and the name.
+        """
         if not isinstance(spec, Mapping):
             raise ValueError(f"{where}: expected a mapping, got {spec!r}")
         name = _require_text(spec, "name", where)
@@ -423,12 +277,28 @@ def _parse_checks(spec: Mapping[str, Any], where: str, prefix: str) -> tuple[Che
 
 
 def check_reply(reply: str, checks: Iterable[Check]) -> list[dict[str, Any]]:
-    """One result per check, {"type": ..., **args, "passed": bool}: transcripts record why a reply failed."""
+    """One result per check: transcripts record why a reply failed.
+
+    Args:
+        reply: The assistant reply.
+        checks: The checks to run.
+
+    Returns:
+        One dict per check, in order: {"type": ..., **args, "passed": bool}.
+    """
     return [{**check.to_dict(), "passed": check.passes(reply)} for check in checks]
 
 
 def reply_checks(constraints: Sequence[Constraint], user_message: str) -> list[Check]:
-    """Every constraint's reply checks, plus a probe's own checks when the user message asks one."""
+    """Every constraint's reply checks, plus a probe's own checks when the user message asks one.
+
+    Args:
+        constraints: The constraints in force.
+        user_message: The user message the reply answers; a probe whose question is this text adds its checks.
+
+    Returns:
+        The constraints' reply checks in order, then the checks of the probes asked.
+    """
     checks = [check for c in constraints for check in c.checks]
     for c in constraints:
         checks += [check for probe in c.probes if probe.question == user_message for check in probe.checks]
@@ -436,12 +306,29 @@ def reply_checks(constraints: Sequence[Constraint], user_message: str) -> list[C
 
 
 def passes_all(reply: str, checks: Iterable[Check]) -> bool:
-    """Whether the reply passes every check (True for no checks)."""
+    """Whether the reply passes every check.
+
+    Args:
+        reply: The assistant reply.
+        checks: The checks to run.
+
+    Returns:
+        True if every check passes (True for no checks).
+    """
     return all(check.passes(reply) for check in checks)
 
 
 def split_values(values: Sequence[str], heldout_fraction: float, seed: int) -> set[str]:
-    """The held-out values of one family: a fixed-seed draw of round(fraction * n), none for single values."""
+    """The held-out values of one family: a fixed-seed draw of round(fraction * n), none for single values.
+
+    Args:
+        values: The family's values.
+        heldout_fraction: The fraction of the values to hold out; at least one is held out.
+        seed: The seed of the draw.
+
+    Returns:
+        The held-out values (empty for fewer than two values).
+    """
     if len(values) < 2:
         return set()
     count = max(1, round(heldout_fraction * len(values)))
@@ -451,8 +338,21 @@ def split_values(values: Sequence[str], heldout_fraction: float, seed: int) -> s
 def matching_families(
     constraints: Sequence[Constraint], patterns: Sequence[str], where: str, purpose: str = ""
 ) -> set[str]:
-    """The families of `constraints` that the names or shell patterns (`ifbench:*`) match; ValueError starting
-    with `where` for one that matches none ("no constraint of family F{purpose}; families: ...")."""
+    """The families of `constraints` that the names or shell patterns (`ifbench:*`) match.
+
+    Args:
+        constraints: The constraints whose families are matched.
+        patterns: Family names or shell patterns.
+        where: The start of the error message.
+        purpose: Text put after the family in the error message (default ""; e.g. " to hold out").
+
+    Returns:
+        The families matched.
+
+    Raises:
+        ValueError: For a name or pattern that matches no family; the message starts with `where`
+            ("no constraint of family F{purpose}; families: ...").
+    """
     known = {c.family for c in constraints}
     if unknown := [p for p in patterns if not fnmatch.filter(known, p)]:
         raise ValueError(
@@ -465,9 +365,23 @@ def matching_families(
 def hold_out_families(
     constraints: Sequence[Constraint], families: Sequence[str], source: str = "constraints"
 ) -> list[Constraint]:
-    """The constraints with every value of `families` held out (split `heldout`): kept out of the GAtt data and
-    reported as held-out families, e.g. a family the teacher cannot write (SmolLM2's languages: docs/smollm2.md).
-    A family may be a shell pattern: `ifbench:*` holds out every IFBench type."""
+    """The constraints with every value of `families` held out (split `heldout`).
+
+    A held-out family is kept out of the GAtt data and reported as a held-out family, e.g. a family the teacher
+    cannot write (SmolLM2's languages: docs/smollm2.md).
+
+    Args:
+        constraints: The constraints.
+        families: The families to hold out; a family may be a shell pattern: `ifbench:*` holds out every IFBench
+            type.
+        source: Where the families were given, the start of the error message (default "constraints").
+
+    Returns:
+        The constraints in order, those of a family held out with split `heldout`, the others unchanged.
+
+    Raises:
+        ValueError: When a family or pattern matches no constraint's family.
+    """
     held = matching_families(constraints, families, source, " to hold out")
     return [replace(c, split="heldout") if c.family in held else c for c in constraints]
 
@@ -501,9 +415,20 @@ def _benchmark_constraints(name: str) -> list[Constraint]:
 
 
 def load_constraints(path: str | Path) -> list[Constraint]:
-    """Read a constraint file (YAML: a top-level `constraints` list of entries, see docs/data.md, "Formats"), or the
-    built-in instruction sets it names where no such file exists: `ifeval`, `ifbench` or `ifeval,ifbench`
-    (gatt/data/constraint_sets.py)."""
+    """Read a constraint file, or the built-in instruction sets it names where no such file exists.
+
+    Args:
+        path: A constraint file (YAML: a top-level `constraints` list of entries, see docs/data.md, "Formats"), or
+            built-in instruction sets: `ifeval`, `ifbench` or `ifeval,ifbench` (gatt/data/constraint_sets.py).
+
+    Returns:
+        The constraints, in the file's order.
+
+    Raises:
+        FileNotFoundError: When there is no such file and the path names no built-in sets.
+        ValueError: When the file is not valid YAML, has no top-level `constraints` list or other top-level keys,
+            has a malformed entry, or two entries share a name.
+    """
     path = Path(path)
     names = str(path).split(",")
     if not path.exists() and all(name in BENCHMARK_CHECKS for name in names):
@@ -538,7 +463,15 @@ def load_constraints(path: str | Path) -> list[Constraint]:
 
 
 def dump_constraints(constraints: Iterable[Constraint], path: str | Path) -> None:
-    """Write constraints in the file format of `load_constraints`, atomically (temporary file, then rename)."""
+    """Write constraints in the file format of `load_constraints`, atomically (temporary file, then rename).
+
+    Args:
+        constraints: The constraints to write.
+        path: The file to write.
+
+    Raises:
+        ValueError: When two constraints share a name: the file would not load back.
+    """
     path = Path(path)
     entries = [constraint.to_dict() for constraint in constraints]
     names = [entry["name"] for entry in entries]

@@ -67,6 +67,27 @@ class GAttCollator:
         teacher_view: bool = False,
         teacher_rendering: Rendering = "reminded",
     ) -> None:
+        """Check the settings and read the chat template.
+
+        Args:
+            tokenizer: The tokenizer; its chat template renders the dialogues, its pad token (else its end-of-sequence
+                token) pads them.
+            mode: Which replies are supervised: "last" (the paper: only the final reply), "all" (every reply
+                sampled with the instruction, in one pass) or "expand" (one example per such reply).
+            instruction_placement: Where the turn-one instruction goes: "system" (the default; "first_user", with a
+                warning, where the template has no system role) or "first_user".
+            max_length: Longest example in tokens: middle turns are dropped (oldest first) until one fits, and packed
+                rows hold at most this many.
+            packing: Pack examples into first-fit rows with `position_ids` restarting for each, instead of padded
+                rows with an `attention_mask`.
+            padding_free: Pack the whole batch into one row, without padding; needs `packing`.
+            teacher_view: Add the context-distillation teacher's rendering and the position pairs to GAtt examples.
+            teacher_rendering: The teacher's rendering: "reminded", "near" or "both" (see the module docstring).
+
+        Raises:
+            ValueError: When `mode`, `instruction_placement` or `teacher_rendering` is unknown, the tokenizer has no
+                chat template, or `padding_free` is set without `packing`.
+        """
         if mode not in ("last", "all", "expand"):
             raise ValueError(f"mode must be 'last', 'all' or 'expand', got {mode!r}")
         if instruction_placement not in ("system", "first_user"):
@@ -93,7 +114,17 @@ class GAttCollator:
 
     def chat(self, record: dict[str, Any]) -> list[dict[str, str]]:
         """The dialogue as the model sees it: the turn-one instruction exactly once, in the first turn, and each
-        later event (an instruction given late, changed, added or withdrawn) only in the user turn that gives it."""
+        later event (an instruction given late, changed, added or withdrawn) only in the user turn that gives it.
+
+        Args:
+            record: A record (docs/data.md, "Formats").
+
+        Returns:
+            A copy of its messages with the instructions placed.
+
+        Raises:
+            ValueError: When an event's turn comes after the record's last user turn.
+        """
         messages = place_instruction(record["messages"], record_instruction(record), self.instruction_placement)
         users = [i for i, m in enumerate(messages) if m["role"] == "user"]
         for event in later_events(record):
@@ -105,7 +136,21 @@ class GAttCollator:
         return messages
 
     def tokenize(self, messages: list[dict[str, str]]) -> tuple[list[int], list[tuple[int, int]]]:
-        """Token ids of the rendered dialogue and the token span [start, end) of each assistant reply."""
+        """Token ids of the rendered dialogue and the token span [start, end) of each assistant reply.
+
+        Templates with `{% generation %}` marks give the spans themselves; for the others they come from rendering
+        the dialogue's prefixes.
+
+        Args:
+            messages: The chat, as `chat` gives it.
+
+        Returns:
+            (token ids, one [start, end) span per assistant reply, in order; a span covers the reply and its
+            end-of-turn token).
+
+        Raises:
+            ValueError: When a template without generation marks does not render dialogue prefixes as prefixes.
+        """
         if self.uses_generation_marks:
             encoded = self.tokenizer.apply_chat_template(
                 messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
@@ -141,7 +186,21 @@ class GAttCollator:
     # -- examples ------------------------------------------------------------------------------
 
     def examples(self, record: dict[str, Any]) -> list[Example]:
-        """The training examples of one record (one, or one per reply with mode="expand")."""
+        """The training examples of one record (one, or one per reply with mode="expand").
+
+        An example that does not fit in max_length even with its middle turns dropped is skipped (and counted).
+
+        Args:
+            record: A record (docs/data.md, "Formats").
+
+        Returns:
+            The examples, possibly none.
+
+        Raises:
+            ValueError: When the record has no assistant reply, its `sampled_with_instruction` does not have one
+                entry per reply, an event comes after its last user turn, or a reply tokenizes differently in the
+                teacher's rendering.
+        """
         messages, targets = self._targets(record)
         out = []
         for supervised in targets:
@@ -151,7 +210,19 @@ class GAttCollator:
         return out
 
     def fits(self, record: dict[str, Any]) -> bool:
-        """Whether at least one example of the record fits in max_length (stops at the first that does)."""
+        """Whether at least one example of the record fits in max_length (stops at the first that does).
+
+        A dry run: `stats` count nothing of it.
+
+        Args:
+            record: A record (docs/data.md, "Formats").
+
+        Returns:
+            True where some example fits.
+
+        Raises:
+            ValueError: As `examples` raises for a malformed record.
+        """
         messages, targets = self._targets(record)
         counted = self.stats.copy()
         found = any(self._fit(messages, supervised, record, view=False) is not None for supervised in targets)
@@ -381,7 +452,17 @@ class GAttCollator:
 def place_instruction(
     messages: Sequence[dict[str, str]], instruction: str | None, placement: Placement
 ) -> list[dict[str, str]]:
-    """A copy of `messages` with the instruction given once, in turn one: the system message or the first user one."""
+    """A copy of `messages` with the instruction given once, in turn one: the system message or the first user one.
+
+    Args:
+        messages: The chat messages (not changed).
+        instruction: The instruction; None or "" leaves the copy as it is.
+        placement: "system" (in front of an existing system message's text, or as a new system message) or
+            "first_user" (in front of the first user message's text), on a line of its own.
+
+    Returns:
+        The copy, each message a new dict.
+    """
     messages = [dict(m) for m in messages]
     if not instruction:
         return messages
@@ -397,22 +478,53 @@ def place_instruction(
 
 def later_events(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The record's events after turn one (gatt/data/events.py: an instruction given late, replaced, added or
-    withdrawn), each `{"turn", "kind", "constraints", "text"}`; a turn-one instruction is the record's `instruction`."""
+    withdrawn).
+
+    A turn-one instruction is the record's `instruction`.
+
+    Args:
+        record: A record, with or without `events`.
+
+    Returns:
+        The events with turn > 1, each `{"turn", "kind", "constraints", "text"}`; [] where there are none.
+    """
     return [event for event in record.get("events") or [] if event["turn"] > 1]
 
 
 def record_instruction(record: dict[str, Any]) -> str | None:
-    """A GAtt record's turn-one instruction: the short form where `use_short` says so."""
+    """A GAtt record's turn-one instruction: the short form where `use_short` says so.
+
+    Args:
+        record: A record.
+
+    Returns:
+        Its `instruction_short` or `instruction`, or None where it has none.
+    """
     return record.get("instruction_short" if record.get("use_short") else "instruction")
 
 
 def append_instruction(user_text: str, instruction: str) -> str:
-    """A user message with the instruction appended: how synthesis (and the eval's upper bound) repeats it every turn."""
+    """A user message with the instruction appended: how synthesis (and the eval's upper bound) repeats it every turn.
+
+    Args:
+        user_text: The user message.
+        instruction: The instruction.
+
+    Returns:
+        The message, a space, then the instruction.
+    """
     return f"{user_text} {instruction}"
 
 
 def supports_system(tokenizer: PreTrainedTokenizerBase) -> bool:
-    """Whether the template renders a system message (some raise, some drop it)."""
+    """Whether the template renders a system message (some raise, some drop it).
+
+    Args:
+        tokenizer: The tokenizer whose chat template is probed.
+
+    Returns:
+        True where a system message's text appears in the render.
+    """
     probe = "\u2063system-probe\u2063"
     try:
         text = tokenizer.apply_chat_template(

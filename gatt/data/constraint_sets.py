@@ -53,7 +53,20 @@ def _no_downloads() -> Iterator[None]:
 
 @functools.cache
 def registry(name: str) -> Mapping[str, type]:
-    """The benchmark's instruction classes by type id (if-verifiable's INSTRUCTION_DICT)."""
+    """The benchmark's instruction classes by type id (if-verifiable's INSTRUCTION_DICT).
+
+    Imported once per set, downloading nothing, with langdetect seeded so that IFEval's language checks give the
+    same verdict on every run.
+
+    Args:
+        name: The instruction set, `ifeval` or `ifbench`.
+
+    Returns:
+        The instruction classes by type id.
+
+    Raises:
+        ValueError: When `name` is not a built-in set.
+    """
     if name not in SETS:
         raise ValueError(f"unknown instruction set {name!r}; built-in sets: {', '.join(SETS)}")
     import langdetect
@@ -72,7 +85,16 @@ def _conflicts(name: str) -> frozenset[frozenset[str]]:
 
 
 def conflict(family_a: str, family_b: str) -> bool:
-    """Whether the benchmark says two of its types cannot hold together (IFEval's INSTRUCTION_CONFLICTS)."""
+    """Whether the benchmark says two of its types cannot hold together (IFEval's INSTRUCTION_CONFLICTS).
+
+    Args:
+        family_a: A constraint family, `SET:TYPE` (e.g. `ifeval:punctuation:no_comma`).
+        family_b: Another constraint family.
+
+    Returns:
+        True if both are families of the same built-in set and its conflict table pairs them; False otherwise,
+        families of different sets or of no built-in set included.
+    """
     name = family_a.partition(":")[0]
     if name not in SETS or family_b.partition(":")[0] != name:
         return False
@@ -115,7 +137,19 @@ def _kept(name: str, type_id: str, kwargs: Mapping[str, Any]) -> bool:
 
 @functools.cache
 def unavailable(name: str) -> dict[str, str]:
-    """Type id -> why the set leaves it out (it needs the user's prompt, or nltk data, or is a task of its own)."""
+    """Type id -> why the set leaves it out (it needs the user's prompt, or nltk data, or is a task of its own).
+
+    A type whose checker fails on a plain reply is left out too. Computed once per set.
+
+    Args:
+        name: The instruction set, `ifeval` or `ifbench`.
+
+    Returns:
+        The reason, by type id, for every type a constraint cannot use.
+
+    Raises:
+        ValueError: When `name` is not a built-in set.
+    """
     out: dict[str, str] = {}
     for type_id in registry(name):
         if name == "ifbench" and type_id.startswith("custom:"):
@@ -158,13 +192,37 @@ def _checker(name: str, type_id: str, kwargs_json: str) -> Any:
 
 
 def available(name: str) -> list[str]:
-    """The set's type ids that a constraint can use, in the benchmark's order."""
+    """The set's type ids that a constraint can use, in the benchmark's order.
+
+    Args:
+        name: The instruction set, `ifeval` or `ifbench`.
+
+    Returns:
+        The available type ids (those `unavailable` does not list).
+
+    Raises:
+        ValueError: When `name` is not a built-in set.
+    """
     return [type_id for type_id in registry(name) if type_id not in unavailable(name)]
 
 
 def check_problem(name: str, type_id: Any, kwargs: Any) -> str | None:
-    """What is wrong with an `ifeval`/`ifbench` check's fields, or None: an available type id, and exactly the
-    keyword arguments its builder takes (a missing one would be drawn at random: the check would change)."""
+    """What is wrong with an `ifeval`/`ifbench` check's fields, or None.
+
+    The fields must give an available type id, and exactly the keyword arguments its builder takes (a missing one
+    would be drawn at random: the check would change), values the builder accepts and keeps as given.
+
+    Args:
+        name: The instruction set, `ifeval` or `ifbench` (the check's type).
+        type_id: The check's `id` field, as read.
+        kwargs: The check's `kwargs` field, as read.
+
+    Returns:
+        A message naming the field at fault and what is wrong, or None when the fields are fine.
+
+    Raises:
+        ValueError: When `name` is not a built-in set.
+    """
     if not isinstance(type_id, str) or type_id not in registry(name):
         return f"field 'id' must be a {name} instruction type, got {type_id!r}; types: {', '.join(available(name))}"
     if type_id in unavailable(name):
@@ -185,7 +243,17 @@ def check_problem(name: str, type_id: Any, kwargs: Any) -> str | None:
 
 
 def passes(name: str, type_id: str, kwargs: Mapping[str, Any], reply: str) -> bool:
-    """The benchmark's strict verdict on the reply (an empty reply fails, as in if-verifiable)."""
+    """The benchmark's strict verdict on the reply (an empty reply fails, as in if-verifiable).
+
+    Args:
+        name: The instruction set, `ifeval` or `ifbench`.
+        type_id: The instruction type id.
+        kwargs: The builder's keyword arguments, the check's parameters.
+        reply: The reply, checked as it is.
+
+    Returns:
+        True if the reply is not blank and the benchmark's checker accepts it.
+    """
     return bool(reply.strip()) and bool(_checker(name, type_id, _key(kwargs)).check_following(reply))
 
 
@@ -196,8 +264,21 @@ def _value(kwargs: Mapping[str, Any]) -> str:
 
 
 def draws(name: str) -> list[tuple[str, str, str, dict[str, Any]]]:
-    """The set's distinct parameter draws: (type id, value, the builder's text, kwargs) for each available type,
-    `VALUES_PER_TYPE` draws a type, duplicates dropped (gatt.data.checks.load_constraints makes them constraints)."""
+    """The set's distinct parameter draws, `VALUES_PER_TYPE` draws a type, duplicates dropped.
+
+    The draws come from fixed seeds; a draw the builder would not keep when given it back is dropped too.
+    gatt.data.checks.load_constraints makes them constraints.
+
+    Args:
+        name: The instruction set, `ifeval` or `ifbench`.
+
+    Returns:
+        (type id, value, the builder's text, kwargs) for each available type and distinct value, in the benchmark's
+        order; the value renders the parameters, e.g. "num_words=168; relation=less than" ("" without any).
+
+    Raises:
+        ValueError: When `name` is not a built-in set.
+    """
     out = []
     for type_id in available(name):
         kept: dict[str, tuple[str, dict[str, Any]]] = {}  # value -> (the builder's text, kwargs)

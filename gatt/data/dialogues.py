@@ -25,7 +25,16 @@ Messages = list[dict[str, str]]
 
 
 def validate_messages(messages: object) -> None:
-    """Raise ValueError saying what is wrong unless `messages` is [system?] user, assistant, user, ..."""
+    """Raise ValueError saying what is wrong unless `messages` is [system?] user, assistant, user, ...
+
+    Args:
+        messages: the record's `messages` value: a list of {role, content} objects with non-empty string contents.
+
+    Raises:
+        ValueError: when `messages` is not a non-empty list of such objects, a role is unknown, a system message is
+            not the first, user and assistant do not alternate, a content is not a string or is empty, or a system
+            message is all there is.
+    """
     if not isinstance(messages, list):
         kind = type(messages).__name__
         raise ValueError(f"'messages' must be a list of {{'role', 'content'}} objects, got {kind}")
@@ -61,7 +70,18 @@ def validate_messages(messages: object) -> None:
 
 
 def parse_messages(location: str, messages: object) -> Messages:
-    """Validated {role, content} messages; ValueError starting with `location` if malformed."""
+    """Validated {role, content} messages.
+
+    Args:
+        location: where the record is (a file and line or row), put in front of an error.
+        messages: the record's `messages` value.
+
+    Returns:
+        The messages with only their `role` and `content` keys, as strings.
+
+    Raises:
+        ValueError: starting with `location`, when the messages are malformed (`validate_messages`).
+    """
     try:
         validate_messages(messages)
     except ValueError as exc:
@@ -71,12 +91,27 @@ def parse_messages(location: str, messages: object) -> Messages:
 
 
 def user_texts(messages: Messages) -> list[str]:
-    """The contents of a dialogue's user messages, in order."""
+    """The contents of a dialogue's user messages, in order.
+
+    Args:
+        messages: the dialogue's messages.
+
+    Returns:
+        The user messages' contents.
+    """
     return [m["content"] for m in messages if m["role"] == "user"]
 
 
 def jsonl_records(path: Path) -> Iterator[tuple[str, dict[str, Any] | ValueError]]:
-    """("file:line", object) for each non-blank line; a line that is not a JSON object gives a located ValueError."""
+    """("file:line", object) for each non-blank line of a JSONL file.
+
+    Args:
+        path: the JSONL file.
+
+    Yields:
+        ("file:line", the line's JSON object), or ("file:line", a located ValueError) for a line that is not a JSON
+        object.
+    """
     # Errors are yielded, not raised, so each caller applies its own on_error policy to every bad line.
     with path.open(encoding="utf-8") as handle:
         for line_number, line in enumerate(handle, start=1):
@@ -138,7 +173,15 @@ def _messages_from_dataset_folder(path: Path) -> Iterator[tuple[str, object]]:
 
 
 def unsupported(path: Path, accepted: str) -> ValueError:
-    """The error for a file whose extension no reader accepts, listing the accepted ones."""
+    """The error for a file whose extension no reader accepts, listing the accepted ones.
+
+    Args:
+        path: the file.
+        accepted: the accepted formats, in words.
+
+    Returns:
+        The ValueError to raise.
+    """
     suffix = path.suffix or "(no extension)"
     return ValueError(f"{path}: unsupported file type {suffix!r}; accepted: {accepted}")
 
@@ -162,7 +205,20 @@ def _check_on_error(on_error: str) -> None:
 
 
 def load_dialogues(path: str | Path, *, on_error: OnError = "raise") -> tuple[list[Messages], int]:
-    """Dialogues from JSONL, Parquet or a `datasets` folder; returns (dialogues, number skipped)."""
+    """Dialogues from JSONL, Parquet or a `datasets` folder.
+
+    Args:
+        path: a .jsonl file, a .parquet file or a folder written by datasets' save_to_disk.
+        on_error: "raise" on the first malformed dialogue, or "skip" it.
+
+    Returns:
+        (dialogues, number skipped).
+
+    Raises:
+        FileNotFoundError: when `path` does not exist.
+        ValueError: when `on_error` is unknown, the file type is unsupported or unreadable, or (with "raise") a
+            dialogue is malformed.
+    """
     _check_on_error(on_error)
     dialogues: list[Messages] = []
     skipped = 0
@@ -179,13 +235,33 @@ def load_dialogues(path: str | Path, *, on_error: OnError = "raise") -> tuple[li
 
 
 def unique_texts(texts: Iterable[str]) -> list[str]:
-    """Stripped, non-blank texts, duplicates dropped (the first kept), in order."""
+    """Stripped, non-blank texts, duplicates dropped (the first kept), in order.
+
+    Args:
+        texts: the texts.
+
+    Returns:
+        The texts kept.
+    """
     # Surrounding whitespace is an artefact of the file, not part of the message.
     return list(dict.fromkeys(text.strip() for text in texts if text.strip()))
 
 
 def load_user_texts(path: str | Path, *, on_error: OnError = "raise") -> list[str]:
-    """User messages of a dialogue file or a .txt file (one a line), in order, stripped and deduplicated."""
+    """User messages of a dialogue file or a .txt file (one a line), in order, stripped and deduplicated.
+
+    Args:
+        path: a .txt file, or a dialogue file or folder (`load_dialogues`).
+        on_error: "raise" on the first malformed dialogue, or "skip" it (the number skipped is logged).
+
+    Returns:
+        The user messages.
+
+    Raises:
+        FileNotFoundError: when `path` does not exist.
+        ValueError: when `on_error` is unknown, the file type is unsupported, a dialogue is malformed (with
+            "raise"), or no user turns are found.
+    """
     _check_on_error(on_error)
     path = Path(path)
     if path.is_file() and path.suffix.lower() == ".txt":

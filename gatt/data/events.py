@@ -26,7 +26,8 @@ from typing import Any
 import yaml
 
 from gatt.data import constraint_sets
-from gatt.data.checks import CUSTOM_FAMILY, WORDINGS, Check, Constraint, check_wordings
+from gatt.data.check_types import Check
+from gatt.data.checks import CUSTOM_FAMILY, WORDINGS, Constraint, check_wordings
 
 KINDS = ("first", "late", "replace", "revoke", "add")
 # How often a dialogue's instruction is in its short form ("half the time shortened", the paper's GAtt data), and the
@@ -46,19 +47,38 @@ SHOWS_ON_PROBE = SHOWS_ON_CHAT | {"contains_any"}
 
 @functools.cache
 def builtin_families() -> dict[str, dict[str, Any]]:
-    """The built-in catalogue's families (FAMILIES_FILE): name -> {kind, conflicts: [family, ...]}."""
+    """The built-in catalogue's families (FAMILIES_FILE).
+
+    Returns:
+        name -> {kind, conflicts: [family, ...]}.
+    """
     return yaml.safe_load(FAMILIES_FILE.read_text(encoding="utf-8"))["families"]
 
 
 def conflict(family_a: str, family_b: str) -> bool:
-    """Whether two families cannot hold together: a built-in pair, or two types a benchmark says conflict."""
+    """Whether two families cannot hold together: a built-in pair, or two types a benchmark says conflict.
+
+    Args:
+        family_a: one family's name.
+        family_b: the other's.
+
+    Returns:
+        True where `family_b` is among the built-in `family_a`'s conflicts, or a benchmark says the two conflict.
+    """
     builtin = builtin_families().get(family_a)
     return (builtin is not None and family_b in builtin["conflicts"]) or constraint_sets.conflict(family_a, family_b)
 
 
 def kinds_help(dealt: str, detail: str) -> str:
-    """The help of the `--kinds` flag of `data_gen gatt` and `gatt.eval.evaluate`: how the kinds are `dealt`, what each is,
-    `detail`."""
+    """The help of the `--kinds` flag of `data_gen gatt` and `gatt.eval.evaluate`.
+
+    Args:
+        dealt: how the kinds are dealt.
+        detail: what follows the kinds' descriptions.
+
+    Returns:
+        The help text: how the kinds are dealt, what each is, then `detail`.
+    """
     return (
         f"dialogue kinds, {dealt}: first (the instruction in turn one, kept), late (given in a later user turn), "
         "replace (given in turn one, replaced by another value of its family), revoke (given, then withdrawn), add (a "
@@ -68,7 +88,14 @@ def kinds_help(dealt: str, detail: str) -> str:
 
 @functools.cache
 def builtin_wordings() -> dict[str, tuple[str, ...]]:
-    """The wordings of gatt/events.yaml, every list present."""
+    """The wordings of gatt/events.yaml, every list present.
+
+    Returns:
+        Each event (late, replace, revoke, add) -> its wordings.
+
+    Raises:
+        ValueError: when the file's wordings are malformed or a list is missing.
+    """
     spec = yaml.safe_load(WORDINGS_FILE.read_text(encoding="utf-8"))
     wordings = check_wordings(spec, str(WORDINGS_FILE))
     if missing := [key for key in WORDINGS if key not in wordings]:
@@ -77,14 +104,32 @@ def builtin_wordings() -> dict[str, tuple[str, ...]]:
 
 
 def wording(action: str, rng: random.Random, owner: Constraint, *, instruction: str = "", old: str = "") -> str:
-    """The words of one event: a wording of `owner`'s own (its `changes`) or a built-in one, with `instruction`
-    (the instruction given, in the dialogue's form) and `old` (the one replaced or withdrawn) in their slots."""
+    """The words of one event: a wording of `owner`'s own (its `changes`) or a built-in one, its slots filled.
+
+    Args:
+        action: the event: late, replace, revoke or add.
+        rng: the generator the wording is drawn with.
+        owner: the constraint whose own wordings (its `changes` for `action`) come first.
+        instruction: the instruction given, in the dialogue's form, for the `{instruction}` slot.
+        old: the one replaced or withdrawn, for the `{old}` slot.
+
+    Returns:
+        The event's words.
+    """
     texts = owner.changes.get(action) or builtin_wordings()[action]
     return rng.choice(texts).format(instruction=instruction, old=old)
 
 
 def instruction_text(constraints: Sequence[Constraint], short: bool) -> str:
-    """The combined instruction: full sentences joined by spaces, or short forms joined by "; "."""
+    """The combined instruction of several constraints.
+
+    Args:
+        constraints: the constraints, in order.
+        short: join their short forms by "; " instead of their full sentences by spaces.
+
+    Returns:
+        The instruction: full sentences joined by spaces, or short forms joined by "; ".
+    """
     if short:
         return "; ".join(c.short for c in constraints)
     return " ".join(c.instruction for c in constraints)
@@ -102,7 +147,12 @@ class Event:
     old: Constraint | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The record form: turn, kind (the action), the constraints (family, value, split, checks), the words."""
+        """The record form of the event.
+
+        Returns:
+            turn, kind (the action), the constraints (family, value, split, checks), the words (text), and for a
+            replace the one it replaces (replaces).
+        """
         out: dict[str, Any] = {
             "turn": self.turn,
             "kind": self.action,
@@ -115,12 +165,27 @@ class Event:
 
 
 def constraint_entry(c: Constraint) -> dict[str, Any]:
-    """A constraint as records carry it."""
+    """A constraint as records carry it.
+
+    Args:
+        c: the constraint.
+
+    Returns:
+        {family, value, split, checks}, the checks in their dict form.
+    """
     return {"family": c.family, "value": c.value, "split": c.split, "checks": [ch.to_dict() for ch in c.checks]}
 
 
 def in_force(events: Sequence[Event], turn: int) -> list[Constraint]:
-    """The constraints in force at user turn `turn`: every event up to and including it, in order."""
+    """The constraints in force at a user turn: every event up to and including it, in order.
+
+    Args:
+        events: the dialogue's events.
+        turn: the user turn (from 1).
+
+    Returns:
+        The constraints in force at `turn`, in the order given.
+    """
     state: list[Constraint] = []
     for event in sorted(events, key=lambda e: e.turn):
         if event.turn > turn:
@@ -134,7 +199,15 @@ def in_force(events: Sequence[Event], turn: int) -> list[Constraint]:
 
 
 def withdrawn(events: Sequence[Event], turn: int) -> list[Constraint]:
-    """The constraints replaced or withdrawn at or before `turn` and not in force there."""
+    """The constraints replaced or withdrawn at or before a turn and not in force there.
+
+    Args:
+        events: the dialogue's events.
+        turn: the user turn (from 1).
+
+    Returns:
+        The constraints revoked or replaced at or before `turn` that are not in force at it.
+    """
     names = {c.name for c in in_force(events, turn)}
     gone = [c for e in events if e.turn <= turn and e.action == "revoke" for c in e.constraints]
     gone += [e.old for e in events if e.turn <= turn and e.old is not None]
@@ -142,9 +215,18 @@ def withdrawn(events: Sequence[Event], turn: int) -> list[Constraint]:
 
 
 def following_checks(constraint: Constraint, question: str | None) -> list[Check]:
-    """The checks that show a reply still follows `constraint`: on a chat turn (question None), those a reply
-    without it rarely passes (SHOWS_ON_CHAT); on one of its probes, the probe's (SHOWS_ON_PROBE). Empty: not
-    checkable there (a word limit, a one-sentence rule, a hobby on a chat turn)."""
+    """The checks that show a reply still follows `constraint`.
+
+    On a chat turn (question None), those a reply without it rarely passes (SHOWS_ON_CHAT); on one of its probes,
+    the probe's (SHOWS_ON_PROBE).
+
+    Args:
+        constraint: the constraint.
+        question: the probe question the turn asks, or None for a chat turn.
+
+    Returns:
+        The checks; empty: not checkable there (a word limit, a one-sentence rule, a hobby on a chat turn).
+    """
     if question is None:
         return [c for c in constraint.checks if c.type in SHOWS_ON_CHAT]
     probes = [p for p in constraint.probes if p.question == question]
@@ -152,7 +234,16 @@ def following_checks(constraint: Constraint, question: str | None) -> list[Check
 
 
 def event_turn(num_turns: int, rng: random.Random, after: int = 0) -> int:
-    """The turn of a late event: from 2 to the middle of the dialogue, or earlier so that `after` turns follow it."""
+    """The turn of a late event: from 2 to the middle of the dialogue, or earlier so that `after` turns follow it.
+
+    Args:
+        num_turns: the dialogue's user turns.
+        rng: the generator the turn is drawn with.
+        after: turns that should follow the event.
+
+    Returns:
+        The event's turn, drawn uniformly from 2 to the last allowed (at least 2).
+    """
     last = max(2, min((num_turns + 1) // 2, num_turns - after))
     return rng.randint(2, last)
 
@@ -160,9 +251,18 @@ def event_turn(num_turns: int, rng: random.Random, after: int = 0) -> int:
 def second_constraint(
     kind: str, first: Sequence[Constraint], pool: Sequence[Constraint], rng: random.Random
 ) -> Constraint | None:
-    """What a `replace` gives (another value of the family of one of `first`) or an `add` adds (a constraint of a
-    family `first` lacks that conflicts with none of it; in the `custom` family, any other constraint); None if
-    `pool` has none."""
+    """What a `replace` gives or an `add` adds.
+
+    Args:
+        kind: "replace" (another value of the family of one of `first`) or any other kind: an add (a constraint of a
+            family `first` lacks that conflicts with none of it; in the `custom` family, any other constraint).
+        first: the constraints given in turn one.
+        pool: the constraints to draw from.
+        rng: the generator the constraint is drawn with.
+
+    Returns:
+        The constraint drawn, or None if `pool` has none.
+    """
     names = {c.name for c in first}
     if kind == "replace":
         options = [c for c in pool if c.name not in names and any(c.family == f.family for f in first)]
@@ -189,9 +289,26 @@ def draw_events(
     short: bool,
     after: int = 0,
 ) -> list[Event]:
-    """A dialogue's events: `first` given in turn one as `first_text` (kind first, replace, revoke, add) or at a
-    later turn (late), then the kind's change at a later turn, its second constraint drawn from `pool`.
-    A kind that cannot apply (a one-turn dialogue, no second constraint in `pool`) falls back to `first`."""
+    """A dialogue's events: its instruction given, then the kind's change at a later turn.
+
+    A kind that cannot apply (a one-turn dialogue, no second constraint in `pool`) falls back to `first`.
+
+    Args:
+        kind: one of KINDS.
+        first: the constraints given in turn one (kind first, replace, revoke, add) or at a later turn (late).
+        first_text: the words that give `first` (a late event wraps them in a wording).
+        pool: the constraints the second one (of a replace or an add) is drawn from.
+        num_turns: the dialogue's user turns.
+        rng: the generator the turns, constraints and wordings are drawn with.
+        short: the second constraint's instruction in its short form.
+        after: turns that should follow the later event (`event_turn`).
+
+    Returns:
+        The events in turn order.
+
+    Raises:
+        ValueError: when `kind` is not one of KINDS.
+    """
     if kind not in KINDS:
         raise ValueError(f"unknown dialogue kind {kind!r}; expected one of {', '.join(KINDS)}")
     if kind == "first" or num_turns < 2:
@@ -216,8 +333,16 @@ def draw_events(
 
 
 def dialogue_kind(events: Sequence[Event]) -> str:
-    """The kind a dialogue's events make (`none` without any): what a fallback in `draw_events` or a dialogue
-    cut short left of the kind asked for."""
+    """The kind a dialogue's events make.
+
+    What a fallback in `draw_events` or a dialogue cut short left of the kind asked for.
+
+    Args:
+        events: the dialogue's events, in turn order.
+
+    Returns:
+        One of KINDS, or `none` without any events.
+    """
     if not events:
         return "none"
     if events[0].turn > 1:

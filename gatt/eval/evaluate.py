@@ -23,48 +23,60 @@ import argparse
 import dataclasses
 import functools
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 import gatt  # noqa: F401  (registers the "gatt" attention and the library's model with transformers)
-from gatt.data.checks import CONSTRAINTS_HELP, hold_out_families, matching_families
-from gatt.data.events import KINDS, SHORT_PROB, SHORT_PROB_HELP, kinds_help
+from gatt.data.checks import hold_out_families, matching_families
 from gatt.eval.cache import RolloutCache, fingerprint
 from gatt.eval.embedding import EMBEDDING_JUDGE
+from gatt.eval.eval_config import SAMPLING_ONLY, EvalConfig
 from gatt.eval.gate import (
-    AnswerGate,
     GateConfig,
-    RelevanceScorer,
-    gate_flags,
-    relevance_embedder,
 )
 from gatt.eval.inputs import load_eval_constraints, load_eval_turns
-from gatt.eval.judge import apply_gate
+from gatt.eval.judge import judge, needs_relevance_model
 from gatt.eval.plan import STRATA, EvalDialogue, plan_dialogues
 from gatt.eval.report import NOT_MODELS, build_report, summary_tables, write_report
-from gatt.eval.rollout import DECODERS, GENERATE_AT_MOST, RolloutConfig, distributed_rollout
+from gatt.eval.rollout import distributed_rollout
 from gatt.eval.scoring import REPEAT_SUFFIX, SPLIT_SUFFIX
+from gatt.eval.turns import RolloutConfig
 from gatt.io.cli import command_name, exit_on_bad_input
-from gatt.io.config import REQUIRED, arg, config_parser, parse_config
+from gatt.io.config import config_parser, parse_config
 from gatt.io.distributed import end_job, process_state
 from gatt.io.machine import package_versions
 from gatt.model.chat_model import load_chat_model
 from gatt.model.embedded import model_path
 from gatt.model.folder import check_model_folder
-from gatt.model.numerics import NUMERICS, Numerics, resolve_auto
-from gatt.model.sampling import FLAG_GIVEN, MAX_NEW_TOKENS, folder_sampler_settings, sampler_flags, sampler_settings
+from gatt.model.numerics import resolve_auto
+from gatt.model.sampling import FLAG_GIVEN, folder_sampler_settings, sampler_settings
 
 
 def say(message: str) -> None:
-    """A progress line on stderr, once for the job."""
+    """A progress line on stderr, once for the job (by the main process only).
+
+    Args:
+        message: The line.
+    """
     if process_state().is_main_process:
         print(message, file=sys.stderr)
 
 
 def parse_models(specs: list[str]) -> dict[str, str]:
+    """--model's NAME=DIR entries as {name: model folder}, in the order given.
+
+    Args:
+        specs: The NAME=DIR entries; DIR `embedded` stands for the shipped chat model (`model_path`).
+
+    Returns:
+        {name: path}, each path checked to be a model folder.
+
+    Raises:
+        ValueError: When an entry is not NAME=DIR, or a name is used twice or reserved (a report key, NOT_MODELS).
+    """
     models: dict[str, str] = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
@@ -81,8 +93,14 @@ def parse_models(specs: list[str]) -> dict[str, str]:
 def parse_tiers(specs: list[str]) -> dict[str, list[str]]:
     """--heldout-tiers' TIER=FAMILY,FAMILY entries as {tier: families}, in the order given.
 
+    Args:
+        specs: The TIER=FAMILY,FAMILY entries.
+
+    Returns:
+        {tier: its families (or patterns), as given}.
+
     Raises:
-        ValueError: an entry without a name or families, or a tier named twice.
+        ValueError: An entry without a name or families, or a tier named twice.
     """
     tiers: dict[str, list[str]] = {}
     for spec in specs:
@@ -96,13 +114,19 @@ def parse_tiers(specs: list[str]) -> dict[str, list[str]]:
     return tiers
 
 
-SAMPLING_ONLY = ("temperature", "top_p")  # used by --sample only
-
-
 def report_decoding(args: EvalConfig, models: dict[str, str]) -> tuple[dict[str, float | int], dict[str, str]]:
-    """The sampler settings every model is rolled out with: each flag given, else the first --model's
-    generation_config.json's, else the built-in default; and where each came from. Another model whose folder
-    sets a value that differs is named on stderr (its column still decodes as the others)."""
+    """The sampler settings every model is rolled out with, and where each came from.
+
+    Another model whose folder sets a value that differs is named on stderr (its column still decodes as the others).
+
+    Args:
+        args: The report's settings; the sampler flags given.
+        models: {name: model folder}; the first one's generation_config.json fills the flags not given.
+
+    Returns:
+        (settings, sources): each setting the flag given, else the first --model's generation_config.json's, else
+        the built-in default; and {setting: where it came from}.
+    """
     first, *others = models.items()
     decoding, sources = sampler_settings(dataclasses.asdict(args), first[1])
     for name, path in others:
@@ -136,9 +160,23 @@ def evaluate(
 ) -> list[dict[str, Any]]:
     """Every model's transcripts, plus NAME+repeat for the models in `repeat` and NAME+split for those in `split`.
 
-    `split`: split-softmax strengths per model; one strength is the column NAME+split, several are
-    NAME+split@STRENGTH each (`split_column`). `cache`: finished columns are read from it and written to
-    it (gatt/eval/cache.py), so an interrupted report resumes."""
+    Each model is loaded at first use: not at all when every column of it was read from the cache.
+
+    Args:
+        models: {name: model folder}, rolled out in order.
+        dialogues: The planned dialogues, the same for every model.
+        config: The rollout settings; a variant column changes only how the instruction is given.
+        repeat: The models also rolled out with the instruction in every user turn (NAME+repeat).
+        split: Split-softmax strengths per model; one strength is the column NAME+split, several are
+            NAME+split@STRENGTH each (`split_column`).
+        device: The device the models are loaded on (None: `load_chat_model`'s default).
+        numerics: The models' numeric mode (gatt/model/numerics.py; default "exact").
+        cache: Finished columns are read from it and written to it (gatt/eval/cache.py), so an interrupted report
+            resumes (None: no cache).
+
+    Returns:
+        The transcripts of every column, each with its `model`: per model its own column, then its variants.
+    """
     split = split or {}
     state = process_state()
     cache = cache or RolloutCache(None)
@@ -187,7 +225,19 @@ def variant(
     """A model's transcripts under another way of giving the instruction (repeated, boosted), as `column`.
 
     A dialogue without instruction is the same either way: it gets the model's own transcript, not a
-    second rollout of the same prompts."""
+    second rollout of the same prompts.
+
+    Args:
+        column: The variant column's name (NAME+repeat, NAME+split...).
+        model: The model.
+        tokenizer: Its tokenizer.
+        own: The model's own transcripts, one per dialogue.
+        dialogues: The planned dialogues.
+        config: The rollout settings of the variant.
+
+    Returns:
+        One transcript per transcript of `own`, in its order, each with `model` set to `column`.
+    """
     instructed = [d for d in dialogues if d.instructed]
     say(f"[eval] {column}: {len(instructed)} dialogues with an instruction")
     rolled = iter(distributed_rollout(model, tokenizer, instructed, config, process_state()) if instructed else [])
@@ -196,12 +246,33 @@ def variant(
 
 
 def split_column(name: str, strength: float, strengths: list[float]) -> str:
-    """NAME+split for a model's only strength, NAME+split@STRENGTH when there are several."""
+    """The column name of one split-softmax strength of a model.
+
+    Args:
+        name: The model's name.
+        strength: The strength.
+        strengths: All the model's strengths.
+
+    Returns:
+        NAME+split for a model's only strength, NAME+split@STRENGTH when there are several.
+    """
     return name + SPLIT_SUFFIX + ("" if len(strengths) == 1 else f"@{strength:g}")
 
 
 def parse_split(specs: list[str], models: dict[str, str]) -> dict[str, list[float]]:
-    """`--split-softmax NAME:STRENGTH[,STRENGTH...]` -> {NAME: [strengths]}, each strength in [0, 1]."""
+    """--split-softmax's NAME:STRENGTH[,STRENGTH...] entries as {NAME: [strengths]}.
+
+    Args:
+        specs: The entries.
+        models: {name: model folder}; NAME must be one of them.
+
+    Returns:
+        {NAME: [strengths]}, each strength in [0, 1].
+
+    Raises:
+        ValueError: When NAME is no --model, a strength is not a number in [0, 1], strengths repeat, or a model is
+            named twice.
+    """
     split: dict[str, list[float]] = {}
     for spec in specs:
         name, sep, values = spec.rpartition(":")
@@ -219,171 +290,12 @@ def parse_split(specs: list[str], models: dict[str, str]) -> dict[str, list[floa
     return split
 
 
-def needs_relevance_model(dialogues: list[EvalDialogue]) -> bool:
-    """Whether some chat turn has no on-topic checks, so a relevance judge decides whether a reply is on its topic."""
-    return any(turn.kind == "chat" and not turn.on_topic for d in dialogues for turn in d.turns)
-
-
-def has_topic_words(dialogues: list[EvalDialogue]) -> bool:
-    """Whether some chat turn has on-topic checks (which the strict gate judges by a relevance judge too)."""
-    return any(turn.kind == "chat" and turn.on_topic for d in dialogues for turn in d.turns)
-
-
-def judge(
-    transcripts: list[dict[str, Any]],
-    dialogues: list[EvalDialogue],
-    *,
-    relevance_model: str | None,
-    others: int,
-    seed: int,
-    device: str | None = None,
-    numerics: Numerics | str = "exact",
-    gate: GateConfig = GateConfig(),
-) -> None:
-    """Apply the answer gate to every transcript, loading the relevance judges `gate` names only where a turn needs
-    them: the likelihood contrast's chat model `relevance_model` (in `numerics`), the embedding model."""
-    models = gate.models(has_topic_words(dialogues), needs_relevance_model(dialogues))
-    scorer = None
-    if "contrast" in models and relevance_model is not None:
-        model, tokenizer = load_chat_model(relevance_model, device=device, numerics=numerics)
-        scorer = RelevanceScorer(model, tokenizer, progress=True)
-    embedder = relevance_embedder(gate, device or process_state().device) if "embedding" in models else None
-    apply_gate(transcripts, dialogues, AnswerGate(gate, scorer, embedder), seed=seed, others=others)
-
-
-@dataclass(kw_only=True)
-class EvalConfig(sampler_flags("the first --model's"), gate_flags()):
-    """The report's settings (`python -m gatt.eval.evaluate`): each field is a flag (`--field-name`) and a key of a
-    `--config FILE.yaml`. One decoding for every model, so the columns compare models, not decodings: the sampler
-    settings not given are the first --model's."""
-
-    model: list[str] = arg(
-        REQUIRED,
-        "a model under test: a chat-model directory (or .gguf file; `embedded`: the shipped chat model); repeat for "
-        "several",
-        action="append",
-        metavar="NAME=DIR",
-    )
-    out: Path = arg(REQUIRED, "output folder")
-    turns: int = arg(24, "turns per dialogue")
-    dialogues: int = arg(64, "dialogues with an instruction")
-    no_instruction_dialogues: int | None = arg(
-        None, "dialogues without instruction, for the no-regression score (default: dialogues / 4)"
-    )
-    seed: int = arg(0, "dialogue plan and sampling seed; same seed -> same report")
-    constraints: Path | None = arg(None, CONSTRAINTS_HELP)
-    user_turns: Path | None = arg(
-        None,
-        "user messages: .txt (one a line), .jsonl ({'content', 'checks'} or 'messages'), .parquet or a datasets "
-        "folder (default: the built-in held-out pool)",
-    )
-    heldout_families: list[str] = arg(
-        [],
-        "families held out as a whole (every value split heldout): reported with the held-out family, not with the "
-        "trained values (e.g. those the GAtt data left out: data_gen --heldout-families); a shell pattern holds out "
-        "every family it matches (ifbench:*)",
-        nargs="*",
-        metavar="FAMILY",
-    )
-    heldout_tiers: list[str] = arg(
-        [],
-        "held-out families in named tiers, TIER=FAMILY,FAMILY (e.g. behaviours=brevity,lowercase): each tier's "
-        "families are held out as a whole, and each tier gets as many dialogues as the trained values, with its "
-        "per-turn table, paired differences and per-family rows in the report (report.json `tiers`, "
-        "MODEL.tier_per_turn, `paired_tiers`; tiers.png)",
-        nargs="*",
-        metavar="TIER=FAMILIES",
-    )
-    kinds: list[str] = arg(
-        ["first"],
-        kinds_help(
-            "dealt in turn",
-            "A change comes at a turn from 2 to 11 of 30, so 19 turns follow it. report.json gives "
-            "MODEL.per_kind.KIND.after[d] by d, the turns since the instruction or the change, and for replace and "
-            "revoke old_followed[d]; the per-turn tables are those of `first`",
-        ),
-        nargs="+",
-        choices=KINDS,
-        metavar="KIND",
-    )
-    strata: list[str] = arg(
-        list(STRATA),
-        "which constraints the dialogues with an instruction test: train (values GAtt trained on), heldout_value, "
-        "heldout_family (default: all three, half on train)",
-        nargs="+",
-        choices=STRATA,
-        metavar="STRATUM",
-    )
-    repeat_instruction: list[str] | None = arg(
-        None,
-        "also evaluate the upper bound with the instruction appended to every user turn, as NAME+repeat, for the "
-        "named models (no names: all)",
-        nargs="*",
-        metavar="NAME",
-    )
-    paired_baseline: list[str] = arg(
-        [],
-        "also pair every other model against this --model, per turn over the same dialogues (report.json `paired`, "
-        "'A - NAME'), e.g. one fine-tune against another; repeatable",
-        action="append",
-        metavar="NAME",
-    )
-    split_softmax: list[str] = arg(
-        [],
-        "also evaluate NAME with split-softmax (Li et al. 2024: every head's attention on the instruction boosted at "
-        "inference, no fine-tuning) as NAME+split; STRENGTH in [0, 1], 0: no change; several comma-separated "
-        "strengths give NAME+split@STRENGTH columns",
-        action="append",
-        metavar="NAME:STRENGTH",
-    )
-    placement: str = arg("system", "where turn one gives the instruction", choices=["system", "first_user"])
-    probe_every: int = arg(4, "a probe every N turns from turn 2; 0: none")
-    short_prob: float = arg(SHORT_PROB, SHORT_PROB_HELP)
-    max_new_tokens: int = arg(MAX_NEW_TOKENS, "reply length limit")
-    batch_size: int = arg(32, "dialogues rolled out together")
-    sample: bool = arg(False, "sample (seeded) instead of greedy decoding")
-    no_attention: bool = arg(False, "skip the attention-to-instruction probe")
-    decoder: str = arg(
-        "auto",
-        "how replies are decoded: growing (a KV cache that grows, stopped rows leave the batch: fastest on a CPU), "
-        "static (preallocated cache and mask), graphs (static, the step recorded as a CUDA graph a reply and replayed), "
-        "compiled (static, torch.compile reduce-overhead: fused kernels after a compile of about 39 s per reply width); "
-        "generate (Hugging Face generate() over the batch, its cache carried across turns; greedy, no penalty, no "
-        "probe); engine: graphs on a GPU for the library's model, else growing; auto: generate for a batch of at most "
-        f"{GENERATE_AT_MOST} dialogue-turns on a CPU in fp32 where it writes the same replies (there the engine is under 1.2x "
-        "generate()), else engine. Greedy replies are the same up to float rounding",
-        choices=DECODERS,
-    )
-    numerics: str = arg(
-        "exact",
-        "how the models under test compute their replies: exact (fp32); bf16 (weights and activations, attention in "
-        "fp32: faster rollouts on a CPU with bf16 instructions, slower on one without); int8 (dynamic quantisation "
-        "of the Linear layers, CPU only). The fast modes write other replies (gatt/model/numerics.py, docs/evaluation.md). "
-        "auto: bf16 where the device has fast bf16 arithmetic, else exact (the choice is printed)",
-        choices=NUMERICS,
-    )
-    relevance_numerics: str = arg(
-        "exact",
-        "how the relevance scorer computes its likelihoods; bf16 scores about 3x faster on a CPU with bf16 "
-        "instructions, contrasts a few tenths of a nat apart (SmolLM2: 99.5%% of verdicts identical); auto: bf16 "
-        "where the device has fast bf16 arithmetic (bf16 instructions, a GPU that supports it), else exact",
-        choices=NUMERICS,
-    )
-    relevance_model: str | None = arg(
-        None,
-        "chat model whose likelihoods judge whether a reply answers a user turn that has no on-topic checks "
-        "(default: the first --model; 'none': do not judge those turns' topic)",
-        metavar="DIR",
-    )
-    relevance_others: int = arg(3, "other questions each reply is contrasted with in the relevance test")
-    device: str | None = arg(
-        None,
-        "cpu, cuda, ... (default: this process's GPU under torchrun/accelerate launch, else cuda if available, "
-        "else cpu)",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """The command's argument parser: one flag per EvalConfig field, the module's docstring as its description.
+
+    Returns:
+        The parser.
+    """
     prog = command_name("python -m gatt.eval.evaluate")
     return config_parser(
         EvalConfig,
@@ -396,7 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Parse, evaluate, write the report; bad input exits with one `error: ...` line."""
+    """Parse, evaluate, write the report; bad input exits with one `error: ...` line.
+
+    Args:
+        argv: The command-line arguments (None: sys.argv's).
+
+    Returns:
+        The report (`run`); {} on a process other than 0 of a launch.
+    """
     parser = build_parser()
     with exit_on_bad_input():
         report = run(parse_config(EvalConfig, argv, parser))
@@ -410,15 +329,22 @@ def cli() -> None:
 
 
 def run(args: EvalConfig) -> dict[str, Any]:
-    """The report of `args`: plan the dialogues, roll every model out on them, judge the replies, write the report
-    (process 0; the other processes of a launch return {} once their share is rolled out)."""
+    """The report of `args`: plan the dialogues, roll every model out on them, judge the replies, write the report.
+
+    Process 0 writes the report; the other processes of a launch return {} once their share is rolled out.
+
+    Args:
+        args: The report's settings.
+
+    Returns:
+        The report (`build_report`), as written to report.json; {} on the other processes.
+
+    Raises:
+        ValueError: When --repeat-instruction or --paired-baseline names no --model, or a --model or
+            --split-softmax entry is refused.
+    """
     models = parse_models(args.model)
-    repeat = list(models) if args.repeat_instruction == [] else (args.repeat_instruction or [])
-    unknown = sorted(set(repeat) - set(models))
-    if unknown:
-        raise ValueError(f"--repeat-instruction names no --model: {', '.join(unknown)}")
-    if unknown := sorted(set(args.paired_baseline) - set(models)):
-        raise ValueError(f"--paired-baseline names no --model: {', '.join(unknown)}")
+    repeat = _repeated(args, models)
     split = parse_split(args.split_softmax, models)
     decoding, decoding_sources = report_decoding(args, models)
     tiers, dialogues = plan(args)
@@ -481,13 +407,27 @@ def run(args: EvalConfig) -> dict[str, Any]:
 
 
 def no_instruction_dialogues(args: EvalConfig) -> int:
-    """The dialogues without an instruction: --no-instruction-dialogues, else a quarter of --dialogues."""
+    """The number of dialogues without an instruction.
+
+    Args:
+        args: The report's settings.
+
+    Returns:
+        --no-instruction-dialogues, else a quarter of --dialogues.
+    """
     return args.dialogues // 4 if args.no_instruction_dialogues is None else args.no_instruction_dialogues
 
 
 def plan(args: EvalConfig) -> tuple[dict[str, list[str]], list[EvalDialogue]]:
-    """The held-out tiers' families by tier (a pattern matches several; in constraint order) and the report's
-    dialogues, the held-out families and tiers kept out of the trained strata."""
+    """The held-out tiers and the report's dialogues.
+
+    Args:
+        args: The report's settings: the constraints, user turns, held-out families and tiers, and the plan's sizes.
+
+    Returns:
+        (tiers, dialogues): the held-out tiers' families by tier (a pattern matches several; in constraint order),
+        and the report's dialogues, the held-out families and tiers kept out of the trained strata.
+    """
     constraints = load_eval_constraints(args.constraints)
     source = str(args.constraints or "built-in constraints")
     tiers: dict[str, list[str]] = {}
@@ -513,8 +453,15 @@ def plan(args: EvalConfig) -> tuple[dict[str, list[str]], list[EvalDialogue]]:
 
 
 def plan_settings(args: EvalConfig, tiers: dict[str, list[str]]) -> dict[str, Any]:
-    """report.json's settings of the dialogues and their decoding (a setting at its default left out where the
-    report has always left it out)."""
+    """report.json's settings of the dialogues and their decoding.
+
+    Args:
+        args: The report's settings.
+        tiers: The held-out tiers' families by tier (`plan`).
+
+    Returns:
+        The settings, a setting at its default left out where the report has always left it out.
+    """
     return {
         "turns": args.turns,
         "dialogues": args.dialogues,
@@ -540,8 +487,20 @@ def plan_settings(args: EvalConfig, tiers: dict[str, list[str]]) -> dict[str, An
 def gate_settings(
     gate: GateConfig, relevance_model: str | None, others: int, judges_without_topic_words: bool
 ) -> dict[str, Any]:
-    """report.json's `answer_gate`: the gate's thresholds and, in words, what judges a reply's relevance (with the
-    turn's on-topic checks, and without them where the report has such turns: `judges_without_topic_words`)."""
+    """report.json's `answer_gate`: the gate's thresholds and, in words, what judges a reply's relevance.
+
+    Args:
+        gate: The answer gate's settings.
+        relevance_model: The likelihood contrast's chat model (None: none).
+        others: The other questions each reply is contrasted with.
+        judges_without_topic_words: Whether the report has turns without on-topic checks, whose judge is described
+            too.
+
+    Returns:
+        The gate's repeat and loop thresholds, `relevance` (what judges a reply's relevance with the turn's on-topic
+        checks, and without them), the judges' names where the embedding model is used, and
+        `near_copies_with_a_new_topic_word` where a topic change does not exempt a near copy.
+    """
     contrast = (
         f"likelihood contrast under {relevance_model} with {others} other questions "
         f"(>= {gate.relevance_sum} nats and >= {gate.relevance_mean} nats/token)"
@@ -580,3 +539,14 @@ def gate_settings(
 
 if __name__ == "__main__":
     main()
+
+
+def _repeated(args: EvalConfig, models: dict[str, str]) -> list[str]:
+    """The models reminded of the instruction every turn (--repeat-instruction; given bare: every model), after
+    checking that it and --paired-baseline name only --model columns (`run`'s Raises)."""
+    repeat = list(models) if args.repeat_instruction == [] else (args.repeat_instruction or [])
+    if unknown := sorted(set(repeat) - set(models)):
+        raise ValueError(f"--repeat-instruction names no --model: {', '.join(unknown)}")
+    if unknown := sorted(set(args.paired_baseline) - set(models)):
+        raise ValueError(f"--paired-baseline names no --model: {', '.join(unknown)}")
+    return repeat

@@ -51,18 +51,25 @@ relevance. Thresholds and agreement with a reader on labelled replies, per famil
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import re
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from gatt.data.checks import Check, passes_all
-from gatt.data.language import detect_language, unknown_word_share
+from gatt.data.check_types import Check
+from gatt.data.checks import passes_all
+from gatt.data.language import detect_language
 from gatt.eval.embedding import SentenceEmbedder, sentence_embedder
+from gatt.eval.non_answers import (
+    LOOP_DISTINCT,
+    echoes,
+    is_empty,
+    is_salad,
+    loops,
+    repeated_share,
+    shared_run,
+)
 from gatt.eval.relevance import RELEVANCE_TOKENS, RelevanceScorer
 from gatt.io.config import arg
 
@@ -83,24 +90,61 @@ STRICT_GATE_HELP = (
 
 
 def gate_flags(*, frozen: bool = False, relevance_judge: bool = True) -> type:
-    """A dataclass of the answer gate's command-line settings, `strict_gate` and `relevance_judge` (gatt/io/config.py
-    fields, keyword-only): every command that gates replies (the teacher's data, its pass rate, the report, GRPO's
-    reward) inherits it, so the flags, their defaults and their help are written once. `frozen`: for a frozen config;
-    `relevance_judge=False`: `strict_gate` alone, for a command whose judge is fixed."""
+    """A dataclass of the answer gate's command-line settings, `strict_gate` and `relevance_judge`.
+
+    The fields are gatt/io/config.py fields, keyword-only: every command that gates replies (the teacher's data, its
+    pass rate, the report, GRPO's reward) inherits it, so the flags, their defaults and their help are written once.
+
+    Args:
+        frozen: Make the dataclass frozen, for a frozen config (default False).
+        relevance_judge: Include the `relevance_judge` field (default True); False gives `strict_gate` alone, for a
+            command whose judge is fixed.
+
+    Returns:
+        The dataclass `GateFlags`, to inherit from.
+    """
     fields = [("strict_gate", bool, arg(False, STRICT_GATE_HELP))]
     if relevance_judge:
         fields.append(("relevance_judge", str | None, arg(None, RELEVANCE_JUDGE_HELP, choices=RELEVANCE_JUDGES)))
     return dataclasses.make_dataclass("GateFlags", fields, kw_only=True, frozen=frozen)
 
 
-# CJK scripts have no spaces between words: each character counts as a word there.
-_WORDS = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]|[^\W_]+")
-
-
 @dataclass(frozen=True)
 class GateConfig:
+    """The answer gate's thresholds and switches (the rules: the module docstring).
+
+    `GateConfig()` is the default gate, `GateConfig.strict()` the one for a real chat model. A zero (or None)
+    threshold of the strict gate's tests (echo, template, salad) turns that test off.
+
+    Attributes:
+        repeat_share: A reply is a repeat when this share of its words is matched in one earlier reply.
+        loop_distinct: A reply of 20+ words loops when its distinct word 4-grams are below this share of all.
+        relevance_sum: Least likelihood contrast, in nats over the reply's scored tokens: own question vs the
+            others' mean.
+        relevance_mean: Least likelihood contrast in nats per scored token.
+        relevance_tokens: Reply tokens scored (the start of a reply says most about what it answers).
+        topic_change_exempts: A near copy whose on-topic checks say the topic changed is no repeat.
+        relevance_both: Where a turn has on-topic checks and a scorer is given, the reply must pass both them and
+            the contrast (a topic word alone lets word salad that names the topic through).
+        echo_cover: An echo says back this share of the user message's distinct words...
+        echo_new_words: ...and adds at most this many distinct words of its own.
+        template_opening: A template opens with this many words of an earlier reply...
+        template_span: ...or shares a run of this many words with one.
+        salad_unknown: Word salad: over this share of its words in no word list of its language.
+        relevance_judge: One of RELEVANCE_JUDGES: what judges a reply to a message without topic words.
+        topic_words_judge: One of RELEVANCE_JUDGES: what judges (with `relevance_both`) a reply to a message with
+            topic words that passes them.
+        embedding_min: The embedding judge's least cosine of the user's message and the reply.
+        not_english_judge: What judges a reply not in English where the embedding judges: "embedding" or
+            "contrast".
+
+    Raises:
+        ValueError: When `relevance_judge` or `topic_words_judge` is not one of RELEVANCE_JUDGES, or
+            `not_english_judge` is neither "embedding" nor "contrast".
+    """
+
     repeat_share: float = 0.75  # a reply is a repeat when this share of its words is matched in one earlier reply
-    loop_distinct: float = 0.5  # loops: distinct word 4-grams below this share of all (replies of 20+ words)
+    loop_distinct: float = LOOP_DISTINCT  # loops: distinct word 4-grams below this share of all (replies of 20+ words)
     relevance_sum: float = 6.0  # nats over the reply's scored tokens: own question vs the others' mean
     relevance_mean: float = 0.25  # nats per scored token
     relevance_tokens: int = (
@@ -136,17 +180,40 @@ class GateConfig:
             raise ValueError(f"not_english_judge must be embedding or contrast, got {self.not_english_judge!r}")
 
     def judged_by(self, judge: str) -> GateConfig:
-        """This gate with `judge` judging relevance on every message (`--relevance-judge`)."""
+        """This gate with `judge` judging relevance on every message (`--relevance-judge`).
+
+        Args:
+            judge: One of RELEVANCE_JUDGES, set as both `relevance_judge` and `topic_words_judge`.
+
+        Returns:
+            A copy of this config with that judge.
+        """
         return replace(self, relevance_judge=judge, topic_words_judge=judge)
 
     def judge_for(self, topic_words: bool) -> str | None:
-        """The judge of a chat reply's relevance: for a message with topic words only with `relevance_both`."""
+        """The judge of a chat reply's relevance: for a message with topic words only with `relevance_both`.
+
+        Args:
+            topic_words: Whether the user's message has topic words (on-topic checks).
+
+        Returns:
+            `topic_words_judge` or `relevance_judge`, or None where no judge decides (topic words without
+            `relevance_both`).
+        """
         if topic_words:
             return self.topic_words_judge if self.relevance_both else None
         return self.relevance_judge
 
     def models(self, with_topic_words: bool = True, without_topic_words: bool = True) -> set[str]:
-        """The judges' models ("contrast", "embedding") that messages of these kinds need."""
+        """The judges' models ("contrast", "embedding") that messages of these kinds need.
+
+        Args:
+            with_topic_words: Count messages with topic words (default True).
+            without_topic_words: Count messages without topic words (default True).
+
+        Returns:
+            The models needed; the embedding judge with `not_english_judge="contrast"` needs the contrast's too.
+        """
         kinds = [True] * with_topic_words + [False] * without_topic_words
         judges = {self.judge_for(topic_words) for topic_words in kinds} - {None}
         needs = {  # the embedding judge that leaves replies not in English to the contrast needs its model too
@@ -158,19 +225,28 @@ class GateConfig:
 
     @property
     def uses_contrast(self) -> bool:
+        """Whether some message needs the likelihood contrast's model."""
         return "contrast" in self.models()
 
     @property
     def uses_embedding(self) -> bool:
+        """Whether some message needs the embedding judge's model."""
         return "embedding" in self.models()
 
     @classmethod
     def strict(cls) -> GateConfig:
-        """The gate for a real chat model (its audit: docs/gate.md): a near copy is a repeat whatever its topic
-        word, a reply with on-topic checks must pass the likelihood contrast too, echoes, templates and word
-        salad fail (what passes the contrast on messages without topic words), and a reply to a message without
-        topic words is judged by the embedding judge, in any language (cross-validated on the labelled replies: 92.1%
-        agreement held out against the contrast's 88%; on a fresh blind audit 86.3% against 77.5%; docs/gate.md)."""
+        """The gate for a real chat model (its audit: docs/gate.md).
+
+        A near copy is a repeat whatever its topic word, a reply with on-topic checks must pass the likelihood
+        contrast too, echoes, templates and word salad fail (what passes the contrast on messages without topic
+        words), and a reply to a message without topic words is judged by the embedding judge, in any language
+        (cross-validated on the labelled replies: 92.1% agreement held out against the contrast's 88%; on a fresh
+        blind audit 86.3% against 77.5%; docs/gate.md).
+
+        Returns:
+            The strict config: no topic-change exemption, `relevance_both`, the embedding judge, echo cover 0.8,
+            template opening 8 and span 12, salad share 0.22.
+        """
         return cls(
             topic_change_exempts=False,
             relevance_both=True,
@@ -206,108 +282,20 @@ class Verdict:
 
     @property
     def passed(self) -> bool:
+        """Whether the reply failed no test."""
         return not self.failed
 
     def to_dict(self) -> dict[str, Any]:
-        """The transcript form: {"passed", "failed", "relevance", "repeats"}, and "similarity" where it was measured."""
+        """The transcript form: {"passed", "failed", "relevance", "repeats"}, and "similarity" where it was measured.
+
+        Returns:
+            The dict, with `failed` as a list and relevance and similarity rounded to 4 decimals.
+        """
         relevance = None if self.relevance is None else round(self.relevance, 4)
         out = {"passed": self.passed, "failed": list(self.failed), "relevance": relevance, "repeats": self.repeats}
         if self.similarity is not None:
             out["similarity"] = round(self.similarity, 4)
         return out
-
-
-def words(text: str) -> list[str]:
-    """The reply's words, case-folded, punctuation dropped (CJK characters one by one)."""
-    return _WORDS.findall(text.casefold())
-
-
-def is_empty(reply: str) -> bool:
-    """No letter or digit at all."""
-    return not words(reply)
-
-
-def loops(reply: str, distinct: float = GateConfig.loop_distinct) -> bool:
-    """Whether the reply loops on a repeated phrase (see the module docstring for the rule)."""
-    if list_loops(reply):
-        return True
-    tokens = words(reply)
-    for n in range(1, min(12, len(tokens) // 2) + 1):
-        needed = 4 if n == 1 else 3 if n <= 5 else 2  # a long phrase said twice in a row is already a loop
-        for start in range(len(tokens) - n * needed + 1):
-            phrase = tokens[start : start + n]
-            if all(tokens[start + r * n : start + (r + 1) * n] == phrase for r in range(1, needed)):
-                return True
-    # The same 5 words three times anywhere: a loop with something in between ("..., and to get a flat tire on the road").
-    if max(Counter(tuple(tokens[i : i + 5]) for i in range(len(tokens) - 4)).values(), default=0) >= 3:
-        return True
-    if len(tokens) >= 20:
-        grams = [tuple(tokens[i : i + 4]) for i in range(len(tokens) - 3)]
-        return len(set(grams)) < distinct * len(grams)
-    return False
-
-
-_LIST_ITEM = re.compile(r"(?:^|\n)\s*(?:[-*\u2022]|\d+[.)])\s+|\s(?=\d+[.)]\s)")
-_DOUBLED_MARKER = re.compile(r"(?<![\w.])(\d+[.)])\s+\1(?!\w)")
-
-
-def list_loops(reply: str) -> bool:
-    """A list whose items repeat: the same item text twice (numbers and punctuation aside), or a list marker said
-    twice in a row ("1. 1.")."""
-    if _DOUBLED_MARKER.search(reply):
-        return True
-    items = [" ".join(w for w in words(item) if not w.isdigit()) for item in _LIST_ITEM.split(reply)[1:]]
-    items = [item for item in items if item]
-    return len(items) >= 2 and len(set(items)) < len(items)
-
-
-def _whole_words(text: str) -> set[str]:
-    return {w for w in words(text) if not (len(w) == 1 and w.isascii() and w.isalpha())}
-
-
-def echoes(reply: str, user: str, cover: float = 0.8, new: int = 2) -> bool:
-    """Whether the reply says the user's message back: most of its distinct words, and next to nothing else. Single
-    letters (the "s" of "what's", the "l" of "l'eau") are not words here, so a restated question that drops its
-    contraction ("The most surprising thing about castles..." after "What's the most surprising thing about
-    castles?") is still one."""
-    mine, theirs = _whole_words(reply), _whole_words(user)
-    if not mine or not theirs:
-        return False
-    return len(mine & theirs) >= cover * len(theirs) and len(mine - theirs) <= new
-
-
-def shared_run(reply: str, earlier: str, instruction: str = "", opening: int = 8, span: int = 12) -> bool:
-    """Whether the reply opens with the same `opening` words as `earlier`, or shares a run of `span` words with it,
-    leaving aside runs that `instruction` contains."""
-    mine, theirs = words(reply), words(earlier)
-    given = f" {' '.join(words(instruction))} "
-
-    def required(run: list[str]) -> bool:
-        return bool(instruction) and f" {' '.join(run)} " in given
-
-    if opening and len(mine) >= opening and mine[:opening] == theirs[:opening] and not required(mine[:opening]):
-        return True
-    matcher = difflib.SequenceMatcher(None, theirs, mine, autojunk=False)
-    return span > 0 and any(
-        block.size >= span and not required(mine[block.b : block.b + block.size])
-        for block in matcher.get_matching_blocks()
-    )
-
-
-def is_salad(reply: str, unknown: float = 0.22) -> bool:
-    """Whether over `unknown` of the reply's words (3+ letters) are in no word list of its detected language
-    (`unknown_word_share`; False where that cannot be told)."""
-    share = unknown_word_share(reply)
-    return share is not None and share > unknown
-
-
-def repeated_share(reply: str, earlier: str) -> float:
-    """Share of the reply's words that fall in blocks it shares with `earlier` (0 for an empty reply)."""
-    mine = words(reply)
-    if not mine:
-        return 0.0
-    matcher = difflib.SequenceMatcher(None, words(earlier), mine, autojunk=False)
-    return sum(block.size for block in matcher.get_matching_blocks()) / len(mine)
 
 
 @dataclass(frozen=True)
@@ -321,8 +309,15 @@ class GateItem:
 
 
 class AnswerGate:
-    """Judges replies: empty, loop, repeat, off topic (see the module docstring). `scorer` is the likelihood
-    contrast's model, `embedder` the embedding judge's; each is used where `config.relevance_judge` names it."""
+    """Judges replies: empty, loop, repeat, off topic (see the module docstring).
+
+    Args:
+        config: The gate's thresholds and judges (default `GateConfig()`).
+        scorer: The likelihood contrast's model, used where `config.relevance_judge` names it (`uses_contrast`), else
+            dropped (default None).
+        embedder: The embedding judge's model, used where `config.relevance_judge` names it (`uses_embedding`), else
+            dropped (default None).
+    """
 
     def __init__(
         self,
@@ -383,7 +378,14 @@ class AnswerGate:
         return judge
 
     def judge(self, items: Sequence[GateItem]) -> list[Verdict]:
-        """One verdict per item; the replies judged by relevance are scored together, in batches."""
+        """One verdict per item; the replies judged by relevance are scored together, in batches.
+
+        Args:
+            items: The replies to judge, each with its turn, earlier turns, contrast questions and instruction.
+
+        Returns:
+            The verdicts, in the order of `items`.
+        """
         judges = {i: self._judge(item) for i, item in enumerate(items) if self._needs_relevance(item)}
         relevance = self._relevance(
             [i for i, j in judges.items() if j in ("contrast", "both") and items[i].others], items
@@ -451,5 +453,13 @@ class AnswerGate:
 
 
 def relevance_embedder(config: GateConfig, device: str | torch.device = "cpu") -> SentenceEmbedder | None:
-    """The embedding judge's model on `device` where `config` names that judge (loaded once per process), else None."""
+    """The embedding judge's model on `device` where `config` names that judge (loaded once per process), else None.
+
+    Args:
+        config: The gate's config.
+        device: Device to load the model on (default "cpu").
+
+    Returns:
+        The sentence embedder, or None where `config` does not use the embedding judge.
+    """
     return sentence_embedder(str(device)) if config.uses_embedding else None

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gatt.data.checks import Check, Constraint, load_constraints
+from gatt.data.check_types import Check
+from gatt.data.checks import Constraint, load_constraints
 from gatt.data.dialogues import (
     TEXT_FORMAT,
     jsonl_records,
@@ -46,7 +47,14 @@ class EvalTurn:
 
 
 def load_eval_constraints(path: str | Path | None = None) -> list[Constraint]:
-    """Constraints to evaluate, with their train/heldout split (default: the built-in catalogue)."""
+    """Constraints to evaluate, with their train/heldout split.
+
+    Args:
+        path: A constraint YAML file (default None: the built-in catalogue, `builtin/constraints.yaml`).
+
+    Returns:
+        The constraints, each with its split tag.
+    """
     return load_constraints(BUILTIN_DIR / "constraints.yaml" if path is None else path)
 
 
@@ -79,7 +87,20 @@ def _turns_from_jsonl(path: Path) -> list[EvalTurn]:
 
 
 def load_eval_turns(path: str | Path | None = None) -> list[EvalTurn]:
-    """Held-out user turns, texts stripped and deduplicated (first kept); default: the built-in pool."""
+    """Held-out user turns, texts stripped and deduplicated (first kept).
+
+    Args:
+        path: A file of user turns (`.txt`, `.jsonl`, `.parquet`) or a `datasets.save_to_disk` folder, as the module
+            docstring describes (default None: the built-in pool, `builtin/user_turns.jsonl`).
+
+    Returns:
+        The turns in file order, each text once, with the checks and topic its first record gives (none for `.txt`,
+        `.parquet`, a folder or `messages` dialogues).
+
+    Raises:
+        FileNotFoundError: When `path` does not exist.
+        ValueError: When the file type is not supported, a `.jsonl` record is malformed, or no user turn is found.
+    """
     path = BUILTIN_DIR / "user_turns.jsonl" if path is None else Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or folder")

@@ -14,7 +14,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gatt.data.checks import Check, Constraint
+from gatt.data.check_types import Check
+from gatt.data.checks import Constraint
 from gatt.data.events import (
     KINDS,
     SHORT_PROB,
@@ -35,6 +36,19 @@ STRATUM_CYCLE = ("train", "heldout_value", "train", "heldout_family")
 
 @dataclass(frozen=True)
 class PlannedTurn:
+    """One planned user turn of a test dialogue and what its reply is scored on.
+
+    Attributes:
+        kind: "chat" or "probe".
+        user: The user message.
+        checks: What the reply must pass: the checks of every instruction in force, or the probe's.
+        on_topic: The user turn's on-topic checks (no-regression score).
+        event: Words this user turn carries after turn one: an instruction given late, changed, withdrawn.
+        state: The instructions in force, appended to the turn by the NAME+repeat column.
+        since: Turns since the dialogue's last event (d; 0: this turn gives it); None before it.
+        old_checks: Checks that show a withdrawn or replaced instruction still followed.
+    """
+
     kind: str  # "chat" or "probe"
     user: str
     checks: tuple[Check, ...]  # what the reply must pass: the checks of every instruction in force, or the probe's
@@ -47,6 +61,19 @@ class PlannedTurn:
 
 @dataclass(frozen=True)
 class EvalDialogue:
+    """One test dialogue of the plan: its instruction, its events and its planned turns.
+
+    Attributes:
+        id: The dialogue's id ("e-00000", ...).
+        stratum: One of STRATA, or "none" for a dialogue without instruction.
+        constraint: The instruction given first.
+        instruction: The text given in turn one (the full or the short form); None: none in turn one.
+        turns: The planned turns.
+        kind: gatt/data/events.py KINDS, or "none" for a dialogue without instruction.
+        events: The dialogue's events, in turn order.
+        tier: The held-out tier of its family (a heldout_family dialogue); "" outside any tier.
+    """
+
     id: str
     stratum: str  # one of STRATA, or "none" for a dialogue without instruction
     constraint: Constraint | None  # the instruction given first
@@ -63,7 +90,15 @@ class EvalDialogue:
 
 
 def stratify(constraints: Sequence[Constraint]) -> dict[str, list[Constraint]]:
-    """Constraints by stratum: a family is held out as a whole when none of its values is in the train split."""
+    """Constraints by stratum: a family is held out as a whole when none of its values is in the train split.
+
+    Args:
+        constraints: The constraints, each with its split ("train" or held out).
+
+    Returns:
+        Each of STRATA -> its constraints, in input order (possibly none): "train" those of the train split,
+        "heldout_value" held-out values of trained families, "heldout_family" the values of the other families.
+    """
     trained_families = {c.family for c in constraints if c.split == "train"}
     strata: dict[str, list[Constraint]] = {name: [] for name in STRATA}
     for c in constraints:
@@ -80,9 +115,18 @@ Unit = tuple[str, str]  # (stratum, tier): what the plan deals its dialogues ove
 def plan_units(
     constraints: Sequence[Constraint], strata: Sequence[str], tiers: Mapping[str, Sequence[str]]
 ) -> dict[Unit, list[Constraint]]:
-    """The plan's units in the order it deals them, each with its constraints: without tiers the strata (train,
-    heldout_value, heldout_family); with tiers train, heldout_value, then one unit per tier (its held-out families),
-    and the held-out families in no tier last.
+    """The plan's units in the order it deals them, each with its constraints.
+
+    Without tiers the units are the strata (train, heldout_value, heldout_family); with tiers train, heldout_value,
+    then one unit per tier (its held-out families), and the held-out families in no tier last.
+
+    Args:
+        constraints: The constraints to evaluate (see `stratify`).
+        strata: The strata to keep; a stratum without constraints makes no unit.
+        tiers: Tier -> its held-out families (empty: no tiers).
+
+    Returns:
+        (stratum, tier) -> its constraints, in dealing order; the tier is "" outside any tier.
 
     Raises:
         ValueError: a tier's family that is not held out as a whole, or a family in two tiers.
@@ -112,8 +156,18 @@ def plan_units(
 
 
 def draw_turns(rng: random.Random, pool: Sequence[EvalTurn], turns: int) -> list[EvalTurn]:
-    """`turns` distinct messages, each topic at most once while the pool has topics left (a message without a
-    topic is its own); with a pool smaller than `turns`, messages drawn with replacement."""
+    """`turns` distinct messages, each topic at most once while the pool has topics left.
+
+    A message without a topic is its own; with a pool smaller than `turns`, messages are drawn with replacement.
+
+    Args:
+        rng: The random generator the draw uses.
+        pool: The user messages to draw from.
+        turns: The number of messages to draw.
+
+    Returns:
+        The `turns` messages, in dialogue order.
+    """
     if len(pool) < turns:
         return rng.choices(list(pool), k=turns)
     shuffled = rng.sample(list(pool), len(pool))
@@ -144,30 +198,44 @@ def plan_dialogues(
     strata: Sequence[str] = STRATA,
     tiers: Mapping[str, Sequence[str]] | None = None,
 ) -> list[EvalDialogue]:
-    """`dialogues` with an instruction (kinds in turn, then strata and families balanced) and `no_instruction`
-    without any. A kind other than `first` changes its instruction at a turn from 2 to 11 of 30 (gatt/data/events.py),
-    so that 19 turns follow the change; its second constraint is of the dialogue's stratum.
+    """`dialogues` with an instruction and `no_instruction` without any.
+
+    The instruction dialogues take the kinds in turn, then strata and families balanced.
+    A kind other than `first` changes its instruction at a turn from 2 to 11 of 30 (gatt/data/events.py), so that 19
+    turns follow the change; its second constraint is of the dialogue's stratum.
 
     Without `tiers` half the dialogues test trained values and a quarter each held-out values and held-out
-    families; with `tiers` (tier -> its held-out families, see `plan_units`) every unit gets as many."""
-    if dialogues < 0 or no_instruction < 0 or turns < 1:
-        raise ValueError(
-            f"need dialogues >= 0, no_instruction >= 0 and turns >= 1, got {dialogues}, {no_instruction}, {turns}"
-        )
-    if not kinds or set(kinds) - set(KINDS):
-        raise ValueError(f"kinds must be some of {', '.join(KINDS)}, got {list(kinds)}")
-    if not strata or set(strata) - set(STRATA):
-        raise ValueError(f"strata must be some of {', '.join(STRATA)}, got {list(strata)}")
-    if not pool:
-        raise ValueError("the user-turn pool is empty")
+    families; with `tiers` every unit gets as many.
+
+    Args:
+        constraints: The constraints to evaluate, with their train/heldout split.
+        pool: The user messages the turns are drawn from (`draw_turns`).
+        dialogues: The number of dialogues with an instruction.
+        turns: The number of user turns of each dialogue.
+        seed: Seed of every draw, so the same arguments give the same plan.
+        no_instruction: The number of dialogues without any instruction, after the others (default 0).
+        short_prob: The chance of an instruction's short form (default SHORT_PROB).
+        probe_start: The first turn that may be a probe (default 2); a probe comes only after the instruction.
+        probe_every: Turns from one probe to the next (default 4; 0: no probes).
+        kinds: The kinds of gatt/data/events.py KINDS the instruction dialogues take in turn (default ("first",)).
+        strata: The strata to evaluate, some of STRATA (default all).
+        tiers: Tier -> its held-out families, see `plan_units` (default None: no tiers).
+
+    Returns:
+        The dialogues, ids "e-00000", ... in order: those with an instruction first, then those without.
+
+    Raises:
+        ValueError: When `dialogues` or `no_instruction` is negative, `turns` is below 1, `kinds` or `strata` is
+            empty or names an unknown one, the pool is empty, there are no constraints to evaluate in `strata`, or
+            the tiers are invalid (`plan_units`).
+    """
+    _check_plan(dialogues, no_instruction, turns, kinds, strata, pool)
     by_unit = plan_units(constraints, strata, tiers or {})
     if dialogues and not by_unit:
         raise ValueError(f"no constraints to evaluate in {', '.join(strata)}")
     rng = random.Random(seed)
-    if tiers:
-        cycle = list(by_unit)
-    else:
-        cycle = [(s, "") for s in STRATUM_CYCLE if (s, "") in by_unit] or list(by_unit)
+    # with tiers every unit in turn; without, the strata's cycle (trained values twice as often)
+    cycle = list(by_unit) if tiers else [(s, "") for s in STRATUM_CYCLE if (s, "") in by_unit] or list(by_unit)
     drawn: Counter[tuple[Unit, str]] = Counter()  # dialogues of each (unit, kind) so far: families in turn in each
     plan = []
     for i in range(dialogues + no_instruction):
@@ -191,12 +259,30 @@ def plan_dialogues(
         events = draw_events(kind, [constraint], instruction, by_unit[unit], turns, events_rng, short=short, after=19)
         planned = tuple(_turns(events, user, short, rng, probe_start, probe_every))
         given = instruction if events[0].turn == 1 else None
-        plan.append(
-            EvalDialogue(
-                f"e-{i:05d}", stratum, constraint, given, planned, dialogue_kind(events), tuple(events), unit[1]
-            )
-        )
+        made = dialogue_kind(events)
+        plan.append(EvalDialogue(f"e-{i:05d}", stratum, constraint, given, planned, made, tuple(events), unit[1]))
     return plan
+
+
+def _check_plan(
+    dialogues: int,
+    no_instruction: int,
+    turns: int,
+    kinds: Sequence[str],
+    strata: Sequence[str],
+    pool: Sequence[EvalTurn],
+) -> None:
+    """`plan_dialogues`' ValueErrors for its counts, kinds, strata and pool (its Raises)."""
+    if dialogues < 0 or no_instruction < 0 or turns < 1:
+        raise ValueError(
+            f"need dialogues >= 0, no_instruction >= 0 and turns >= 1, got {dialogues}, {no_instruction}, {turns}"
+        )
+    if not kinds or set(kinds) - set(KINDS):
+        raise ValueError(f"kinds must be some of {', '.join(KINDS)}, got {list(kinds)}")
+    if not strata or set(strata) - set(STRATA):
+        raise ValueError(f"strata must be some of {', '.join(STRATA)}, got {list(strata)}")
+    if not pool:
+        raise ValueError("the user-turn pool is empty")
 
 
 def _turns(

@@ -28,9 +28,19 @@ class RelevanceScorer:
         max_reply_tokens: int = RELEVANCE_TOKENS,
         progress: bool = False,
     ) -> None:
-        """`batch_size`: replies scored in one pass; by default 16 on the CPU and 128 on a GPU (a report's gate ran
-        1,162 batches of 16 in 65 s on an H100, latency-bound). `progress`: a progress bar over the batches of a call
-        that has several (a report's whole gate)."""
+        """Score with `model`, caching each question's prompt and each (question, reply) score.
+
+        Args:
+            model: the chat model (put in eval mode).
+            tokenizer: its tokenizer, with a chat template.
+            batch_size: replies scored in one pass; by default 16 on the CPU and 128 on a GPU (a report's gate ran
+                1,162 batches of 16 in 65 s on an H100, latency-bound).
+            max_reply_tokens: how many of a reply's first tokens are scored.
+            progress: a progress bar over the batches of a call that has several (a report's whole gate).
+
+        Raises:
+            ValueError: when the tokenizer has no chat template.
+        """
         if not tokenizer.chat_template:
             raise ValueError("the relevance scorer needs a chat model (a tokenizer with a chat template)")
         self.model, self.tokenizer = model.eval(), tokenizer
@@ -49,7 +59,14 @@ class RelevanceScorer:
         return self._prompts[question]
 
     def log_likelihoods(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, int]]:
-        """(sum of log p over the reply's first tokens, their count) for each (question, reply)."""
+        """(sum of log p over the reply's first tokens, their count) for each (question, reply).
+
+        Args:
+            pairs: (question, reply) pairs; a pair scored before is not scored again.
+
+        Returns:
+            One (sum of log p, token count) per pair, in order; (0.0, 0) for a reply without tokens.
+        """
         todo = list(dict.fromkeys(pair for pair in pairs if pair not in self._scores))
         self._scores.update(zip(todo, self._score(todo)))
         return [self._scores[pair] for pair in pairs]

@@ -1,14 +1,18 @@
 """The adherence report: report.json, report.md (the paper's Table 30 form), two figures, transcripts.jsonl."""
 
-import io
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from matplotlib.figure import Figure
-
+from gatt.eval.figures import (
+    KIND_TITLES,
+    adherence_figure,
+    attention_figure,
+    kinds_figure,
+    png,
+    tiers_figure,
+)
 from gatt.eval.gate import REASONS
 from gatt.eval.scoring import (
     TRAIN,
@@ -36,16 +40,43 @@ PAIRED: dict[str, tuple[tuple[str, ...], str]] = {
     "paired_heldout": (("heldout_value",), "held-out values of trained families"),
     "paired_heldout_family": (("heldout_family",), "held-out families"),
 }
+
 # report keys that are not a model's scores
 NOT_MODELS: tuple[str, ...] = ("settings", "followable", *PAIRED, "tiers", "paired_tiers", "rounds")
+
+
+def report_models(report: dict[str, Any]) -> list[str]:
+    """The report's model columns, in order.
+
+    Args:
+        report: A report (`build_report`).
+
+    Returns:
+        Its keys that name a model (not NOT_MODELS).
+    """
+    return [k for k in report if k not in NOT_MODELS]
 
 
 def build_report(
     transcripts: list[Transcript], settings: dict[str, Any], baselines: Sequence[str] = ()
 ) -> dict[str, Any]:
-    """`{"settings": settings, <model>: score_model(<its transcripts>), ...}`, models in order of appearance;
-    `paired`: every model minus NAME and NAME+repeat, and minus each of `baselines`, on trained values
-    (`paired_heldout`, `paired_heldout_family`: on the held-out strata, where they were rolled out)."""
+    """The report (report.json) of the scored dialogues.
+
+    Args:
+        transcripts: The rolled-out dialogues, each with its `model`.
+        settings: What the evaluation ran with, kept as `settings`.
+        baselines: Models every model is also compared against (`paired`).
+
+    Returns:
+        `{"settings": settings, <model>: score_model(<its transcripts>), ...}`, models in order of appearance;
+        `paired`: every model minus NAME and NAME+repeat, and minus each of `baselines`, on trained values
+        (`paired_heldout`, `paired_heldout_family`: on the held-out strata, where they were rolled out); `tiers`
+        and `paired_tiers` where held-out tiers were rolled out; `followable` (`followable`) where a NAME+repeat
+        model gives an upper bound.
+
+    Raises:
+        ValueError: When a model is named like one of the report's other keys (NOT_MODELS).
+    """
     by_model: dict[str, list[Transcript]] = {}
     for t in transcripts:
         by_model.setdefault(t["model"], []).append(t)
@@ -64,10 +95,6 @@ def build_report(
             report["paired_tiers"] = paired
     reminded = followable(report, first_turn(transcripts))
     return report if reminded is None else {**report, "followable": reminded}
-
-
-def _models(report: dict[str, Any]) -> list[str]:
-    return [k for k in report if k not in NOT_MODELS]
 
 
 def _cell(r: dict[str, Any] | None, key: str = "adherence") -> str:
@@ -92,17 +119,33 @@ def _table_turns(tables: list[dict[str, Any]]) -> list[int]:
 
 
 def format_table(report: dict[str, Any], key: str = "per_turn", *, checks_only: bool = False) -> str:
-    """The Table-30 markdown table of `key` (a per-turn table): rows are turns, one column per model."""
-    models = _models(report)
+    """The Table-30 markdown table of a per-turn table: rows are turns, one column per model.
+
+    Args:
+        report: The report (`build_report`).
+        key: The per-turn table (one of TITLES: "per_turn", "heldout_per_turn", "heldout_family_per_turn").
+        checks_only: Take the scores from the checks alone instead of the checks and the answer gate.
+
+    Returns:
+        The markdown table: turns 2, 4, 6, 10, 20 and the last, those present.
+    """
+    models = report_models(report)
     tables = [_scores(report, m, checks_only)[key] for m in models]
     rows = [(str(t), [_cell(table.get(str(t))) for table in tables]) for t in _table_turns(tables)]
     return _table("Turn", models, rows)
 
 
 def summary_tables(report: dict[str, Any]) -> str:
-    """The gated per-turn tables that have rows (train constraints, held-out values, held-out families), each under
-    its title: what a command prints at its end (a report on held-out strata alone has no train table)."""
-    models = _models(report)
+    """The gated per-turn tables that have rows, each under its title: what a command prints at its end.
+
+    Args:
+        report: The report (`build_report`).
+
+    Returns:
+        The tables of train constraints, held-out values and held-out families that have rows (a report on held-out
+        strata alone has no train table), separated by blank lines.
+    """
+    models = report_models(report)
     return "\n\n".join(
         f"{title}\n{format_table(report, key)}" for key, title in TITLES.items() if any(report[m][key] for m in models)
     )
@@ -114,7 +157,7 @@ def _scores(report: dict[str, Any], model: str, checks_only: bool) -> dict[str, 
 
 def _adherence_sections(report: dict[str, Any], checks_only: bool, level: str) -> list[str]:
     """The per-turn tables, per-family table, survival and no regression, from checks and gate or checks alone."""
-    models = _models(report)
+    models = report_models(report)
     scores = {m: _scores(report, m, checks_only) for m in models}
     parts = []
     for key, title in TITLES.items():
@@ -157,7 +200,7 @@ def _adherence_sections(report: dict[str, Any], checks_only: bool, level: str) -
 def _followable_section(report: dict[str, Any], level: str) -> list[str]:
     """The train constraints of the families the reminded model follows, and the families beyond it."""
     f = report["followable"]
-    tables = [f["per_turn"].get(m, {}) for m in _models(report)]
+    tables = [f["per_turn"].get(m, {}) for m in report_models(report)]
     rows = [(str(t), [_cell(table.get(str(t))) for table in tables]) for t in _table_turns(tables)]
     beyond = ", ".join(f"{family} ({100 * a:.0f}%)" for family, a in f["beyond_the_model"].items()) or "none"
     text = (
@@ -166,7 +209,7 @@ def _followable_section(report: dict[str, Any], level: str) -> list[str]:
         "those are not GAtt failures."
     )
     parts = [f"{level} Adherence per turn (train constraints of families the reminded model follows)", text]
-    return parts + ([_table("Turn", _models(report), rows)] if rows else [])
+    return parts + ([_table("Turn", report_models(report), rows)] if rows else [])
 
 
 def _paired_section(paired: dict[str, dict[str, dict[str, Any]]], stratum: str) -> list[str]:
@@ -189,7 +232,7 @@ def _paired_section(paired: dict[str, dict[str, dict[str, Any]]], stratum: str) 
 
 def _tier_sections(report: dict[str, Any]) -> list[str]:
     """Each held-out tier's per-turn table and paired differences, then adherence per family at turns 10, 20, 30."""
-    models, parts = _models(report), []
+    models, parts = report_models(report), []
     for tier, families in report.get("tiers", {}).items():
         tables = [report[m].get("tier_per_turn", {}).get(tier, {}) for m in models]
         rows = [(str(t), [_cell(table.get(str(t))) for table in tables]) for t in _table_turns(tables)]
@@ -215,24 +258,17 @@ def _tier_sections(report: dict[str, Any]) -> list[str]:
 
 
 KIND_DS: tuple[int, ...] = (0, 1, 2, 5, 10, 19)  # the report.md rows of the per-kind tables (and the last d)
-KIND_TITLES: dict[str, str] = {
-    "first": "given in turn one, kept",
-    "late": "given in a later turn",
-    "replace": "given in turn one, replaced by another value of its family",
-    "revoke": "given in turn one, withdrawn",
-    "add": "given in turn one, a second one of another family added",
-}
 
 
 def _has_kinds(report: dict[str, Any]) -> bool:
     """Whether some model was rolled out on a dialogue kind other than `first`."""
-    return any(set(report[m].get("per_kind", {})) - {"first"} for m in _models(report))
+    return any(set(report[m].get("per_kind", {})) - {"first"} for m in report_models(report))
 
 
 def _kinds_section(report: dict[str, Any]) -> list[str]:
     """Per dialogue kind, adherence by d (turns since the instruction or the change), and for replace and revoke
     the share of replies that still follow the old instruction."""
-    models = _models(report)
+    models = report_models(report)
     text = (
         "Trained values. d counts the turns since the kind's event (d = 0: the turn that gives the instruction, "
         "or the change). Adherent: the reply obeys every instruction in force (none after a withdrawal) and "
@@ -257,34 +293,6 @@ def _kinds_section(report: dict[str, Any]) -> list[str]:
             rows = [(str(d), [cell(table.get(str(d))) for table in tables]) for d in ds]
             parts += [f"### {kind}: {title}; {label}", _table("d", models, rows)]
     return parts
-
-
-def _kinds_figure(report: dict[str, Any]) -> Figure:
-    """One panel per dialogue kind: each model's adherence by d (solid, with its 95% band) and, for replace and
-    revoke, the share of replies still following the old instruction (dashed)."""
-    models = _models(report)
-    kinds = [k for k in KIND_TITLES if any(k in report[m].get("per_kind", {}) for m in models)]
-    fig = Figure(figsize=(4 * len(kinds) + 2, 4), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(1, len(kinds), sharey=True))
-    for ax, kind in zip(axes, kinds):
-        for i, m in enumerate(models):
-            entry = report[m].get("per_kind", {}).get(kind)
-            if not entry:
-                continue
-            ds, values, lo, hi = _turn_series(entry["after"])
-            ax.plot(ds, values, color=f"C{i}", marker="o", markersize=2, label=f"{m}: adherent")
-            ax.fill_between(ds, lo, hi, color=f"C{i}", alpha=0.15)
-            old = {d: {"adherence": v["share"], "ci95": v["ci95"]} for d, v in entry.get("old_followed", {}).items()}
-            if old:
-                ds, values, _, _ = _turn_series(old)
-                ax.plot(ds, values, color=f"C{i}", linestyle="--", label=f"{m}: old instruction followed")
-        ax.set(xlabel="d: turns since the instruction or the change", title=kind, ylim=(0, 102))
-    axes[0].set_ylabel("Share of replies (%)")
-    fig.suptitle("Instructions at any turn (trained values; bands: 95% Wilson intervals)")
-    handles = {h.get_label(): h for ax in axes for h in ax.lines}
-    if handles:
-        fig.legend(list(handles.values()), list(handles), loc="outside right center")
-    return fig
 
 
 def _rounds_section(rounds: list[dict[str, Any]]) -> list[str]:
@@ -325,7 +333,16 @@ def _rounds_section(rounds: list[dict[str, Any]]) -> list[str]:
 
 
 def add_rounds(out_dir: Path, rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Put the GAtt rounds into `out_dir`'s report.json (key `rounds`) and report.md (a table); return the report."""
+    """Put the GAtt rounds into `out_dir`'s report.json (key `rounds`) and report.md (a table).
+
+    Args:
+        out_dir: The report's folder, holding report.json.
+        rounds: One entry per round: its `round`, `teacher`, `records`, `teacher_pass_rate_per_family`, the
+            student's `per_turn` and optionally `seconds`.
+
+    Returns:
+        The report, with `rounds`.
+    """
     out_dir = Path(out_dir)
     report = {**json.loads((out_dir / "report.json").read_text()), "rounds": rounds}
     _write_tables(report, out_dir)
@@ -334,7 +351,7 @@ def add_rounds(out_dir: Path, rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _benchmark_section(report: dict[str, Any]) -> list[str]:
     """IFEval's own metrics per turn (and IFBench's), beside the gated tables, where their checks scored replies."""
-    models = _models(report)
+    models = report_models(report)
     parts: list[str] = []
     for name, title in (("ifeval", "IFEval"), ("ifbench", "IFBench")):
         tables = [report[m].get(name, {}).get("per_turn", {}) for m in models]
@@ -360,7 +377,7 @@ def _benchmark_section(report: dict[str, Any]) -> list[str]:
 
 
 def _markdown(report: dict[str, Any]) -> str:
-    models = _models(report)
+    models = report_models(report)
     parts = [
         "# GAtt adherence report",
         "A reply is adherent when it passes the instruction's checks **and** the answer gate (it is a real "
@@ -409,164 +426,29 @@ def _markdown(report: dict[str, Any]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def _turn_series(table: dict[str, dict[str, Any]]) -> tuple[list[int], list[float], list[float], list[float]]:
-    turns = [int(t) for t in table]
-    values = [100 * table[str(t)]["adherence"] for t in turns]
-    return (
-        turns,
-        values,
-        [100 * table[str(t)]["ci95"][0] for t in turns],
-        [100 * table[str(t)]["ci95"][1] for t in turns],
-    )
-
-
-# The adherence figure's strata: per-turn key -> (label, line style).
-FIGURE_STRATA: dict[str, tuple[str, str]] = {
-    "per_turn": ("trained values", "-"),
-    "heldout_per_turn": ("held-out values", "--"),
-    "heldout_family_per_turn": ("held-out families", ":"),
-}
-
-
-def _adherence_figure(report: dict[str, Any]) -> Figure:
-    """Two panels sharing the turn axis: adherence (checks and the answer gate), then the checks alone, each with a
-    line per model and stratum that has turns (a band on each model's first); one legend outside both, so no curve
-    is hidden under it."""
-    fig = Figure(figsize=(10, 4.5), layout="constrained")
-    gated, checks = fig.subplots(1, 2, sharey=True)
-    for i, m in enumerate(_models(report)):
-        for ax, scores in ((gated, report[m]), (checks, report[m]["checks_only"])):
-            banded = False
-            for key, (label, style) in FIGURE_STRATA.items():
-                turns, values, lo, hi = _turn_series(scores[key])
-                if not turns:
-                    continue
-                ax.plot(turns, values, color=f"C{i}", linestyle=style, marker="o", markersize=3, label=f"{m}: {label}")
-                if not banded:
-                    ax.fill_between(turns, lo, hi, color=f"C{i}", alpha=0.2)
-                    banded = True
-    gated.set(xlabel="Turn", ylabel="Adherence (%)", title="Checks and answer gate", ylim=(0, 102))
-    checks.set(xlabel="Turn", title="Checks alone")
-    fig.suptitle("Instruction adherence per turn (bands: 95% Wilson intervals)")
-    if gated.lines:
-        fig.legend(*gated.get_legend_handles_labels(), loc="outside right center")
-    return fig
-
-
-def _tiers_figure(report: dict[str, Any]) -> Figure:
-    """One panel per stratum (trained values, held-out values) and held-out tier: adherence per turn of every
-    model, with 95% bands: where each tier falls, and against what its reminded teacher holds."""
-    models = _models(report)
-    panels = [("per_turn", None, "trained values"), ("heldout_per_turn", None, "held-out values")]
-    panels += [("tier_per_turn", tier, f"tier: {tier}") for tier in report.get("tiers", {})]
-    fig = Figure(figsize=(3.6 * len(panels), 3.8), layout="constrained")
-    axes = fig.subplots(1, len(panels), sharey=True)
-    for ax, (key, tier, title) in zip(axes, panels):
-        for i, m in enumerate(models):
-            series = report[m].get(key, {})
-            turns, values, lo, hi = _turn_series(series.get(tier, {}) if tier else series)
-            if turns:
-                ax.plot(turns, values, color=f"C{i}", marker="o", markersize=2, label=m)
-                ax.fill_between(turns, lo, hi, color=f"C{i}", alpha=0.15)
-        ax.set(xlabel="Turn", title=title, ylim=(0, 102))
-    axes[0].set_ylabel("Adherence (%)")
-    if axes[0].lines:
-        fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right center")
-    fig.suptitle("Adherence per turn by stratum and held-out tier (bands: 95% Wilson intervals)")
-    return fig
-
-
-def _attention_figure(report: dict[str, Any], maps: dict[str, dict[str, list[list[float]]]]) -> Figure:
-    """Per model, the share of attention on the instruction of every (layer, head) per turn (cf. Figure 10);
-    without per-head maps, the mean and max-head shares per turn as lines."""
-    models = _models(report)
-    maps = {m: heads for m, heads in maps.items() if heads}
-    if maps:
-        grids, turns = {}, {}
-        for m, per_turn in maps.items():
-            turns[m] = [int(t) for t in per_turn]
-            grids[m] = np.array([np.ravel(heads) for heads in per_turn.values()])  # (turns, layers * heads)
-        vmax = max(float(g.max()) for g in grids.values()) or 1.0  # one scale so models compare
-        fig = Figure(figsize=(5 * len(grids) + 1, 5), layout="constrained")
-        axes = np.atleast_1d(fig.subplots(1, len(grids), sharey=True))
-        for ax, m in zip(axes, grids):
-            layers, heads = np.shape(next(iter(maps[m].values())))
-            image = ax.imshow(
-                grids[m],
-                aspect="auto",
-                origin="lower",
-                cmap="viridis",
-                vmin=0.0,
-                vmax=vmax,
-                interpolation="nearest",
-                extent=(-0.5, layers * heads - 0.5, min(turns[m]) - 0.5, max(turns[m]) + 0.5),
-            )
-            for boundary in range(1, layers):
-                ax.axvline(boundary * heads - 0.5, color="white", linewidth=0.4, alpha=0.6)
-            step = max(1, layers // 8)
-            ax.set_xticks(
-                [layer * heads + (heads - 1) / 2 for layer in range(0, layers, step)],
-                [str(layer) for layer in range(0, layers, step)],
-            )
-            ax.set(xlabel=f"Layer ({heads} heads each)", title=m)
-            ax.yaxis.get_major_locator().set_params(integer=True)
-        axes[0].set_ylabel("Turn")
-        fig.colorbar(image, ax=list(axes), label="attention share on the instruction")
-        fig.suptitle("Attention on the instruction per (layer, head) and turn (cf. Figure 10)")
-        return fig
-    fig = Figure(figsize=(7, 4.5))
-    ax = fig.subplots()
-    for i, m in enumerate(models):
-        color = f"C{i}"
-        for key, style, label in (
-            ("attention_on_instruction", "-", "mean"),
-            ("attention_on_instruction_max_head", "--", "max head"),
-        ):
-            series = report[m].get(key)
-            if series:
-                ax.plot(
-                    [int(t) for t in series],
-                    list(series.values()),
-                    color=color,
-                    linestyle=style,
-                    marker="o",
-                    markersize=3,
-                    label=f"{m} ({label})",
-                )
-    if ax.lines:
-        ax.set(
-            xlabel="Turn", ylabel="Attention share on the instruction", title="Attention on the instruction per turn"
-        )
-        ax.legend()
-    else:
-        ax.text(0.5, 0.5, "attention not measured", ha="center", va="center", transform=ax.transAxes)
-        ax.set_axis_off()
-    return fig
-
-
-def _png(fig: Figure) -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-    return buffer.getvalue()
-
-
 def _write_tables(report: dict[str, Any], out_dir: Path) -> None:
     write_bytes(out_dir / "report.json", (json.dumps(report, indent=2, sort_keys=False) + "\n").encode())
     write_bytes(out_dir / "report.md", _markdown(report).encode())
 
 
 def write_report(report: dict[str, Any], transcripts: list[Transcript], out_dir: Path) -> None:
-    """Write report.json, report.md, adherence.png, attention.png and transcripts.jsonl into `out_dir`,
-    kinds.png where dialogues of other kinds than `first` were rolled out, and tiers.png where held-out tiers were."""
+    """Write the report's files into `out_dir` (created if missing).
+
+    Args:
+        report: The report (`build_report`).
+        transcripts: The dialogues it scored, written to transcripts.jsonl and read for attention.png.
+        out_dir: The folder: report.json, report.md, adherence.png, attention.png and transcripts.jsonl, kinds.png
+            where dialogues of other kinds than `first` were rolled out, and tiers.png where held-out tiers were.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_tables(report, out_dir)
-    write_bytes(out_dir / "adherence.png", _png(_adherence_figure(report)))
+    write_bytes(out_dir / "adherence.png", png(adherence_figure(report, report_models(report))))
     if report.get("tiers"):
-        write_bytes(out_dir / "tiers.png", _png(_tiers_figure(report)))
+        write_bytes(out_dir / "tiers.png", png(tiers_figure(report, report_models(report))))
     if _has_kinds(report):
-        write_bytes(out_dir / "kinds.png", _png(_kinds_figure(report)))
-    maps = {m: attention_per_head([t for t in transcripts if t["model"] == m]) for m in _models(report)}
-    write_bytes(out_dir / "attention.png", _png(_attention_figure(report, maps)))
+        write_bytes(out_dir / "kinds.png", png(kinds_figure(report, report_models(report))))
+    maps = {m: attention_per_head([t for t in transcripts if t["model"] == m]) for m in report_models(report)}
+    write_bytes(out_dir / "attention.png", png(attention_figure(report, report_models(report), maps)))
     lines = "".join(json.dumps(t, ensure_ascii=False, sort_keys=False) + "\n" for t in transcripts)
     write_bytes(out_dir / "transcripts.jsonl", lines.encode("utf-8"))

@@ -12,7 +12,6 @@ instruction's tokens, per (layer, head), and its means per layer and over the ne
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -20,153 +19,20 @@ from accelerate import PartialState
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from gatt.data.collator import Placement, append_instruction, place_instruction
-from gatt.eval.plan import EvalDialogue, PlannedTurn
+from gatt.eval.plan import EvalDialogue
+from gatt.eval.turns import (
+    RolloutConfig,
+    RolloutRow,
+    context_length,
+    next_prompts,
+    render,
+    transcript,
+    user_message,
+)
 from gatt.io.distributed import gather_items, my_items
 from gatt.model.generation import DECODERS as CHAT_BATCH_DECODERS
 from gatt.model.generation import ChatBatch, decoder_options, left_padded, new_tokens, stop_token_ids
-from gatt.model.sampling import MAX_NEW_TOKENS, SAMPLER_DEFAULTS, Sampler
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    max_new_tokens: int = MAX_NEW_TOKENS
-    batch_size: int = 32  # dialogues rolled out together
-    do_sample: bool = False  # greedy by default
-    temperature: float = SAMPLER_DEFAULTS["temperature"]
-    top_p: float = SAMPLER_DEFAULTS["top_p"]
-    seed: int = 0  # sampling seed
-    repetition_penalty: float = SAMPLER_DEFAULTS["repetition_penalty"]  # over the reply being written; 1.0: off
-    no_repeat_ngram_size: int = SAMPLER_DEFAULTS["no_repeat_ngram_size"]  # no n-gram twice in one reply; 0: off
-    placement: Placement = "system"  # where turn one gives the instruction
-    repeat_instruction: bool = False  # the upper bound: the instruction appended to every user turn instead
-    measure_attention: bool = False
-    split_softmax: float | None = (
-        None  # strength: boost every head's attention on the instruction (gatt/model/split_softmax.py)
-    )
-    shrink: bool = True  # stopped rows leave the decoding batch, holes compacted each turn (False: the older path)
-    # one of DECODERS: growing | static | graphs | compiled (gatt.model.generation.decoder_options), engine (ChatBatch's
-    # choice for the device), generate (`generate_rollout`, its cache carried); auto: `batch_decoder`
-    decoder: str = "auto"
-
-
-@dataclass
-class _Rollout:
-    """One dialogue under way: its history as the model sees it and its transcript so far."""
-
-    dialogue: EvalDialogue
-    messages: list[dict[str, str]] = field(default_factory=list)  # user/assistant history (no instruction)
-    turns: list[dict[str, Any]] = field(default_factory=list)
-    stop_reason: str | None = None
-
-    def add(self, number: int, turn: PlannedTurn, user: str, reply: str, attention: list[list[float]] | None) -> None:
-        self.turns.append(score_turn(number, turn, user, reply, attention))
-        self.messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
-
-
-def context_length(model: PreTrainedModel) -> int:
-    return getattr(model.config, "max_position_embeddings", None) or 2048
-
-
-def user_message(dialogue: EvalDialogue, turn: PlannedTurn, config: RolloutConfig) -> str:
-    """The user message as the model sees it: with the instructions in force appended (NAME+repeat), or with the
-    words of the event the turn gives (an instruction given late, changed or withdrawn), or as planned. A dialogue
-    built without events keeps its turn-one instruction throughout."""
-    if config.repeat_instruction:
-        state = turn.state if dialogue.events else dialogue.instruction
-        return append_instruction(turn.user, state) if state else turn.user
-    return append_instruction(turn.user, turn.event) if turn.event else turn.user
-
-
-def render(
-    tokenizer: PreTrainedTokenizerBase, dialogue: EvalDialogue, messages: list[dict[str, str]], config: RolloutConfig
-) -> tuple[list[int], list[int]]:
-    """Token ids of the history ready for the next reply, and the indices of the instruction's tokens in it."""
-    instruction = None if config.repeat_instruction else dialogue.instruction
-    chat = place_instruction(messages, instruction, config.placement)
-    text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=bool(dialogue.instruction))
-    if not dialogue.instruction:
-        return list(encoded["input_ids"]), []
-    start = text.find(dialogue.instruction)  # its first occurrence: turn one
-    end = start + len(dialogue.instruction)
-    span = [i for i, (a, b) in enumerate(encoded["offset_mapping"]) if a < end and b > start and start >= 0]
-    return list(encoded["input_ids"]), span
-
-
-def score_turn(
-    number: int, turn: PlannedTurn, user: str, reply: str, attention: list[list[float]] | None
-) -> dict[str, Any]:
-    """The transcript entry of one turn: the reply and every check's result (the answer gate comes after: judge.py).
-
-    `attention`: (layers, heads) shares of the reply's attention on the instruction's tokens, or None."""
-    checks = [{"type": c.type, "passed": c.passes(reply)} for c in turn.checks]
-    per_layer = None if not attention else [sum(heads) / len(heads) for heads in attention]
-    return {
-        "turn": number,
-        "kind": turn.kind,
-        "user": user,
-        "reply": reply,
-        "checks": checks,
-        "checks_passed": all(c["passed"] for c in checks) if checks else None,
-        "since": turn.since,
-        "old_followed": all(c.passes(reply) for c in turn.old_checks) if turn.old_checks else None,
-        "on_topic": all(c.passes(reply) for c in turn.on_topic) if turn.on_topic else None,
-        "attention_on_instruction": None if per_layer is None else sum(per_layer) / len(per_layer),
-        "attention_per_layer": per_layer,
-        "attention_per_head": None if not attention else [[round(share, 6) for share in heads] for heads in attention],
-    }
-
-
-def transcript(row: _Rollout) -> dict[str, Any]:
-    d = row.dialogue
-    constraint = d.constraint
-    return {
-        "id": d.id,
-        "stratum": d.stratum,
-        **({"tier": d.tier} if d.tier else {}),
-        "kind": d.kind,
-        "events": [{"turn": e.turn, "kind": e.action, "text": e.text} for e in d.events],
-        "constraint": None
-        if constraint is None
-        else {
-            "name": constraint.name,
-            "family": constraint.family,
-            "value": constraint.value,
-            "split": constraint.split,
-        },
-        "instruction": d.instruction,
-        "stop_reason": row.stop_reason,
-        "turns": row.turns,
-    }
-
-
-def next_prompts(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    rows: Sequence[_Rollout],
-    t: int,
-    config: RolloutConfig,
-    bar: tqdm,
-) -> tuple[dict[int, list[int]], dict[int, list[int]], dict[int, str]]:
-    """Turn `t` of every row still under way: its rendered prompt, its instruction's token indices and its user
-    message, by row index. A row out of turns, or whose prompt and reply would pass the context, stops here."""
-    prompts, marked, users = {}, {}, {}
-    for i, row in enumerate(rows):
-        if row.stop_reason is not None:
-            continue
-        if t >= len(row.dialogue.turns):
-            row.stop_reason = "turns"
-            continue
-        users[i] = user_message(row.dialogue, row.dialogue.turns[t], config)
-        ids, span = render(tokenizer, row.dialogue, [*row.messages, {"role": "user", "content": users[i]}], config)
-        if len(ids) + config.max_new_tokens > context_length(model):
-            row.stop_reason = "context"
-            bar.update(len(row.dialogue.turns) - t)
-            continue
-        prompts[i], marked[i] = ids, span
-    return prompts, marked, users
-
+from gatt.model.sampling import Sampler
 
 # The most dialogue-turns (dialogues x turns) a batch may have for `auto` to roll it out with Hugging Face
 # `generate()` instead of the engine. Measured on 2 CPUs (benchmarks/bench_crossover.py, results/crossover_*.json,
@@ -180,8 +46,14 @@ DECODERS = ("auto", "engine", *(d for d in CHAT_BATCH_DECODERS if d != "auto"), 
 
 
 def beyond_generate(config: RolloutConfig) -> str | None:
-    """What of `config` the greedy `generate()` paths (`generate_rollout`, `reference_rollout`) cannot do (None:
-    nothing)."""
+    """What of `config` the greedy `generate()` paths (`generate_rollout`, `reference_rollout`) cannot do.
+
+    Args:
+        config: the rollout's settings.
+
+    Returns:
+        Sampling, the attention probe or split-softmax, in words; None: nothing.
+    """
     if config.do_sample:
         return "sampling (its random draws differ)"
     if config.measure_attention:
@@ -192,7 +64,15 @@ def beyond_generate(config: RolloutConfig) -> str | None:
 
 
 def generate_mismatch(config: RolloutConfig) -> str | None:
-    """Why `generate_rollout` would not write `rollout`'s replies under `config` (None: it writes the same ones)."""
+    """Why `generate_rollout` would not write `rollout`'s replies under `config`.
+
+    Args:
+        config: the rollout's settings.
+
+    Returns:
+        The reason in words (`beyond_generate`'s, or a repetition penalty or n-gram rule); None: it writes the same
+        ones.
+    """
     if (why := beyond_generate(config)) is not None:
         return why
     if config.repetition_penalty != 1.0 or config.no_repeat_ngram_size:
@@ -205,7 +85,20 @@ def batch_decoder(model: PreTrainedModel, config: RolloutConfig, batch: Sequence
 
     auto is `generate` where the engine does not beat generate() by 1.2x (on a CPU in fp32, a batch of at most
     GENERATE_AT_MOST dialogue-turns) and generate() writes the same replies (`generate_mismatch`), else the engine's
-    own choice for the device; `engine` is that choice at every size."""
+    own choice for the device; `engine` is that choice at every size.
+
+    Args:
+        model: the model under test (its device and dtype).
+        config: the rollout's settings; `config.decoder` is the decoder asked for.
+        batch: the dialogues of the batch.
+
+    Returns:
+        "generate", or the ChatBatch decoder's name ("auto" for `engine`).
+
+    Raises:
+        ValueError: when `config.decoder` is not one of DECODERS, or is `generate` for a config whose replies
+            generate() would not write the same (`generate_mismatch`).
+    """
     if config.decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {config.decoder!r}")
     if config.decoder == "generate":
@@ -232,8 +125,23 @@ def rollout(
     """Transcripts of `dialogues` (same order), batched across dialogues, with the KV cache reused across turns.
 
     Each batch runs on the engine (`ChatBatch`) or, where `batch_decoder` says so, on `generate_rollout` (the same
-    replies). `batches`: roll out only these batches (of `config.batch_size` dialogues, numbered from 0): a
-    process's share."""
+    replies).
+
+    Args:
+        model: the model under test.
+        tokenizer: its tokenizer, with a chat template.
+        dialogues: the test dialogues.
+        config: the rollout's settings.
+        progress: show a progress bar over the turns.
+        batches: roll out only these batches (of `config.batch_size` dialogues, numbered from 0): a process's share;
+            None: all.
+
+    Returns:
+        One transcript (`transcript`) per dialogue rolled out, in order.
+
+    Raises:
+        ValueError: when the tokenizer has no chat template, or `config.decoder` is refused (`batch_decoder`).
+    """
     if not tokenizer.chat_template:
         raise ValueError(
             f"{getattr(tokenizer, 'name_or_path', 'the tokenizer')} has no chat template: the evaluation needs a chat model"
@@ -263,7 +171,7 @@ def rollout(
                 transcripts += generate_rollout(model, tokenizer, batch, config, cache="carry", progress=False)
                 bar.update(sum(len(d.turns) for d in batch))
                 continue
-            rows = [_Rollout(d) for d in batch]
+            rows = [RolloutRow(d) for d in batch]
             chat = ChatBatch(
                 model,
                 tokenizer,
@@ -296,7 +204,18 @@ def distributed_rollout(
 ) -> list[dict[str, Any]]:
     """`rollout` with the batches dealt across the job's processes; every process gets all transcripts, in order.
 
-    A batch's replies depend only on its dialogues and seed, so the transcripts equal one process's."""
+    A batch's replies depend only on its dialogues and seed, so the transcripts equal one process's.
+
+    Args:
+        model: the model under test.
+        tokenizer: its tokenizer, with a chat template.
+        dialogues: the test dialogues, the same on every process.
+        config: the rollout's settings.
+        state: the job's processes; only the local main process shows a progress bar.
+
+    Returns:
+        The transcripts of all `dialogues`, in order.
+    """
     size = config.batch_size
     batches = my_items(-(-len(dialogues) // size), state)
     indices = [i for b in batches for i in range(b * size, min((b + 1) * size, len(dialogues)))]
@@ -313,7 +232,23 @@ def reference_rollout(
     *,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
-    """The same transcripts the slow way: Hugging Face `generate()` per turn on the re-encoded history, one dialogue at a time."""
+    """The same transcripts the slow way: Hugging Face `generate()` per turn on the re-encoded history.
+
+    One dialogue at a time, greedy.
+
+    Args:
+        model: the model under test.
+        tokenizer: its tokenizer, with a chat template.
+        dialogues: the test dialogues.
+        config: the rollout's settings.
+        progress: show a progress bar over the turns.
+
+    Returns:
+        One transcript per dialogue, in order.
+
+    Raises:
+        ValueError: when `config` asks for sampling, the attention probe or split-softmax (`beyond_generate`).
+    """
     if (why := beyond_generate(config)) is not None:
         raise ValueError(
             f"reference_rollout is the greedy reference: no sampling, no attention probe, no split-softmax (got {why})"
@@ -324,7 +259,7 @@ def reference_rollout(
     transcripts = []
     with tqdm(total=sum(len(d.turns) for d in dialogues), desc="reference", unit="turn", disable=not progress) as bar:
         for dialogue in dialogues:
-            row = _Rollout(dialogue)
+            row = RolloutRow(dialogue)
             for t, turn in enumerate(dialogue.turns):
                 user = user_message(dialogue, turn, config)
                 ids, _ = render(tokenizer, dialogue, [*row.messages, {"role": "user", "content": user}], config)
@@ -348,6 +283,11 @@ def reference_rollout(
     return transcripts
 
 
+# generate_rollout's cache: "none" re-encodes every history each turn; "carry" keeps the batch's KV cache from turn to
+# turn (each row's cached tokens that its re-rendered history no longer starts with are masked out, and the new ones
+# follow a masked gap: generate() takes any 0/1 attention mask and counts positions over the 1s); "static" re-encodes
+# into `cache_implementation="static"` (the cache `torch.compile` needs on a GPU; sized once for the longest turn,
+# generate() compiles its step once, where sized per call the cache grows and the step recompiles at each longer turn).
 GenerateCache = Literal["none", "carry", "static"]
 
 
@@ -355,9 +295,25 @@ GenerateCache = Literal["none", "carry", "static"]
 def generate_settings(
     config: RolloutConfig, stops: list[int], pad: int, cache: GenerateCache, static_cache_len: int | None
 ) -> dict[str, Any]:
-    """generate()'s keyword arguments for `generate_rollout`: greedy, every decoding parameter given (none read from the
-    model folder), stopping at `stops`, padding with `pad`; with `cache="static"`, a static cache (`static_cache_len`
-    columns, or generate()'s own size). A config generate() cannot follow, or another cache, is refused."""
+    """generate()'s keyword arguments for `generate_rollout`.
+
+    Greedy, every decoding parameter given (none read from the model folder). A config generate() cannot follow, or
+    another cache, is refused.
+
+    Args:
+        config: the rollout's settings.
+        stops: the token ids generation stops at.
+        pad: the padding token id.
+        cache: "none", "carry" or "static"; "static" asks for a static cache.
+        static_cache_len: the static cache's columns (None: generate()'s own size); used with `cache="static"` only.
+
+    Returns:
+        The keyword arguments of `model.generate()`.
+
+    Raises:
+        ValueError: when `config` asks for sampling, the attention probe or split-softmax, or `cache` is not one of
+            "none", "carry", "static".
+    """
     if (why := beyond_generate(config)) is not None:
         raise ValueError(
             f"generate_rollout is the greedy baseline: no sampling, no attention probe, no split-softmax (got {why})"
@@ -390,23 +346,32 @@ def generate_rollout(
     static_cache_len: int | None = None,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
-    """The transcripts as a user of Hugging Face would write them: one `generate()` call per turn over all
-    `dialogues` (left-padded), greedy, every decoding parameter passed (nothing read from the model folder's
-    generation_config.json). The baseline `rollout` is measured against (benchmarks/bench_smollm2.py).
+    """The transcripts as a user of Hugging Face would write them: one `generate()` call per turn over all `dialogues`.
 
-    `cache`: "none" re-encodes every history each turn; "carry" keeps the batch's KV cache from turn to turn
-    (each row's cached tokens that its re-rendered history no longer starts with are masked out, and the new ones
-    follow a masked gap: generate() takes any 0/1 attention mask and counts positions over the 1s); "static"
-    re-encodes into `cache_implementation="static"` (the cache `torch.compile` needs on a GPU), `static_cache_len`
-    columns long when given (sized once for the longest turn, generate() compiles its step once: sized per call, the
-    cache grows and the step recompiles at each longer turn). The repetition penalty of `generate()` counts the
-    prompt's tokens too (ours: the reply's only): with a penalty the replies differ, without one they are the same."""
+    Left-padded, greedy, every decoding parameter passed (none read from generation_config.json): the baseline
+    `rollout` is measured against (benchmarks/bench_smollm2.py). generate()'s repetition penalty counts the prompt's
+    tokens too (ours: the reply's only), so only without one are the replies the same.
+
+    Args:
+        model: the model under test.
+        tokenizer: its tokenizer, with a chat template.
+        dialogues: the test dialogues.
+        config: the rollout's settings.
+        cache: "none", "carry" or "static": what is kept from turn to turn (GenerateCache).
+        static_cache_len: the static cache's columns when given (once for the longest turn: one compile of the step).
+        progress: show a progress bar over the turns.
+
+    Returns:
+        One transcript per dialogue, in order.
+
+    Raises:
+        ValueError: when `config` asks for sampling, the attention probe or split-softmax, or `cache` is unknown
+            (`generate_settings`).
+    """
     stops = sorted(stop_token_ids(model, tokenizer))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-    decoding = generate_settings(config, stops, pad, cache, static_cache_len)
-    model.eval()
-    device = model.device
-    rows = [_Rollout(d) for d in dialogues]
+    decoding, device = generate_settings(config, stops, pad, cache, static_cache_len), model.eval().device
+    rows = [RolloutRow(d) for d in dialogues]
     fed: list[list[int]] = [[] for _ in rows]  # carry: each row's real tokens in the batch, in order
     columns: list[list[int]] = [[] for _ in rows]  # carry: the batch column of each
     sequences = torch.zeros(len(rows), 0, dtype=torch.long, device=device)  # carry: the batch so far (B, L)
@@ -439,18 +404,11 @@ def generate_rollout(
                 **decoding,
             )
             new = output.sequences[:, input_ids.shape[1] :].tolist()
-            generated_mask = torch.zeros(len(order), len(new[0]), dtype=torch.long)
-            for j, i in enumerate(order):
-                if i not in prompts:
-                    continue
-                end = next((n for n, token in enumerate(new[j]) if token in stops), len(new[j]))
-                reply = tokenizer.decode(new[j][:end], skip_special_tokens=True).strip()
-                rows[i].add(t + 1, rows[i].dialogue.turns[t], users[i], reply, None)
-                if cache == "carry":
-                    generated_mask[j, :end] = 1  # the reply's tokens; its end and what follows are masked out
-                    fed[i] += new[j][:end]
-                    columns[i] += range(input_ids.shape[1], input_ids.shape[1] + end)
+            ends = _add_replies(
+                tokenizer, rows, t, {i: (new[j], users[i]) for j, i in enumerate(order) if i in prompts}, stops
+            )
             if cache == "carry":
+                generated_mask = _carry_replies(order, new, ends, fed, columns, input_ids.shape[1])
                 sequences = output.sequences
                 mask = torch.cat([attention_mask, generated_mask.to(device)], dim=1)
                 past = output.past_key_values
@@ -458,3 +416,60 @@ def generate_rollout(
     for row in rows:
         row.stop_reason = row.stop_reason or "turns"
     return [transcript(row) for row in rows]
+
+
+def _add_replies(
+    tokenizer: PreTrainedTokenizerBase,
+    rows: Sequence[RolloutRow],
+    turn: int,
+    generated: dict[int, tuple[list[int], str]],
+    stops: Sequence[int],
+) -> dict[int, int]:
+    """Each generated row's reply (its tokens up to the first stop token, decoded) added to its transcript at `turn`.
+
+    Args:
+        tokenizer: The model's tokenizer.
+        rows: The dialogues' rollouts.
+        turn: The turn's index (0-based).
+        generated: Row index -> (the tokens generate() wrote after the prompt, the user message the turn sent).
+        stops: The stop token ids.
+
+    Returns:
+        Row index -> the number of reply tokens before its stop token.
+    """
+    ends = {}
+    for i, (tokens, user) in generated.items():
+        ends[i] = next((n for n, token in enumerate(tokens) if token in stops), len(tokens))
+        reply = tokenizer.decode(tokens[: ends[i]], skip_special_tokens=True).strip()
+        rows[i].add(turn + 1, rows[i].dialogue.turns[turn], user, reply, None)
+    return ends
+
+
+def _carry_replies(
+    order: Sequence[int],
+    new: list[list[int]],
+    ends: dict[int, int],
+    fed: list[list[int]],
+    columns: list[list[int]],
+    start: int,
+) -> torch.Tensor:
+    """Under cache="carry": each reply's tokens recorded as its row's (`fed`, at batch `columns` from `start`).
+
+    Args:
+        order: The row of each batch line.
+        new: Each batch line's generated tokens.
+        ends: Row -> its reply's token count (`_add_replies`); rows without a reply this turn are absent.
+        fed: Each row's real tokens in the batch, extended in place.
+        columns: The batch column of each, extended in place.
+        start: The batch column of the first generated token.
+
+    Returns:
+        The generated tokens' attention mask (B, new tokens): 1 on each reply's tokens, 0 on its end and after.
+    """
+    generated_mask = torch.zeros(len(order), len(new[0]), dtype=torch.long)
+    for j, i in enumerate(order):
+        if i in ends:
+            generated_mask[j, : ends[i]] = 1
+            fed[i] += new[j][: ends[i]]
+            columns[i] += range(start, start + ends[i])
+    return generated_mask

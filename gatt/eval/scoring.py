@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-from gatt.data.checks import BENCHMARK_CHECKS
+from gatt.data.check_types import BENCHMARK_CHECKS
 from gatt.data.events import KINDS
 from gatt.eval.gate import REASONS
 
@@ -28,7 +28,19 @@ Key = Literal["passed", "checks_passed"]
 
 
 def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95% by default)."""
+    """The Wilson score interval of a binomial proportion (95% by default).
+
+    Args:
+        successes: The number of successes.
+        n: The number of trials.
+        z: The normal quantile of the interval's confidence (default Z95: 95%).
+
+    Returns:
+        (lo, hi); lo is exactly 0 at 0 successes and hi exactly 1 at `n`.
+
+    Raises:
+        ValueError: When `n` is not positive or `successes` is not in [0, n].
+    """
     if n <= 0:
         raise ValueError(f"n must be positive, got {n}")
     if not 0 <= successes <= n:
@@ -44,31 +56,66 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
 
 
 def rate(successes: int, n: int) -> dict[str, Any]:
-    """`{"adherence": successes/n, "n": n, "ci95": [lo, hi]}`, rounded to 6 decimals."""
+    """A rate with its 95% Wilson interval.
+
+    Args:
+        successes: The number of successes.
+        n: The number of trials.
+
+    Returns:
+        `{"adherence": successes/n, "n": n, "ci95": [lo, hi]}`, rounded to 6 decimals.
+
+    Raises:
+        ValueError: When `n` is not positive or `successes` is not in [0, n].
+    """
     lo, hi = wilson_interval(successes, n)
     return {"adherence": round(successes / n, 6), "n": n, "ci95": [round(lo, 6), round(hi, 6)]}
 
 
 def kind_of(transcript: Transcript) -> str:
-    """A dialogue's kind (gatt/data/events.py KINDS, or "none" without an instruction); transcripts written before
-    kinds existed are `first` or `none`."""
+    """A dialogue's kind (gatt/data/events.py KINDS, or "none" without an instruction).
+
+    Args:
+        transcript: One dialogue's transcript.
+
+    Returns:
+        Its "kind"; for a transcript written before kinds existed, `first`, or `none` where its instruction is None.
+    """
     return transcript.get("kind") or ("none" if transcript["instruction"] is None else "first")
 
 
 def first_turn(transcripts: Iterable[Transcript]) -> list[Transcript]:
-    """The dialogues of the paper's setting: the instruction in turn one and kept (and those without one)."""
+    """The dialogues of the paper's setting: the instruction in turn one and kept (and those without one).
+
+    Args:
+        transcripts: The transcripts to select from.
+
+    Returns:
+        Those of kind `first` or `none`, in input order.
+    """
     return [t for t in transcripts if kind_of(t) in ("first", "none")]
 
 
 def per_kind(transcripts: Iterable[Transcript], strata: Sequence[str] = TRAIN) -> dict[str, dict[str, Any]]:
-    """Per dialogue kind, over the dialogues whose stratum is in `strata`, by d, the turns since the kind's event
-    (d = 0: the turn that gives the instruction, or the change):
+    """Per dialogue kind, over the dialogues whose stratum is in `strata`: scores by d, the turns since its event.
+
+    d = 0 is the turn that gives the instruction, or the change (the kind's event):
 
     - `after[d]`: replies that obey every instruction in force (its checks; none after a withdrawal) and pass the
       answer gate;
     - `old_followed[d]` (replace, revoke): replies that still follow the replaced or withdrawn instruction, by
       the checks that show it (gatt/data/events.py `following_checks`: language, capitals, an opening or a sign-off on
-      every turn; a hobby or a persona on its probes), over the turns where it is checkable."""
+      every turn; a hobby or a persona on its probes), over the turns where it is checkable.
+
+    Args:
+        transcripts: Judged transcripts (each turn with "since", "checks_passed", "gate" and, where checkable,
+            "old_followed").
+        strata: The strata to score: stratum names, or `tier_stratum(TIER)` for one held-out tier (default TRAIN).
+
+    Returns:
+        Kind -> `{"dialogues": count, "after": {d: rate}}`, with `"old_followed": {d: share}` for replace and
+        revoke; d as a string. A kind with no turn after its event is left out.
+    """
     selected = _select(transcripts, strata)
     out: dict[str, dict[str, Any]] = {}
     for kind in KINDS:
@@ -100,18 +147,43 @@ def per_kind(transcripts: Iterable[Transcript], strata: Sequence[str] = TRAIN) -
 
 
 def share(successes: int, n: int) -> dict[str, Any]:
-    """`{"share": successes/n, "n": n, "ci95": [lo, hi]}`: `rate` under the name of a share that should be low."""
+    """`rate` under the name of a share that should be low.
+
+    Args:
+        successes: The number of replies counted.
+        n: The number of replies.
+
+    Returns:
+        `{"share": successes/n, "n": n, "ci95": [lo, hi]}`, rounded to 6 decimals.
+
+    Raises:
+        ValueError: When `n` is not positive or `successes` is not in [0, n].
+    """
     scored = rate(successes, n)
     return {"share": scored["adherence"], "n": n, "ci95": scored["ci95"]}
 
 
 def tier_stratum(tier: str) -> str:
-    """The stratum name that selects one held-out tier's dialogues ("heldout_family:behaviours")."""
+    """The stratum name that selects one held-out tier's dialogues.
+
+    Args:
+        tier: The tier's name, e.g. "behaviours".
+
+    Returns:
+        "heldout_family:TIER", e.g. "heldout_family:behaviours".
+    """
     return f"heldout_family:{tier}"
 
 
 def tiers_of(transcripts: Iterable[Transcript]) -> list[str]:
-    """The held-out tiers the transcripts' dialogues carry, in order of appearance."""
+    """The held-out tiers the transcripts' dialogues carry, in order of appearance.
+
+    Args:
+        transcripts: The transcripts; those without a "tier" (or with "") carry none.
+
+    Returns:
+        The tier names, without duplicates.
+    """
     return list(dict.fromkeys(t["tier"] for t in transcripts if t.get("tier")))
 
 
@@ -127,7 +199,17 @@ def _scored_turns(transcripts: Iterable[Transcript], key: Key = "passed") -> lis
 def adherence_per_turn(
     transcripts: Iterable[Transcript], strata: Sequence[str], key: Key = "passed"
 ) -> dict[str, dict[str, Any]]:
-    """Adherence at each turn ("1", "2", ...) over the dialogues whose stratum is in `strata`."""
+    """Adherence at each turn ("1", "2", ...) over the dialogues whose stratum is in `strata`.
+
+    Args:
+        transcripts: Judged transcripts.
+        strata: The strata to score: stratum names, or `tier_stratum(TIER)` for one held-out tier.
+        key: What counts as adherent: "passed" (checks and the answer gate, the default) or "checks_passed" (the
+            checks alone).
+
+    Returns:
+        Turn number (a string) -> `rate` of its scored replies (`key` not None); turns without any are left out.
+    """
     passed: Counter[int] = Counter()
     total: Counter[int] = Counter()
     for turn in _scored_turns(_select(transcripts, strata), key):
@@ -137,7 +219,17 @@ def adherence_per_turn(
 
 
 def per_family(transcripts: Iterable[Transcript], key: Key = "passed") -> dict[str, dict[str, Any]]:
-    """Per constraint family: per-turn adherence on train and heldout strata, and one overall rate."""
+    """Per constraint family: per-turn adherence on train and heldout strata, and one overall rate.
+
+    Args:
+        transcripts: Judged transcripts; those without a constraint are left out.
+        key: What counts as adherent: "passed" (checks and the answer gate, the default) or "checks_passed" (the
+            checks alone).
+
+    Returns:
+        Family (sorted) -> `{"train": per-turn, "heldout": per-turn, "overall": rate}` (`adherence_per_turn`; a
+        split without scored turns left out); a family without any scored turn is left out.
+    """
     by_family: dict[str, list[Transcript]] = defaultdict(list)
     for t in transcripts:
         if t["constraint"] is not None:
@@ -159,7 +251,18 @@ def per_family(transcripts: Iterable[Transcript], key: Key = "passed") -> dict[s
 
 
 def survival(transcripts: Iterable[Transcript], strata: Sequence[str], key: Key = "passed") -> dict[str, Any]:
-    """Share of dialogues still adherent at each turn, and the mean turn of the first violation."""
+    """Share of dialogues still adherent at each turn, and the mean turn of the first violation.
+
+    Args:
+        transcripts: Judged transcripts.
+        strata: The strata to score: stratum names, or `tier_stratum(TIER)` for one held-out tier.
+        key: What counts as adherent: "passed" (checks and the answer gate, the default) or "checks_passed" (the
+            checks alone).
+
+    Returns:
+        `{"per_turn": {turn: share}, "mean_turns_to_first_violation": mean, "n": dialogues}`: a violation is a turn
+        whose `key` is False; a dialogue without one counts its last turn + 1; the mean is None without dialogues.
+    """
     dialogues = _select(transcripts, strata)
     first_violation: list[int] = []
     survived: Counter[int] = Counter()
@@ -181,7 +284,14 @@ def survival(transcripts: Iterable[Transcript], strata: Sequence[str], key: Key 
 
 
 def attention_per_turn(transcripts: Iterable[Transcript]) -> dict[str, float]:
-    """Mean attention share on the instruction per turn, over dialogues with an instruction."""
+    """Mean attention share on the instruction per turn, over dialogues with an instruction.
+
+    Args:
+        transcripts: Transcripts whose turns may carry "attention_on_instruction" (the attention probe's).
+
+    Returns:
+        Turn number (a string) -> the mean share, rounded to 6 decimals; turns without any share are left out.
+    """
     values: dict[int, list[float]] = defaultdict(list)
     for t in transcripts:
         if t["instruction"] is None:
@@ -193,8 +303,17 @@ def attention_per_turn(transcripts: Iterable[Transcript]) -> dict[str, float]:
 
 
 def attention_per_head(transcripts: Iterable[Transcript]) -> dict[str, list[list[float]]]:
-    """Per turn, the (layers, heads) attention shares on the instruction, each averaged over the turn's replies
-    in dialogues with an instruction."""
+    """Per turn, the (layers, heads) attention shares on the instruction.
+
+    Each share is averaged over the turn's replies in dialogues with an instruction.
+
+    Args:
+        transcripts: Transcripts whose turns may carry "attention_per_head", a (layers, heads) list of lists.
+
+    Returns:
+        Turn number (a string) -> the (layers, heads) mean shares, rounded to 6 decimals; turns without any are
+        left out.
+    """
     sums: dict[int, list[list[float]]] = {}
     counts: Counter[int] = Counter()
     for t in transcripts:
@@ -212,20 +331,36 @@ def attention_per_head(transcripts: Iterable[Transcript]) -> dict[str, list[list
 
 
 def attention_max_head(per_head: dict[str, list[list[float]]]) -> dict[str, float]:
-    """Per turn, the largest share that any single (layer, head) puts on the instruction (Figure 10's maximum),
-    from `attention_per_head`: the head that keeps the instruction, averaged over the turn's replies."""
+    """Per turn, the largest share that any single (layer, head) puts on the instruction (Figure 10's maximum).
+
+    Args:
+        per_head: `attention_per_head`'s output: per turn, the (layers, heads) shares averaged over the turn's
+            replies.
+
+    Returns:
+        Turn number -> the share of the head that keeps the instruction best.
+    """
     return {turn: max(max(row) for row in heads) for turn, heads in per_head.items()}
 
 
 def no_regression(
     transcripts: Iterable[Transcript], key: Key = "passed", strata: Sequence[str] = ("none",)
 ) -> dict[str, Any] | None:
-    """Over the chat turns of the dialogues without an instruction (or of `strata`): the share of replies on
-    the user's topic, and their mean length.
+    """The share of replies on the user's topic, and their mean length.
 
-    With the gate (`key="passed"`), on topic means a real answer: the gate's verdict, which judges the
-    topic by the turn's on-topic checks or, without them, by likelihood; with the checks alone, the
-    turn's on-topic checks (None when no turn has any)."""
+    Over the chat turns of the dialogues without an instruction (or of `strata`). With the gate (`key="passed"`),
+    on topic means a real answer: the gate's verdict, which judges the topic by the turn's on-topic checks or,
+    without them, by likelihood; with the checks alone, the turn's on-topic checks (None when no turn has any).
+
+    Args:
+        transcripts: Judged transcripts.
+        key: "passed" (the gate's verdict, the default) or "checks_passed" (the turn's on-topic checks).
+        strata: The strata to score (default ("none",): the dialogues without an instruction).
+
+    Returns:
+        `{"on_topic": share, "n": replies judged, "ci95": [lo, hi], "mean_words": mean}`, the mean length in words
+        over every chat turn; None where no chat turn is judged.
+    """
     turns = [turn for t in _select(transcripts, strata) for turn in t["turns"] if turn["kind"] == "chat"]
     flags = [turn["gate"]["passed"] if key == "passed" else turn.get("on_topic") for turn in turns]
     flags = [f for f in flags if f is not None]
@@ -242,7 +377,15 @@ def no_regression(
 
 
 def answer_gate(transcripts: Iterable[Transcript]) -> dict[str, Any] | None:
-    """How many replies the gate passed, and the share failed for each reason (a reply may fail several)."""
+    """How many replies the gate passed, and the share failed for each reason (a reply may fail several).
+
+    Args:
+        transcripts: Transcripts whose turns may carry the gate's verdict ("gate").
+
+    Returns:
+        `{"passed": share, "n": replies judged, "failed": {reason: share}}` with every one of REASONS, shares rounded
+        to 6 decimals; None where no reply was judged.
+    """
     verdicts = [turn["gate"] for t in transcripts for turn in t["turns"] if "gate" in turn]
     if not verdicts:
         return None
@@ -255,8 +398,20 @@ def answer_gate(transcripts: Iterable[Transcript]) -> dict[str, Any] | None:
 
 
 def adherence_scores(transcripts: Sequence[Transcript], key: Key = "passed") -> dict[str, Any]:
-    """The scores that depend on what counts as adherent: per turn and stratum (and held-out tier, where the
-    dialogues carry tiers), per family, survival, no regression."""
+    """The scores that depend on what counts as adherent.
+
+    Per turn and stratum (and held-out tier, where the dialogues carry tiers), per family, survival, no regression.
+
+    Args:
+        transcripts: Judged transcripts of one model.
+        key: What counts as adherent: "passed" (checks and the answer gate, the default) or "checks_passed" (the
+            checks alone).
+
+    Returns:
+        `per_turn` (train), `heldout_per_turn`, `heldout_family_per_turn`, `tier_per_turn` (tier -> per-turn, where
+        the dialogues carry tiers), `per_family`, `survival` (train and heldout), `no_regression` (dialogues without
+        an instruction) and `no_regression_instructed` (dialogues with one).
+    """
     scores: dict[str, Any] = {
         "per_turn": adherence_per_turn(transcripts, TRAIN, key),
         "heldout_per_turn": adherence_per_turn(transcripts, ("heldout_value",), key),
@@ -275,10 +430,19 @@ def adherence_scores(transcripts: Sequence[Transcript], key: Key = "passed") -> 
 
 
 def benchmark_metrics(transcripts: Iterable[Transcript], name: str) -> dict[str, Any] | None:
-    """IFEval's own metrics, per turn, over the replies that carry checks of type `name` (ifeval, ifbench):
-    `prompt_strict`, the share of replies that follow every such instruction in force, `instruction_strict`,
-    the share of those instructions followed, each by the benchmark's strict checker and without the answer
-    gate; `n` replies (Wilson interval of prompt_strict). None where no reply has such a check."""
+    """IFEval's own metrics, per turn, over the replies that carry checks of type `name`.
+
+    `prompt_strict` is the share of replies that follow every such instruction in force, `instruction_strict`
+    the share of those instructions followed, each by the benchmark's strict checker and without the answer gate.
+
+    Args:
+        transcripts: Transcripts whose turns carry their checks' verdicts ("checks", each with "type" and "passed").
+        name: The benchmark's check type (ifeval, ifbench).
+
+    Returns:
+        `{"per_turn": {turn: {"prompt_strict", "instruction_strict", "n", "ci95"}}}`: `n` replies, `ci95` the
+        Wilson interval of prompt_strict; None where no reply has such a check.
+    """
     replies: Counter[int] = Counter()
     all_followed: Counter[int] = Counter()
     instructions: Counter[int] = Counter()
@@ -306,9 +470,20 @@ def benchmark_metrics(transcripts: Iterable[Transcript], name: str) -> dict[str,
 
 
 def score_model(transcripts: Sequence[Transcript]) -> dict[str, Any]:
-    """Every score of one model's transcripts, as one JSON-serialisable dict: checks and gate as the headline,
-    the same scores from the checks alone under `checks_only`; the per-turn scores are those of the dialogues
-    with the instruction in turn one (and none), `per_kind` those of every kind, by turns since its event."""
+    """Every score of one model's transcripts, as one JSON-serialisable dict.
+
+    Checks and gate are the headline, the same scores from the checks alone are under `checks_only`; the per-turn
+    scores are those of the dialogues with the instruction in turn one (and none), `per_kind` those of every kind,
+    by turns since its event.
+
+    Args:
+        transcripts: One model's judged transcripts.
+
+    Returns:
+        `adherence_scores`' scores, `checks_only`, `per_kind`, the benchmarks' metrics (BENCHMARK_CHECKS, where
+        their checks score replies), `answer_gate`, `attention_on_instruction`, `attention_on_instruction_max_head`,
+        `stop_reasons` (reason -> count) and `dialogues` (the count).
+    """
     first = first_turn(transcripts)
     return {
         **adherence_scores(first, "passed"),
@@ -331,7 +506,19 @@ def paired_difference(
 
     The same dialogues are rolled out with every model, so the difference is paired: its interval (normal
     approximation, sample variance of the per-dialogue differences) is narrower than two independent rates'
-    where the models fail the same dialogues."""
+    where the models fail the same dialogues.
+
+    Args:
+        a: One model's judged transcripts.
+        b: Another model's judged transcripts of the same dialogues (matched by "id").
+        strata: The strata to compare (default TRAIN).
+        key: What counts as adherent: "passed" (checks and the answer gate, the default) or "checks_passed" (the
+            checks alone).
+
+    Returns:
+        Turn number (a string) -> `{"difference": mean, "n": dialogues, "ci95": [lo, hi]}`, the interval clipped to
+        [-1, 1], rounded to 6 decimals; turns no dialogue of both scored are left out.
+    """
     b_passed = {
         (t["id"], turn["turn"]): bool(turn[key])
         for t in _select(b, strata)
@@ -357,10 +544,20 @@ def paired_difference(
 def paired_differences(
     by_model: Mapping[str, Sequence[Transcript]], baselines: Sequence[str] = (), strata: Sequence[str] = TRAIN
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """{"A - B": per-turn paired difference on `strata` (trained values)} for every model A against each baseline B: a model
-    given NAME+repeat (NAME) and its NAME+repeat column, then the models named in `baselines` (one fine-tune
-    against another), where the two share scored dialogues. `by_model`: each model's transcripts (as
-    `build_report` groups them)."""
+    """Every model A's per-turn paired difference against each baseline B, where the two share scored dialogues.
+
+    The baselines are a model given NAME+repeat (NAME) and its NAME+repeat column, then the models named in
+    `baselines` (one fine-tune against another). A model that is a baseline itself is paired only against those
+    named before it.
+
+    Args:
+        by_model: Each model's transcripts (as `build_report` groups them).
+        baselines: Models every model is also compared against (default none).
+        strata: The strata to compare (default TRAIN: trained values).
+
+    Returns:
+        `{"A - B": paired_difference(A, B)}`, pairs without shared scored dialogues left out.
+    """
     reminded = [m for m in by_model if m.endswith(REPEAT_SUFFIX)]
     upper = [b for m in reminded for b in (m.removesuffix(REPEAT_SUFFIX), m) if b in by_model]
     others = [m for m in by_model if m not in upper and REPEAT_SUFFIX not in m and SPLIT_SUFFIX not in m]
@@ -372,10 +569,20 @@ def paired_differences(
 
 
 def followable(report: dict[str, Any], transcripts: Sequence[Transcript]) -> dict[str, Any] | None:
-    """Which families the model can follow when reminded, by the first NAME+repeat model's per-family adherence
-    (>= FOLLOWABLE), and each model's per-turn adherence on those families' train constraints: GAtt is judged
-    there; a family the reminded model cannot follow is beyond the model, not a GAtt failure. None without
-    an upper bound in the report."""
+    """Which families the model can follow when reminded, and each model's per-turn adherence on them.
+
+    The families are those of the first NAME+repeat model's per-family adherence >= FOLLOWABLE; each model is
+    scored on those families' train constraints: GAtt is judged there; a family the reminded model cannot follow is
+    beyond the model, not a GAtt failure.
+
+    Args:
+        report: The report so far: model name -> `score_model` scores.
+        transcripts: Every model's judged transcripts, each with its "model".
+
+    Returns:
+        `{"reference": NAME+repeat, "threshold": FOLLOWABLE, "families": [...], "beyond_the_model": {family:
+        adherence}, "per_turn": {model: per-turn adherence}}`; None without an upper bound in the report.
+    """
     reference = next((m for m in report if m.endswith(REPEAT_SUFFIX)), None)
     if reference is None:
         return None

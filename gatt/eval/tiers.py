@@ -14,7 +14,14 @@ FAMILY_TURNS: tuple[int, ...] = (10, 20, 30)  # the per-family table's turns (th
 
 
 def tier_families(transcripts: Sequence[Transcript]) -> dict[str, list[str]]:
-    """{tier: its families, sorted} over the dialogues that carry a tier (report.json `tiers`)."""
+    """Each tier's families, over the dialogues that carry a tier (report.json `tiers`).
+
+    Args:
+        transcripts: The evaluated dialogues; those without a `tier` are skipped.
+
+    Returns:
+        {tier: its families, sorted}.
+    """
     out: dict[str, set[str]] = {}
     for t in transcripts:
         if t.get("tier"):
@@ -25,7 +32,15 @@ def tier_families(transcripts: Sequence[Transcript]) -> dict[str, list[str]]:
 def paired_tiers(
     firsts: Mapping[str, Sequence[Transcript]], baselines: Sequence[str]
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """{tier: {"A - B": per-turn paired difference}} on each tier's dialogues (report.json `paired_tiers`)."""
+    """The paired differences on each tier's dialogues (report.json `paired_tiers`).
+
+    Args:
+        firsts: {model: its transcripts}, as `build_report` groups them (`paired_differences`'s `by_model`).
+        baselines: The models named as baselines, each model compared against them (`paired_differences`).
+
+    Returns:
+        {tier: {"A - B": per-turn paired difference}}; a tier with no paired difference is left out.
+    """
     tiers = tiers_of(t for group in firsts.values() for t in group)
     out = {tier: paired_differences(firsts, baselines, (tier_stratum(tier),)) for tier in tiers}
     return {tier: paired for tier, paired in out.items() if paired}
@@ -36,8 +51,17 @@ def _percent(r: Mapping[str, Any] | None) -> str:
 
 
 def family_rows(report: Mapping[str, Any], models: Sequence[str]) -> list[tuple[str, list[str]]]:
-    """One row per evaluated family (its tier, or trained / held-out values): per model, adherence at turns 10, 20
-    and 30 as `a / b / c (n=N)`, N the dialogues of the family at turn 10."""
+    """One row per evaluated family (its tier, or trained / held-out values) for the per-family table.
+
+    Args:
+        report: The report (report.json): per model its `per_family` values, and the `tiers`.
+        models: The models, one cell each.
+
+    Returns:
+        (label, cells) per family, sorted: the label is `family (tier)`, the tier "trained" for a family in no tier;
+        per model a cell with adherence at turns 10, 20 and 30 as `a / b / c (n=N)`, N the dialogues of the family
+        at turn 10. A trained family has values in both strata: its trained values are the row.
+    """
     tier_of = {family: tier for tier, families in report.get("tiers", {}).items() for family in families}
     families = sorted({f for m in models for f in report[m]["per_family"]})
     rows = []

@@ -27,7 +27,17 @@ BAD_INPUT: tuple[type[BaseException], ...] = (ValueError, OSError, BadInput, yam
 
 @contextmanager
 def exit_on_bad_input() -> Iterator[None]:
-    """Exit with `error: <message>` when the block raises one of BAD_INPUT (see the module docstring)."""
+    """Exit with `error: <message>` when the block raises one of BAD_INPUT (see the module docstring).
+
+    With `GATT_TRACEBACK` set in the environment the error is re-raised instead.
+
+    Yields:
+        Nothing; the block runs inside the context.
+
+    Raises:
+        SystemExit: When the block raises one of BAD_INPUT: the line `error: <message>` (the error's type name when
+            its message is empty), exit status 1.
+    """
     try:
         yield
     except BAD_INPUT as error:
@@ -37,7 +47,13 @@ def exit_on_bad_input() -> Iterator[None]:
 
 
 def command_name(module_form: str) -> str:
-    """The command's name for its usage line: the installed command's (`gatt-data`) when one started this process,
-    else `module_form` (`python -m data_gen`), which runs the same code."""
+    """The command's name for its usage line.
+
+    Args:
+        module_form: The module form that runs the same code (`python -m data_gen`).
+
+    Returns:
+        The installed command's name (`gatt-data`) when one started this process, else `module_form`.
+    """
     name = Path(sys.argv[0]).name
     return name if name.startswith("gatt-") else module_form

@@ -26,8 +26,17 @@ REQUIRED = dataclasses.MISSING  # `arg(REQUIRED, ...)`: no default; the YAML or 
 
 
 def arg(default: Any = REQUIRED, help: str = "", **settings: Any) -> Any:
-    """A config field and its flag: `help`, and argparse `settings` (choices, nargs, action, metavar) where the
-    field's type does not say them. A list default is copied for each config."""
+    """A config field and its flag.
+
+    Args:
+        default: The field's default (REQUIRED: none; the YAML or the command line must give it). A list default is
+            copied for each config.
+        help: The flag's help.
+        **settings: argparse settings (choices, nargs, action, metavar) where the field's type does not say them.
+
+    Returns:
+        The dataclass field, its help and settings in its metadata.
+    """
     metadata = {"help": help, "settings": settings}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
@@ -35,7 +44,14 @@ def arg(default: Any = REQUIRED, help: str = "", **settings: Any) -> Any:
 
 
 def yaml_values(value: Any) -> Any:
-    """`value` as YAML writes it and a config reads it back: paths as strings, tuples as lists."""
+    """`value` as YAML writes it and a config reads it back: paths as strings, tuples as lists.
+
+    Args:
+        value: A value, or a dict, list or tuple of them (converted throughout).
+
+    Returns:
+        The converted value.
+    """
     if isinstance(value, dict):
         return {key: yaml_values(v) for key, v in value.items()}
     if isinstance(value, list | tuple):
@@ -44,15 +60,36 @@ def yaml_values(value: Any) -> Any:
 
 
 def config_keys(cls: type, exclude: Collection[str] = ()) -> list[str]:
-    """The settings of the dataclass `cls` that are flags (declared with `arg`), but those in `exclude`."""
+    """The settings of the dataclass `cls` that are flags (declared with `arg`), but those in `exclude`.
+
+    Args:
+        cls: The config dataclass.
+        exclude: Field names to leave out.
+
+    Returns:
+        The field names, in the dataclass's order.
+    """
     return [f.name for f in dataclasses.fields(cls) if "settings" in f.metadata and f.name not in exclude]
 
 
 def check_section(
     values: Any, where: str, keys: Collection[str], set_elsewhere: Collection[str] = ()
 ) -> dict[str, Any]:
-    """`values`, a section of a config (`where` names it) holding settings among `keys`, as a dict; a key not among
-    them, or among `set_elsewhere` (those its owner sets itself), is refused naming it and the keys there are."""
+    """Check a section of a config, which holds settings among `keys`.
+
+    Args:
+        values: The section.
+        where: The section's name, for the messages.
+        keys: The keys the section may hold.
+        set_elsewhere: Keys among `keys` that the section's owner sets itself, so the section may not.
+
+    Returns:
+        `values`, as a dict.
+
+    Raises:
+        ValueError: When `values` is not a mapping, or holds a key not among `keys` or among `set_elsewhere`
+            (naming it and the keys there are).
+    """
     if not isinstance(values, dict):
         raise ValueError(f"{where} must be a mapping of settings, got {values!r}")
     valid = [key for key in keys if key not in set_elsewhere]
@@ -77,8 +114,15 @@ def _scalar(annotation: Any) -> Any:
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type, exclude: Collection[str] = ()) -> None:
-    """One flag per field of the dataclass `cls` declared with `arg` (but those in `exclude`); every default is
-    SUPPRESS, so the namespace holds what was given."""
+    """Add one flag per field of the dataclass `cls` declared with `arg` to `parser`.
+
+    Every default is SUPPRESS, so the namespace holds what was given.
+
+    Args:
+        parser: The parser to add the flags to.
+        cls: The config dataclass.
+        exclude: Field names to add no flag for.
+    """
     hints = typing.get_type_hints(cls)
     own = cls.__dict__.get("__annotations__", {})
     fields = dataclasses.fields(cls)
@@ -100,8 +144,20 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, exclude: Co
 
 
 def read_yaml_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """A YAML mapping with `key=value` overrides applied (values parsed as YAML; `section.key=value` sets a key of a
-    nested section)."""
+    """A YAML mapping with `key=value` overrides applied.
+
+    Args:
+        path: The YAML file.
+        overrides: `key=value` overrides, values parsed as YAML; `section.key=value` sets a key of a nested section.
+
+    Returns:
+        The mapping, overrides applied (an empty file gives {}).
+
+    Raises:
+        FileNotFoundError: When `path` does not exist.
+        ValueError: When the file is not a mapping, an override is not `key=value`, or an override's section is
+            not a mapping.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"config file not found: {path}")
@@ -123,7 +179,14 @@ def read_yaml_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[st
 
 
 def override_keys(overrides: Sequence[str]) -> set[str]:
-    """The top-level keys `key=value` overrides set (`a.b=v` sets `a`)."""
+    """The top-level keys `key=value` overrides set (`a.b=v` sets `a`).
+
+    Args:
+        overrides: `key=value` overrides.
+
+    Returns:
+        The keys.
+    """
     return {override.partition("=")[0].strip().split(".")[0] for override in overrides}
 
 
@@ -135,11 +198,24 @@ def dataclass_from_dict(
     *,
     shared: Collection[str] = (),
 ) -> T:
-    """`cls` from `values`, the project's one config loader: an unknown key is refused (naming it, where it was
-    given and the valid keys), so is a missing required one and a value outside its field's choices; each value is
-    converted to its field's type where YAML wrote it otherwise (a path as a string, a tuple as a list).
-    `overridden`: the keys given on the command line (`override_keys`), the others read from `source`. `shared`: keys
-    that the same command's other configs take (`configs_from`), left to them."""
+    """`cls` from `values`: the project's one config loader.
+
+    Each value is converted to its field's type where YAML wrote it otherwise (a path as a string, a tuple as a list).
+
+    Args:
+        cls: The config dataclass.
+        values: {field name: value}.
+        source: Where the values were read from, for the messages (default "config").
+        overridden: The keys given on the command line (`override_keys`), the others read from `source`.
+        shared: Keys that the same command's other configs take (`configs_from`), left to them.
+
+    Returns:
+        The config.
+
+    Raises:
+        ValueError: When a key is unknown (naming it, where it was given and the valid keys), a required one is
+            missing, or a value is outside its field's choices.
+    """
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(values) - set(names) - set(shared))
     if unknown:
@@ -188,8 +264,16 @@ def _missing(cls: type, values: dict[str, Any]) -> list[dataclasses.Field]:
 
 
 def configs_from(classes: Sequence[type], given: dict[str, Any], parser: argparse.ArgumentParser) -> tuple[Any, ...]:
-    """The dataclasses `classes` from what `parser` parsed (`given`, its `config` the YAML file read first): the
-    file's keys are checked against the settings `parser` takes."""
+    """The dataclasses `classes` from what `parser` parsed.
+
+    Args:
+        classes: The config dataclasses.
+        given: What `parser` parsed; its `config`, the YAML file read first, the other values over it.
+        parser: The parser; the file's keys are checked against the settings it takes.
+
+    Returns:
+        One config per class, in order.
+    """
     given = dict(given)
     file = given.pop("config", None)
     names = [a.dest for a in parser._actions if a.option_strings and a.dest not in ("help", "config")]
@@ -199,7 +283,16 @@ def configs_from(classes: Sequence[type], given: dict[str, Any], parser: argpars
 
 
 def parse_config(cls: type[T], argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> T:
-    """The command line `argv` read as `cls`: `--config FILE.yaml` first, the flags given over it."""
+    """The command line `argv` read as `cls`: `--config FILE.yaml` first, the flags given over it.
+
+    Args:
+        cls: The config dataclass.
+        argv: The command-line arguments (None: sys.argv's).
+        parser: The parser (None: `config_parser(cls)`).
+
+    Returns:
+        The config.
+    """
     parser = parser or config_parser(cls)
     return configs_from((cls,), vars(parser.parse_args(argv)), parser)[0]
 
@@ -207,8 +300,16 @@ def parse_config(cls: type[T], argv: Sequence[str] | None = None, parser: argpar
 def config_parser(
     *classes: type, parser: argparse.ArgumentParser | None = None, **kwargs: Any
 ) -> argparse.ArgumentParser:
-    """An argument parser (`parser`, else a new one with `kwargs`) with `--config FILE.yaml` and one flag per field of
-    each of `classes`."""
+    """An argument parser with `--config FILE.yaml` and one flag per field of each of `classes`.
+
+    Args:
+        *classes: The config dataclasses.
+        parser: The parser to add the flags to (None: a new one).
+        **kwargs: argparse.ArgumentParser's arguments for a new parser.
+
+    Returns:
+        The parser.
+    """
     parser = parser or argparse.ArgumentParser(**kwargs)
     parser.add_argument(
         "--config",

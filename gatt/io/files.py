@@ -18,8 +18,17 @@ from typing import Any
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """A temporary name beside `path`, unique to this write (several processes may write one file at once): the
-    block writes a file or a folder there, which then replaces `path`. A failing block removes it."""
+    """A temporary name beside `path`, unique to this write, that replaces `path` once the block completes.
+
+    The name is unique because several processes may write one file at once. The block writes a file or a folder
+    there, which then replaces `path` (a folder at `path` is removed first). A failing block removes it.
+
+    Args:
+        path: The file or folder to write; its parent folder is created if missing.
+
+    Yields:
+        The temporary path, in the same folder as `path` (one file system), for the block to write.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")  # same folder: one file system
@@ -36,17 +45,32 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 def write_text(path: str | Path, text: str) -> None:
-    """`text` into `path` (UTF-8), written whole."""
+    """`text` into `path` (UTF-8), written whole.
+
+    Args:
+        path: The file to write; its parent folder is created if missing.
+        text: What the file holds.
+    """
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:
-    """`data` into `path`, written whole."""
+    """`data` into `path`, written whole.
+
+    Args:
+        path: The file to write; its parent folder is created if missing.
+        data: What the file holds.
+    """
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
 
 
 def write_json(path: str | Path, payload: Any) -> None:
-    """`payload` as indented JSON (non-ASCII kept) into `path`, written whole."""
+    """`payload` as indented JSON (non-ASCII kept) into `path`, written whole.
+
+    Args:
+        path: The file to write; its parent folder is created if missing.
+        payload: A JSON-serialisable value; the file ends with a newline.
+    """
     write_text(path, json.dumps(payload, indent=2, ensure_ascii=False) + "\n")

@@ -16,12 +16,20 @@ import torch
 
 
 def available_cpus() -> int:
-    """The CPUs this process may run on (the affinity mask where the OS has one)."""
+    """The CPUs this process may run on (the affinity mask where the OS has one).
+
+    Returns:
+        The number of CPUs: the affinity mask's, else `os.cpu_count()`, else 1.
+    """
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def cpu_name() -> str:
-    """The CPU's model name (from /proc/cpuinfo on Linux)."""
+    """The CPU's model name (from /proc/cpuinfo on Linux).
+
+    Returns:
+        The first "model name" of /proc/cpuinfo, else `platform.processor()` or `platform.machine()`.
+    """
     cpuinfo = Path("/proc/cpuinfo")
     names = (
         [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
@@ -35,7 +43,11 @@ TRACKED_PACKAGES = ("torch", "transformers", "peft", "accelerate", "datasets", "
 
 
 def package_versions() -> dict[str, str | None]:
-    """The installed versions of the packages a result depends on (None: not installed): a result's `versions`."""
+    """The installed versions of the packages a result depends on: a result's `versions`.
+
+    Returns:
+        The version of each package of TRACKED_PACKAGES, by name (None: not installed).
+    """
     versions: dict[str, str | None] = {}
     for name in TRACKED_PACKAGES:
         try:
@@ -76,8 +88,19 @@ WORK_UNITS = 20  # work_seconds is the time of this many units: a training step 
 def matmul_gflops(
     dtype: torch.dtype = torch.float32, size: int = 1024, seconds: float = 1.0, threads: int | None = None
 ) -> float:
-    """GFLOP/s of size^3 matrix products in `dtype` (median over `seconds`) on `threads` threads (default: torch's
-    now). torch's thread count is left as it was: a reading must not change what runs after it in the process."""
+    """GFLOP/s of size^3 matrix products in `dtype` (median over `seconds`) on `threads` threads.
+
+    torch's thread count is left as it was: a reading must not change what runs after it in the process.
+
+    Args:
+        dtype: The matrices' dtype (default float32).
+        size: The size of the square matrices (default 1024).
+        seconds: How long to keep timing products, after three to warm up (default 1.0).
+        threads: CPU threads for torch during the reading (default None: torch's now).
+
+    Returns:
+        2 size^3 / the median product's seconds, in GFLOP/s, rounded to 0.1.
+    """
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)
     try:
@@ -150,8 +173,15 @@ def work_seconds(threads: int | None = None, seconds: float = 2.0) -> float:
 
 
 def seconds_at_reference(seconds: float, calibration: dict[str, Any]) -> float:
-    """`seconds` of wall time on the machine of `calibration` (a `machine_calibration` record), converted to the
-    reference machine by the project's own kind of work: seconds x REFERENCE_WORK_SECONDS / its `work_seconds`."""
+    """Wall time converted to the reference machine by the project's own kind of work.
+
+    Args:
+        seconds: Seconds of wall time on the machine of `calibration`.
+        calibration: A `machine_calibration` record of that machine.
+
+    Returns:
+        seconds x REFERENCE_WORK_SECONDS / its `work_seconds`, rounded to 0.1 s.
+    """
     return round(seconds * REFERENCE_WORK_SECONDS / calibration["work_seconds"], 1)
 
 

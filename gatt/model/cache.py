@@ -22,17 +22,42 @@ CACHE_KWARG: str = "cache" if "cache" in {f.name for f in fields(CausalLMOutputW
 
 
 def cache_kwargs(cache: Cache | None) -> dict[str, Cache | None]:
-    """`model(**cache_kwargs(cache))`: the cache under the name the installed transformers uses."""
+    """`model(**cache_kwargs(cache))`: the cache under the name the installed transformers uses.
+
+    Args:
+        cache: The KV cache to pass, or None.
+
+    Returns:
+        `{CACHE_KWARG: cache}`: the cache keyed `cache` (transformers >= 5.24) or `past_key_values` (before).
+    """
     return {CACHE_KWARG: cache}
 
 
 def output_cache(output: Any) -> Cache | None:
-    """The cache a model's output carries (`.cache` or `.past_key_values`, by version)."""
+    """The cache a model's output carries (`.cache` or `.past_key_values`, by version).
+
+    Args:
+        output: A model's forward output.
+
+    Returns:
+        Its cache under the installed transformers' name, or None where it has none.
+    """
     return getattr(output, CACHE_KWARG, None)
 
 
 def either_cache(cache: Cache | None, past_key_values: Cache | None) -> Cache | None:
-    """One cache from a forward call that may name it either way; both at once is an error."""
+    """One cache from a forward call that may name it either way; both at once is an error.
+
+    Args:
+        cache: The cache passed as `cache` (the name since transformers 5.24), or None.
+        past_key_values: The cache passed as `past_key_values` (the name before), or None.
+
+    Returns:
+        Whichever of the two was given, or None where neither was.
+
+    Raises:
+        ValueError: When both are given.
+    """
     if cache is not None and past_key_values is not None:
         raise ValueError("pass the KV cache as `cache` or as `past_key_values`, not both")
     return cache if cache is not None else past_key_values
@@ -45,12 +70,26 @@ class GrowingLayer(DynamicLayer):
     """A KV cache layer in buffers that grow by a quarter when full.
 
     `DynamicLayer` concatenates the whole cache at every decoding step, copying O(length) per token; here
-    a step writes only its new columns, and `keys` / `values` are views of the filled part."""
+    a step writes only its new columns, and `keys` / `values` are views of the filled part.
+    """
 
     _buffers: tuple[Tensor, Tensor] | None = None  # (B, H_kv, capacity, D) each
     _filled: Tensor | None = None  # the `keys` view this layer last returned
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        """Write a step's new columns after the filled ones and return the whole cache.
+
+        The buffers are rebuilt when full or when `keys` was replaced since the last update (`batch_select_indices`,
+        `batch_repeat_interleave`, `crop`, `reset`), with room for a quarter more columns than were filled (at least
+        the new ones, at least 64 in all).
+
+        Args:
+            key_states: The step's keys (B, H_kv, T_new, D).
+            value_states: The step's values (B, H_kv, T_new, D).
+
+        Returns:
+            (keys, values): views of the filled part of the buffers, (B, H_kv, T, D) each.
+        """
         # key_states, value_states: (B, H_kv, T_new, D)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -76,7 +115,11 @@ class GrowingLayer(DynamicLayer):
         return self.keys, self.values
 
     def keep_rows(self, rows: Tensor) -> None:
-        """Keep these batch rows (a device index, ascending): one `index_select` per buffer, room for more kept."""
+        """Keep these batch rows: one `index_select` per buffer, room for more kept.
+
+        Args:
+            rows: The batch rows to keep (a device index, ascending).
+        """
         if self._buffers is None or self.keys is not self._filled:
             self.batch_select_indices(rows)
             return
@@ -86,14 +129,26 @@ class GrowingLayer(DynamicLayer):
         self._filled = self.keys
 
     def adopt(self, keys: Tensor, values: Tensor, end: int) -> None:
-        """Hold these buffers (B, H_kv, capacity, D), their first `end` columns filled (a static decode's)."""
+        """Hold these buffers, their first `end` columns filled (a static decode's).
+
+        Args:
+            keys: The key buffer (B, H_kv, capacity, D).
+            values: The value buffer (B, H_kv, capacity, D).
+            end: The number of filled columns.
+        """
         self._buffers = (keys, values)
         self.keys, self.values = keys[..., :end, :], values[..., :end, :]
         self._filled = self.keys
 
     def gather_columns(self, start: int, index: Tensor) -> None:
-        """Columns `start`, `start` + 1, ... of each row take that row's columns `index` (B, W) (each >= `start`), in
-        order; the cache ends at `start` + W. In place: a kept candidate's reply moves next to its history."""
+        """Columns `start`, `start` + 1, ... of each row take that row's columns `index`, in order.
+
+        The cache ends at `start` + W. In place: a kept candidate's reply moves next to its history.
+
+        Args:
+            start: The first column written.
+            index: The columns each row takes (B, W), each >= `start`.
+        """
         if self._buffers is None or self.keys is not self._filled:
             self.assign(self.keys, self.values, 0)  # into buffers of its own
         assert self._buffers is not None
@@ -105,7 +160,13 @@ class GrowingLayer(DynamicLayer):
         self._filled = self.keys
 
     def assign(self, keys: Tensor, values: Tensor, spare: int) -> None:
-        """Hold `keys` / `values` (B, H_kv, T, D) from now on, in buffers with room for `spare` more columns."""
+        """Hold `keys` / `values` from now on, in buffers with room for `spare` more columns.
+
+        Args:
+            keys: The keys to hold (B, H_kv, T, D).
+            values: The values to hold (B, H_kv, T, D).
+            spare: The number of empty columns the buffers keep after them.
+        """
         buffers = tuple(t.new_empty(*t.shape[:2], t.shape[-2] + spare, t.shape[-1]) for t in (keys, values))
         buffers[0][..., : keys.shape[-2], :] = keys
         buffers[1][..., : values.shape[-2], :] = values

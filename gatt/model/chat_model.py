@@ -39,10 +39,26 @@ def load_chat_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A chat model folder (or a .gguf file) and its tokenizer, `role` naming it in errors (`model`, `teacher`).
 
-    `attention`: on attention that returns its weights (the attention probe), the library's or a Hugging Face
-    model's with `attn_implementation="gatt"`. `device`: default this process's (cuda:LOCAL_RANK under a launcher,
-    else cuda if there is one, else cpu); `device_map` (e.g. "auto") spreads the model over the visible devices
-    instead. `dtype`: a key of TORCH_DTYPES (default transformers'). `numerics`: exact, bf16, or int8 on CPU."""
+    Args:
+        path: The model folder, or a .gguf file (its folder holds the tokenizer).
+        role: What the model is, in error messages (default "model"; e.g. "teacher").
+        attention: Load it on attention that returns its weights (the attention probe): the library's model, or a
+            Hugging Face model's with `attn_implementation="gatt"` (default False).
+        device: The device (default this process's: cuda:LOCAL_RANK under a launcher, else cuda if there is one,
+            else cpu).
+        device_map: Spreads the model over the visible devices instead of `device` (e.g. "auto"; default None).
+        dtype: A key of TORCH_DTYPES (default None: transformers' default).
+        numerics: exact, bf16, or int8 on CPU (default "exact"; gatt/model/numerics.py).
+
+    Returns:
+        (model, tokenizer): the model in eval mode on its device, in the numerics asked for, and its tokenizer, whose
+        pad token is the end-of-sequence token where it had none.
+
+    Raises:
+        ValueError: When both `device` and `device_map` are given, the folder lacks files, or the tokenizer has no
+            chat template.
+        FileNotFoundError: When `path` does not exist.
+    """
     if device is not None and device_map is not None:
         raise ValueError(f"give the {role} a --device or a --{role}-device-map, not both")
     path = Path(path)

@@ -40,6 +40,11 @@ class CacheRow:
     marked: list[int] = field(default_factory=list)  # cache columns of the tokens the attention probe measures
 
     def copy(self) -> CacheRow:
+        """A copy of the row, with its own lists.
+
+        Returns:
+            The new `CacheRow`.
+        """
         return CacheRow(list(self.fed), list(self.columns), list(self.marked))
 
 
@@ -289,8 +294,15 @@ class _Probe:
 
 
 def marked_shares(attentions: Sequence[Tensor], marked: Tensor) -> Tensor:
-    """(B, layers, heads): each row's attention mass on its marked columns (`marked`: (B, K0), 1 on a marked column
-    among the first K0 keys), from the last query, per head."""
+    """Each row's attention mass on its marked columns, from the last query, per head.
+
+    Args:
+        attentions: Each layer's attention weights, (B, H, Tq, K).
+        marked: (B, K0), 1 on a marked column among the first K0 keys.
+
+    Returns:
+        (B, layers, heads), float.
+    """
     width = marked.shape[1]
     # each layer's weights: (B, H, Tq, K) -> the last query's mass on the marked keys: (B, H)
     return torch.stack([(w[:, :, -1, :width].float() * marked[:, None]).sum(-1) for w in attentions], dim=1)

@@ -44,21 +44,50 @@ GREEDY_TOKENS = 24
 
 
 def model_path(name_or_path: str) -> str:
-    """`embedded` -> the shipped model's folder; any other value is a path, returned as given."""
+    """Resolve a model name or path: `embedded` stands for the shipped model's folder.
+
+    Args:
+        name_or_path: `embedded`, or a path.
+
+    Returns:
+        The shipped model's folder for `embedded`; any other value is a path, returned as given.
+    """
     return str(FOLDER) if name_or_path == EMBEDDED else name_or_path
 
 
 def read_record(folder: Path = FOLDER) -> dict[str, Any]:
-    """The record of how the model in `folder` was made."""
+    """The record of how the model in `folder` was made.
+
+    Args:
+        folder: A packaged model folder (default: the shipped model's).
+
+    Returns:
+        Its `record.json`, parsed.
+    """
     return json.loads((folder / RECORD).read_text())
 
 
 def weights_sha256(folder: Path) -> str:
+    """The SHA-256 of the weights (model.safetensors) in `folder`.
+
+    Args:
+        folder: A model folder.
+
+    Returns:
+        The hash, as hex digits.
+    """
     return hashlib.sha256((folder / WEIGHTS).read_bytes()).hexdigest()
 
 
 def greedy_replies(folder: Path) -> list[list[int]]:
-    """The model's greedy reply tokens (fp32, CPU) to each of PROMPTS: what a copy of the model must reproduce."""
+    """The model's greedy reply tokens (fp32, CPU) to each of PROMPTS: what a copy of the model must reproduce.
+
+    Args:
+        folder: A model folder (weights, config, tokenizer).
+
+    Returns:
+        Per prompt, the reply's token ids (at most GREEDY_TOKENS).
+    """
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     replies = []
@@ -73,8 +102,22 @@ def greedy_replies(folder: Path) -> list[list[int]]:
 
 
 def package(model_dir: Path, out: Path, record: dict[str, Any]) -> Path:
-    """Write the shippable folder `out` from a trained model folder: its files and `record` (with the weights' hash
-    and greedy replies added). Written under a temporary name and renamed, so `out` is whole or absent."""
+    """Write the shippable folder `out` from a trained model folder.
+
+    Written under a temporary name and renamed, so `out` is whole or absent.
+
+    Args:
+        model_dir: The trained model folder, whose files are copied.
+        out: The folder to write.
+        record: How the model was made; written as `record.json` with the parameter count, the weights' hash and
+            size and the greedy replies added.
+
+    Returns:
+        `out`.
+
+    Raises:
+        ValueError: When the weights are over MAX_WEIGHT_BYTES.
+    """
     size = (model_dir / WEIGHTS).stat().st_size
     if size > MAX_WEIGHT_BYTES:
         raise ValueError(f"{model_dir / WEIGHTS}: {size / 2**20:.1f} MiB, over the {MAX_WEIGHT_BYTES / 2**20:.0f} MiB")
@@ -92,7 +135,16 @@ def package(model_dir: Path, out: Path, record: dict[str, Any]) -> Path:
 
 
 def ship(folder: Path, into: Path = FOLDER) -> None:
-    """Replace the package's embedded model with the packaged model in `folder` (the output of `make base-model`)."""
+    """Replace the package's embedded model with the packaged model in `folder` (the output of `make base-model`).
+
+    Args:
+        folder: The packaged model folder.
+        into: The folder to replace (default: the shipped model's).
+
+    Raises:
+        FileNotFoundError: When `folder` has no record.json or no model.safetensors.
+        ValueError: When the weights do not match the record's hash.
+    """
     if not (folder / RECORD).is_file() or not (folder / WEIGHTS).is_file():
         raise FileNotFoundError(f"{folder}: not a packaged embedded model (no {RECORD} or {WEIGHTS}); make base-model")
     if weights_sha256(folder) != read_record(folder)["weights_sha256"]:
@@ -116,6 +168,13 @@ class ShipConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`python -m gatt.model.embedded`: print where the shipped model is and how it was made.
+
+    With `--ship FOLDER`, the packaged model in FOLDER replaces the shipped one first.
+
+    Args:
+        argv: The command-line arguments (None: sys.argv's).
+    """
     parser = config_parser(
         ShipConfig,
         prog="python -m gatt.model.embedded",

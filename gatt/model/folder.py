@@ -28,9 +28,21 @@ TORCH_WEIGHTS = ("pytorch_model*.bin", "adapter_model.bin")  # not training_args
 def check_model_folder(path: str | Path, option: str, *, tokenizer: bool = True, hint: str = "") -> None:
     """Refuse a path `from_pretrained` cannot load a model (and, with `tokenizer`, its tokenizer) from.
 
-    `path` is a model folder or a .gguf file; `option` names where it came from (`--teacher`, `model`, or
-    `--model NAME=`, which the path follows directly). The error is a FileNotFoundError for a missing path,
-    a ValueError for a folder that lacks files."""
+    A folder must hold a config (config.json, or adapter_config.json for a PEFT adapter), model weights and, with
+    `tokenizer`, tokenizer files, and no damaged file (`damaged_file`); a .gguf file must exist.
+
+    Args:
+        path: A model folder or a .gguf file.
+        option: Where the path came from (`--teacher`, `model`, or `--model NAME=`, which the path follows
+            directly), named in the error.
+        tokenizer: Whether the folder must hold a tokenizer too (default True).
+        hint: Text put after what is wrong with the path in the error (default "").
+
+    Raises:
+        FileNotFoundError: For a missing path.
+        ValueError: For a path that is neither a folder nor a .gguf file, a folder that lacks files, or a damaged
+            file.
+    """
     path = Path(path)
     where = f"{option}{'' if option.endswith('=') else ' '}{path}"
     if path.suffix == ".gguf":
@@ -120,8 +132,17 @@ def _gguf_problem(file: Path) -> str | None:
 def damaged_file(path: str | Path, *, tokenizer: bool = True, thorough: bool = False) -> str | None:
     """`FILE: what is wrong` for the first damaged file of model folder (or .gguf file) `path`; None if none is.
 
-    Always cheap: the small JSON files parse, each safetensors file's header and length agree. `thorough` (after
-    a load failed) also parses tokenizer.json and loads *.bin weights and a .gguf file, which reads them."""
+    Always cheap: the small JSON files parse, each safetensors file's header and length agree.
+
+    Args:
+        path: A model folder or a .gguf file; any other path has nothing to check.
+        tokenizer: Whether tokenizer.json is checked when `thorough` (default True).
+        thorough: Also parse tokenizer.json and load *.bin weights and a .gguf file, which reads them (after a
+            load failed; default False).
+
+    Returns:
+        `FILE: what is wrong` for the first damaged file, or None if none is.
+    """
     path = Path(path)
     if path.suffix == ".gguf":
         checks = [(path, _gguf_problem)] if thorough and path.is_file() else []
@@ -143,9 +164,23 @@ def damaged_file(path: str | Path, *, tokenizer: bool = True, thorough: bool = F
 
 @contextmanager
 def loading_model(path: str | Path, *, tokenizer: bool = True, remedy: str = REMEDY) -> Iterator[None]:
-    """Around a `from_pretrained` of model folder (or .gguf file) `path`: when it fails and a file of `path` proves
-    damaged (`damaged_file`, thorough), the error becomes a ValueError `FILE: what is wrong; remedy`, which
-    `gatt.io.cli.exit_on_bad_input` prints as one line. Any other error is raised as it is."""
+    """Around a `from_pretrained` of model folder (or .gguf file) `path`: a damaged file's error is one line.
+
+    When the load fails and a file of `path` proves damaged (`damaged_file`, thorough), the error becomes a
+    ValueError `FILE: what is wrong; remedy`, which `gatt.io.cli.exit_on_bad_input` prints as one line. Any other
+    error is raised as it is.
+
+    Args:
+        path: The model folder or .gguf file loaded.
+        tokenizer: Whether tokenizer.json is checked (default True).
+        remedy: The advice that ends the message (default REMEDY: "re-export or re-train this model").
+
+    Yields:
+        Nothing: the load runs in the `with` block.
+
+    Raises:
+        ValueError: When the load fails and a file of `path` proves damaged.
+    """
     try:
         yield
     except Exception as error:

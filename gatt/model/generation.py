@@ -55,19 +55,42 @@ from gatt.model.static_decode import decode_step
 
 @dataclass(frozen=True)
 class Candidate:
+    """One candidate reply of a dialogue, as `ChatBatch.generate` returns it.
+
+    Attributes:
+        text: The reply decoded, special tokens skipped, stripped.
+        tokens: The generated ids, the end-of-turn token included when one was produced.
+        attention: (layers, heads): the mean share of attention on the marked prompt tokens (None: not measured).
+    """
+
     text: str  # decoded, special tokens skipped, stripped
     tokens: list[int]  # generated ids, the end-of-turn token included when one was produced
     attention: list[list[float]] | None  # (layers, heads): mean share on the marked prompt tokens (None: not measured)
 
 
 def uses_library_attention(model: PreTrainedModel) -> bool:
-    """Whether the model attends with gatt.model.attention: the library's model, or `attn_implementation="gatt"`."""
+    """Whether the model attends with gatt.model.attention: the library's model, or `attn_implementation="gatt"`.
+
+    Args:
+        model: The model.
+
+    Returns:
+        True for the library's model (model type `gatt`) or a model loaded with `attn_implementation="gatt"`.
+    """
     config = model.config
     return config.model_type == "gatt" or getattr(config, "_attn_implementation", None) == "gatt"
 
 
 def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
-    """Tokens that end a reply: the generation config's end-of-sequence ids and the tokenizer's."""
+    """Tokens that end a reply: the generation config's end-of-sequence ids and the tokenizer's.
+
+    Args:
+        model: The model, whose generation config's `eos_token_id` (one id, a list or None) counts.
+        tokenizer: The tokenizer, whose `eos_token_id` counts where it has one.
+
+    Returns:
+        The token ids.
+    """
     eos = model.generation_config.eos_token_id
     ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     if tokenizer.eos_token_id is not None:
@@ -79,10 +102,24 @@ DECODERS: tuple[str, ...] = ("auto", "growing", "static", "graphs", "compiled")
 
 
 def decoder_options(model: PreTrainedModel, decoder: str) -> dict[str, Any]:
-    """`ChatBatch` keywords of a decoder: growing (the cache grows, stopped rows leave: a CPU's fastest), static
-    (preallocated buffers, gatt/model/static_decode.py), graphs (static, the eager step recorded as one CUDA graph a reply
-    and replayed), compiled (static, `torch.compile(mode="reduce-overhead")`: fused kernels in CUDA graphs, after a
-    compile of about 39 s per buffer width and model); auto: graphs on a GPU for the library's model, else growing."""
+    """`ChatBatch` keywords of a decoder.
+
+    The decoders: growing (the cache grows, stopped rows leave: a CPU's fastest), static (preallocated buffers,
+    gatt/model/static_decode.py), graphs (static, the eager step recorded as one CUDA graph a reply and replayed),
+    compiled (static, `torch.compile(mode="reduce-overhead")`: fused kernels in CUDA graphs, after a compile of about
+    39 s per buffer width and model); auto: graphs on a GPU for the library's model (without an attention window),
+    else growing.
+
+    Args:
+        model: The model to decode with: its type, attention window and device decide what auto picks.
+        decoder: One of DECODERS: auto, growing, static, graphs, compiled.
+
+    Returns:
+        The keywords to pass to `ChatBatch` ({} for growing).
+
+    Raises:
+        ValueError: When `decoder` is not one of DECODERS, or is graphs or compiled with the model not on a CUDA device.
+    """
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
     static_ok = model.config.model_type == "gatt" and getattr(model.config, "attention_window", None) is None
@@ -101,7 +138,30 @@ def decoder_options(model: PreTrainedModel, decoder: str) -> dict[str, Any]:
 
 
 class ChatBatch(ChatDecoding):
-    """The next turn of several dialogues at a time, each keeping its KV cache from turn to turn."""
+    """The next turn of several dialogues at a time, each keeping its KV cache from turn to turn.
+
+    Args:
+        model: The model to decode with.
+        tokenizer: Its tokenizer: decodes the replies; its pad token (0 where it has none) pads, its end-of-sequence
+            token ends a reply (with the model's, `stop_token_ids`).
+        sampler: Draws each step's tokens from the logits (and the reply so far).
+        max_new_tokens: The most tokens a reply has.
+        measure_attention: Whether the attention probe measures each reply's share of attention on its dialogue's
+            marked prompt tokens (for attention that returns its weights).
+        split_softmax: Strength: every forward call boosts each row's attention on its marked tokens by split-softmax
+            (the library's attention only); None: off.
+        shrink: Drop stopped rows from decoding and compact the cache each turn (False: the older path).
+        static: Decode over preallocated buffers with capturable steps (gatt/model/static_decode.py).
+        compile_step: The torch.compile keywords of that step, e.g. {"mode": "reduce-overhead"} (implies `static`);
+            None: the step runs eager.
+        graphs: Record the step as a CUDA graph a reply (`GraphedStep`; on a CPU run as a replay would, unrecorded);
+            implies `static`.
+
+    Raises:
+        ValueError: When static decoding (`static`, `compile_step` or `graphs`) is asked of a model other than the
+            library's (GattForCausalLM) or one with an attention window, or `split_softmax` of a model that does not
+            attend with the library's attention.
+    """
 
     def __init__(
         self,
@@ -154,11 +214,23 @@ class ChatBatch(ChatDecoding):
         k: int = 1,
         marked: Mapping[Hashable, Sequence[int]] | None = None,
     ) -> dict[Hashable, list[Candidate]]:
-        """k candidates for each dialogue in `prompts` (its whole rendered history, ready for the reply).
+        """k candidates for each dialogue in `prompts`.
 
         A dialogue seen before must have kept one candidate (`keep`, implicit for k=1); a new key adds a
-        row. Dialogues left out of `prompts` are dropped. `marked`: indices into a prompt of the tokens
-        the attention probe measures, for new dialogues.
+        row. Dialogues left out of `prompts` are dropped.
+
+        Args:
+            prompts: Each dialogue's token ids by key: its whole rendered history, ready for the reply.
+            k: Candidates sampled per dialogue (default 1); the prompt is encoded once for all k.
+            marked: Indices into a prompt of the tokens the attention probe measures (and split-softmax boosts), by key,
+                for new dialogues; None: none.
+
+        Returns:
+            Each dialogue's k candidates, by key.
+
+        Raises:
+            RuntimeError: When the last turn had k > 1 and `keep` has not chosen one candidate per dialogue since.
+            ValueError: When a new dialogue comes to a batch under way (start a new ChatBatch for it).
         """
         if self.k != 1:
             raise RuntimeError("call keep() to choose one candidate per dialogue before the next turn")
@@ -194,7 +266,11 @@ class ChatBatch(ChatDecoding):
         return out
 
     def keep(self, chosen: Mapping[Hashable, int]) -> None:
-        """Keep candidate `chosen[key]` of each dialogue; dialogues left out are dropped."""
+        """Keep candidate `chosen[key]` of each dialogue; dialogues left out are dropped.
+
+        Args:
+            chosen: The index (0 to k - 1) of each dialogue's kept candidate, by key.
+        """
         if self.candidates is not None:
             self._keep_candidates(chosen)
         else:
@@ -338,15 +414,34 @@ class ChatBatch(ChatDecoding):
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """The length of the longest common prefix of two token lists."""
+    """The length of the longest common prefix of two token lists.
+
+    Args:
+        a: A token list.
+        b: Another token list.
+
+    Returns:
+        The number of leading tokens `a` and `b` share.
+    """
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def new_tokens(fed: list[int], columns: list[int], mask: Tensor, ids: Sequence[int]) -> list[int]:
-    """The tokens of `ids` (a history as rendered now) past those a cache row already holds (`fed`, at cache
-    `columns`): the cached tokens `ids` no longer starts with (the template rendered something else there) are
-    masked out of the row's `mask` (columns,) and dropped from `fed` and `columns`."""
+    """The tokens of `ids` (a history as rendered now) past those a cache row already holds.
+
+    The cached tokens `ids` no longer starts with (the template rendered something else there) are masked out of
+    the row's `mask` and dropped from `fed` and `columns`, in place.
+
+    Args:
+        fed: The tokens the row holds, in order.
+        columns: The cache column of each token of `fed`.
+        mask: The row's attention mask, (columns,): 1 = a real token.
+        ids: The history as rendered now.
+
+    Returns:
+        The tokens of `ids` past the prefix it shares with `fed`: those to feed.
+    """
     same = common_prefix(fed, ids)
     mask[columns[same:]] = 0
     del fed[same:], columns[same:]
@@ -354,7 +449,15 @@ def new_tokens(fed: list[int], columns: list[int], mask: Tensor, ids: Sequence[i
 
 
 def left_padded(segments: Sequence[Sequence[int]], pad: int) -> tuple[Tensor, Tensor]:
-    """Token lists as one left-padded block: (ids, mask), (B, longest) each, mask 1 on the real tokens."""
+    """Token lists as one left-padded block.
+
+    Args:
+        segments: The token lists, one a row.
+        pad: The padding token id.
+
+    Returns:
+        (ids, mask), (B, longest) each, mask 1 on the real tokens.
+    """
     width = max(len(segment) for segment in segments)
     ids = torch.full((len(segments), width), pad, dtype=torch.long)
     mask = torch.zeros(len(segments), width, dtype=torch.long)

@@ -77,7 +77,19 @@ class GattConfig(LlamaConfig):
 
 
 def rope_inv_freq(config: GattConfig) -> tuple[Tensor, float]:
-    """Inverse frequencies and attention scaling for the config's RoPE type (transformers' tables)."""
+    """Inverse frequencies and attention scaling for the config's RoPE type (transformers' tables).
+
+    Args:
+        config: The model's configuration; its `rope_parameters` give the RoPE type (default "default") and, for
+            the default type, `rope_theta` (default 10000).
+
+    Returns:
+        The inverse frequencies, (head_dim / 2,), and the attention scaling (1.0 for the default type).
+
+    Raises:
+        ValueError: When the RoPE type is dynamic, longrope or unknown to transformers: a static one is needed
+            (default, linear, llama3, yarn).
+    """
     rope = config.rope_parameters or {}
     rope_type = rope.get("rope_type", "default")
     if rope_type == "default":
@@ -88,7 +100,12 @@ def rope_inv_freq(config: GattConfig) -> tuple[Tensor, float]:
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm, computed in fp32 as Llama does so bf16 training matches."""
+    """Root-mean-square norm, computed in fp32 as Llama does so bf16 training matches.
+
+    Args:
+        hidden_size: The width of the normalised last dimension, the size of the learned weight (ones at first).
+        eps: Added to the mean square for numerical stability (default 1e-6).
+    """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -96,12 +113,24 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, hidden_states: Tensor) -> Tensor:
+        """Normalise the last dimension and scale it by the weight.
+
+        Args:
+            hidden_states: Activations, (..., hidden_size).
+
+        Returns:
+            The normalised activations, of the same shape and dtype.
+        """
         normed = F.rms_norm(hidden_states.float(), (hidden_states.shape[-1],), eps=self.eps)
         return self.weight * normed.to(hidden_states.dtype)
 
 
 class GattMLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)).
+
+    Args:
+        config: The model's configuration: `hidden_size`, `intermediate_size` and `mlp_bias`.
+    """
 
     def __init__(self, config: GattConfig) -> None:
         super().__init__()
@@ -110,11 +139,24 @@ class GattMLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: Tensor) -> Tensor:
+        """Apply the MLP.
+
+        Args:
+            x: Activations, (..., hidden_size).
+
+        Returns:
+            The MLP's output, (..., hidden_size).
+        """
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class GattDecoderLayer(GradientCheckpointingLayer):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)).
+
+    Args:
+        config: The model's configuration (widths, heads, score function, biases, attention dropout, norm eps).
+        layer_idx: The layer's index, under which its attention reads and writes the KV cache.
+    """
 
     def __init__(self, config: GattConfig, layer_idx: int) -> None:
         super().__init__()
@@ -143,6 +185,22 @@ class GattDecoderLayer(GradientCheckpointingLayer):
         spans: list[list[tuple[int, int]]] | None = None,
         split_softmax: SplitSoftmax | None = None,
     ) -> tuple[Tensor, Tensor | None]:
+        """Run the block.
+
+        Args:
+            hidden_states: Activations, (B, T, C).
+            position_embeddings: RoPE (cos, sin), each (B, T, D).
+            mask: Bool attention mask, True where a query may attend, broadcastable to (B, H, T, Tk), cached keys
+                included (default None: no mask).
+            is_causal: Whether the plain causal mask applies (default True).
+            past_key_values: The KV cache, which the attention updates (default None: no cache).
+            return_weights: Whether to return the attention weights (default False).
+            spans: Per row, the [start, end) segments of a packed row, for the per-segment fast path (default None).
+            split_softmax: Boost the attention on the instruction's key columns (default None: no boost).
+
+        Returns:
+            The block's output, (B, T, C), and the attention weights, (B, H, T, Tk), or None unless asked for.
+        """
         attn_out, weights = self.self_attn(
             self.input_layernorm(hidden_states),
             position_embeddings,
@@ -180,7 +238,11 @@ class GattPreTrainedModel(PreTrainedModel):
 
 
 class GattModel(GattPreTrainedModel):
-    """The decoder stack: embeddings -> layers -> final norm."""
+    """The decoder stack: embeddings -> layers -> final norm.
+
+    Args:
+        config: The model's configuration.
+    """
 
     def __init__(self, config: GattConfig) -> None:
         super().__init__(config)
@@ -206,12 +268,34 @@ class GattModel(GattPreTrainedModel):
         past_key_values: Cache | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast:
-        """attention_mask: (B, past + T) with 1 on real tokens, or a 4-D bool mask used as is.
+        """Run the decoder stack on token ids or embeddings.
 
-        The KV cache comes as `cache` (transformers >= 5.24) or `past_key_values` (before), and goes back
-        under the installed version's name (gatt/model/cache.py).
-        `split_softmax`: every layer boosts its attention on the instruction's key columns (inference-time
-        rival to GAtt, gatt/model/split_softmax.py).
+        The KV cache goes back under the installed transformers' name for it (gatt/model/cache.py).
+
+        Args:
+            input_ids: Token ids, (B, T); give exactly one of `input_ids` and `inputs_embeds`.
+            attention_mask: (B, past + T) with 1 on real tokens, or a 4-D bool mask used as is (default None).
+            position_ids: Positions, (B, T) or (1, T); positions that restart at 0 mark packed dialogues (default
+                None: with a 2-D `attention_mask`, the real tokens counted from 0, so a left-padded row's first real
+                token is position 0; else past, past + 1, ...).
+            cache: The KV cache (`past_key_values` before transformers 5.24; default None).
+            inputs_embeds: Input embeddings, (B, T, C), instead of `input_ids`.
+            use_cache: Whether to keep and return a KV cache, a new `DynamicCache` where none is given (default
+                None: the config's `use_cache`); none is kept while training with gradient checkpointing.
+            segment_ids: (B, T), one id per packed dialogue: tokens never attend across a dialogue boundary
+                (default None: derived from `position_ids` when there is no cache and no `attention_mask`).
+            output_attentions: Whether to return every layer's attention weights (default False).
+            split_softmax: Every layer boosts its attention on the instruction's key columns (inference-time
+                rival to GAtt, gatt/model/split_softmax.py; default None: no boost).
+            past_key_values: The KV cache under its older name (default None).
+            **kwargs: Ignored.
+
+        Returns:
+            `last_hidden_state` (B, T, C) after the final norm, the cache if used, `attentions` if asked (B, H, T, Tk).
+
+        Raises:
+            ValueError: Both or neither of `input_ids` and `inputs_embeds`, or of the two caches, are given; or a 2-D
+                `attention_mask` does not cover the cached and new tokens.
         """
         cache = either_cache(cache, past_key_values)
         if (input_ids is None) == (inputs_embeds is None):
@@ -219,19 +303,9 @@ class GattModel(GattPreTrainedModel):
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # (B, T, C)
         batch, length, _ = inputs_embeds.shape
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-            cache = None  # a layer replayed in backward would write its keys twice (transformers drops it too)
-        elif use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
+        cache, use_cache = self._cache(cache, use_cache)
         past_length = cache.get_seq_length() if cache is not None else 0
         key_length = past_length + length
-
-        if attention_mask is not None and attention_mask.ndim == 2 and attention_mask.shape[-1] != key_length:
-            raise ValueError(
-                f"attention_mask must cover the cached and new tokens: expected (batch, {key_length}), "
-                f"got {tuple(attention_mask.shape)}"
-            )
         if position_ids is None:
             position_ids = self._default_position_ids(attention_mask, past_length, length, inputs_embeds.device)
         if segment_ids is None and past_length == 0 and attention_mask is None:
@@ -262,6 +336,17 @@ class GattModel(GattPreTrainedModel):
         )
 
     @staticmethod
+    def _cache(self, cache: Cache | None, use_cache: bool | None) -> tuple[Cache | None, bool]:
+        """The cache forward writes to and whether it returns one: a new `DynamicCache` where none is given and one is
+        used (`use_cache`, default the config's); none while training with gradient checkpointing (a layer replayed in
+        backward would write its keys twice; transformers drops it too)."""
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            cache = None
+        elif use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        return cache, use_cache
+
     def _default_position_ids(attention_mask: Tensor | None, past_length: int, length: int, device: Any) -> Tensor:
         if attention_mask is not None and attention_mask.ndim == 2:
             # Left padding: a dialogue's first real token is position 0.
@@ -281,6 +366,11 @@ class GattModel(GattPreTrainedModel):
     ) -> tuple[list[list[tuple[int, int]]] | None, Tensor | None, bool]:
         """The layers' (spans, mask, is_causal). Packed rows with nothing else to mask: scaled dot-product attention
         runs segment by segment (`spans`), with no (T, T) mask at all; otherwise the mask of `_attention_mask`."""
+        if attention_mask is not None and attention_mask.ndim == 2 and attention_mask.shape[-1] != key_length:
+            raise ValueError(
+                f"attention_mask must cover the cached and new tokens: expected (batch, {key_length}), "
+                f"got {tuple(attention_mask.shape)}"
+            )
         if (
             segment_ids is not None
             and attention_mask is None
@@ -319,8 +409,17 @@ def supervised_loss(
 ) -> Tensor:
     """Next-token cross-entropy with the head applied only where there is a target (HF's ForCausalLMLoss, cheaper).
 
-    hidden_states: (B, T, D); labels: (B, T), -100 where there is no loss. Position t predicts labels[t + 1].
-    Summed and divided by `num_items_in_batch` when given (gradient accumulation), else averaged.
+    Position t predicts labels[t + 1].
+
+    Args:
+        lm_head: The language-model head, hidden states -> logits over the vocabulary.
+        hidden_states: The last hidden states, (B, T, D).
+        labels: Token ids, (B, T), -100 where there is no loss.
+        num_items_in_batch: Divides the summed loss when given (gradient accumulation); None: the loss is averaged
+            over the targets.
+
+    Returns:
+        The loss, a scalar (the logits taken in fp32).
     """
     targets = F.pad(labels, (0, 1), value=-100)[:, 1:]  # (B, T): the token each position predicts
     keep = targets != -100  # (B, T)
@@ -331,7 +430,11 @@ def supervised_loss(
 
 
 class GattForCausalLM(GattPreTrainedModel, GenerationMixin):
-    """The decoder stack with a language-model head; generates with a KV cache."""
+    """The decoder stack with a language-model head; generates with a KV cache.
+
+    Args:
+        config: The model's configuration.
+    """
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
@@ -360,8 +463,32 @@ class GattForCausalLM(GattPreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast:
         """Logits (B, T, V); with `labels` (-100 = no loss), the mean next-token cross-entropy.
 
-        `skip_logits=True` (training): with labels, the LM head runs only on the positions that have a
-        target and no logits are returned; the loss is the same, for less time and memory.
+        Args:
+            input_ids: Token ids, (B, T); give exactly one of `input_ids` and `inputs_embeds`.
+            attention_mask: (B, past + T) with 1 on real tokens, or a 4-D bool mask used as is (default None).
+            position_ids: Positions, (B, T) or (1, T) (default None: as `GattModel.forward` derives them).
+            cache: The KV cache (`past_key_values` before transformers 5.24; default None).
+            inputs_embeds: Input embeddings, (B, T, C), instead of `input_ids`.
+            labels: Token ids, (B, T), -100 where there is no loss; position t predicts labels[t + 1] (default
+                None: no loss).
+            use_cache: Whether to keep and return a KV cache (default None: the config's `use_cache`).
+            segment_ids: (B, T), one id per packed dialogue (default None: as `GattModel.forward` derives them).
+            output_attentions: Whether to return every layer's attention weights (default False).
+            logits_to_keep: The positions whose logits are computed: 0 every position (default), n > 0 the last n,
+                a tensor the positions it indexes.
+            skip_logits: `True` (training): with labels, the LM head runs only on the positions that have a
+                target and no logits are returned; the loss is the same, for less time and memory (default False).
+            split_softmax: Every layer boosts its attention on the instruction's key columns (default None: no
+                boost).
+            past_key_values: The KV cache under its older name (default None).
+            **kwargs: Passed to the loss; `num_items_in_batch` divides the summed loss (gradient accumulation).
+
+        Returns:
+            `loss` (None without labels), `logits` (B, T, V) (None with `skip_logits` and labels), the cache, and
+            with `output_attentions` the attention weights.
+
+        Raises:
+            ValueError: For the inputs `GattModel.forward` refuses.
         """
         outputs = self.model(
             input_ids=input_ids,
@@ -394,7 +521,21 @@ class GattForCausalLM(GattPreTrainedModel, GenerationMixin):
 
     @classmethod
     def from_llama(cls, model_or_path: LlamaForCausalLM | str, **from_pretrained_kwargs: Any) -> GattForCausalLM:
-        """Convert an in-memory `LlamaForCausalLM`, or load one from a path (e.g. `gguf_file=...`) and convert it."""
+        """Convert an in-memory `LlamaForCausalLM`, or load one from a path (e.g. `gguf_file=...`) and convert it.
+
+        A GGUF file loads de-quantised: the converted weights are plain tensors, and the config claims no
+        quantisation. The converted model keeps the Llama model's generation config, dtype and training mode.
+
+        Args:
+            model_or_path: A Llama model, or a path (or name) that `AutoModelForCausalLM.from_pretrained` loads.
+            **from_pretrained_kwargs: Passed to `from_pretrained` when loading from a path (e.g. `gguf_file=...`).
+
+        Returns:
+            The `GattForCausalLM` with the Llama model's weights (tied again where the config ties embeddings).
+
+        Raises:
+            ValueError: When the model's `model_type` is not "llama".
+        """
         if isinstance(model_or_path, (str, bytes)) or hasattr(model_or_path, "__fspath__"):
             llama = AutoModelForCausalLM.from_pretrained(model_or_path, **from_pretrained_kwargs)
         else:

@@ -44,14 +44,27 @@ NUMERICS: tuple[str, ...] = ("exact", "bf16", "int8", "auto")
 
 
 def bf16_is_native() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware (oneDNN's AVX512-BF16 or AMX kernels)."""
+    """Whether this CPU multiplies bf16 matrices in hardware (oneDNN's AVX512-BF16 or AMX kernels).
+
+    Returns:
+        True where oneDNN (mkldnn) is available and reports bf16 support.
+    """
     return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def bf16_is_fast(device: torch.device | str = "cpu") -> bool:
-    """Whether bf16 arithmetic pays on `device`: a GPU that supports it; a CPU where a one-second probe finds bf16
-    matrix products faster than fp32 ones (measured once a process). The CPU's flags are not enough: bf16 has run at
-    half fp32's speed on a machine that reports AVX512-BF16, and on AVX2 alone it is emulated, several times slower."""
+    """Whether bf16 arithmetic pays on `device`.
+
+    The CPU's flags are not enough: bf16 has run at half fp32's speed on a machine that reports AVX512-BF16, and on
+    AVX2 alone it is emulated, several times slower.
+
+    Args:
+        device: The device to test (default "cpu").
+
+    Returns:
+        For a GPU, whether it supports bf16; for a CPU, whether a one-second probe finds bf16 matrix products faster
+        than fp32 ones (measured once a process); False for any other device type.
+    """
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
@@ -66,8 +79,20 @@ def _cpu_bf16_is_faster() -> bool:
 
 
 def resolve_auto(setting: str, device: torch.device | str, fast: str, slow: str, what: str) -> str:
-    """`setting`, or for "auto" `fast` where bf16 pays on `device` (bf16_is_fast) and `slow` elsewhere, saying which
-    was chosen and why on stderr."""
+    """Resolve an "auto" setting by whether bf16 pays on `device` (`bf16_is_fast`).
+
+    For "auto", which was chosen and why is printed on stderr.
+
+    Args:
+        setting: The configured value; anything but "auto" is returned as it is.
+        device: The device the work runs on.
+        fast: The value chosen for "auto" where bf16 pays.
+        slow: The value chosen for "auto" elsewhere.
+        what: The setting's name, for the message on stderr.
+
+    Returns:
+        `setting`, or for "auto" `fast` or `slow`.
+    """
     if setting != "auto":
         return setting
     chosen = fast if bf16_is_fast(device) else slow
@@ -78,8 +103,19 @@ def resolve_auto(setting: str, device: torch.device | str, fast: str, slow: str,
 
 
 def for_inference(model: PreTrainedModel, numerics: Numerics | str = "exact") -> PreTrainedModel:
-    """`model` ready to generate in `numerics` (exact: unchanged; bf16: cast, the library's attention kept fp32 on a
-    CPU; int8: Linear layers quantised; auto: bf16 where it pays, else exact), in place."""
+    """Make `model` ready to generate in `numerics`, in place.
+
+    Args:
+        model: The model to convert.
+        numerics: The numeric mode (default "exact"): exact: unchanged; bf16: cast, the library's attention kept
+            fp32 on a CPU; int8: Linear layers quantised; auto: bf16 where it pays, else exact.
+
+    Returns:
+        The model, converted (the same object for exact, bf16 and int8).
+
+    Raises:
+        ValueError: When `numerics` is not one of `NUMERICS`, or is int8 and the model is not on a CPU.
+    """
     numerics = resolve_auto(numerics, model.device, "bf16", "exact", "numerics")
     if numerics == "exact":
         return model

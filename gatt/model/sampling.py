@@ -30,7 +30,15 @@ class NucleusWarper(LogitsProcessor):
     hold `top_p` of the mass; a row whose mass is spread wider falls back to the full sort. Sorting all
     49,152 tokens of SmolLM2's vocabulary for 64 rows at every step was most of a teacher's sampling time.
     The kept set equals `TopPLogitsWarper`'s up to float rounding of a token whose mass sits exactly on
-    the boundary (tested on random rows)."""
+    the boundary (tested on random rows).
+
+    Args:
+        top_p: the nucleus mass, in (0, 1]; 1.0 keeps every token.
+        candidates: how many of each row's most likely tokens the set is looked for among before the full sort.
+
+    Raises:
+        ValueError: when `top_p` is not in (0, 1].
+    """
 
     def __init__(self, top_p: float, candidates: int = 1024) -> None:
         if not 0.0 < top_p <= 1.0:
@@ -60,6 +68,15 @@ class Sampler:
     `repetition_penalty` and `no_repeat_ngram_size` are Hugging Face's logits processors of the same
     names, applied to the reply being written (not to the history): the usual cure for a small model's
     greedy loops ("I am a scientist. I am a scientist. ...").
+
+    Args:
+        do_sample: sample (temperature + top-p) instead of taking the most likely token.
+        temperature: sampling temperature.
+        top_p: nucleus sampling mass.
+        seed: the seed of the sampler's generator.
+        repetition_penalty: Hugging Face's repetition penalty over the reply being written; 1.0: off.
+        no_repeat_ngram_size: no n-gram of this size twice in one reply; 0: off.
+        device: the device of the generator (the logits').
     """
 
     def __init__(
@@ -103,9 +120,18 @@ FLAG_GIVEN, BUILT_IN = "command line", "built-in default"  # sources of a sample
 
 
 def sampler_flags(folder: str) -> type:
-    """A dataclass of the four sampler settings as command-line fields (gatt/io/config.py), each None unless given:
+    """A dataclass of the four sampler settings as command-line fields (gatt/io/config.py), each None unless given.
+
     `sampler_settings` then reads it from `folder` generation_config.json, else takes SAMPLER_DEFAULTS. A command's
-    config inherits it, so every generating command has the same flags, each default named once."""
+    config inherits it, so every generating command has the same flags, each default named once.
+
+    Args:
+        folder: the model folder as the flags' help names it (e.g. "the --teacher folder's").
+
+    Returns:
+        The dataclass `SamplerFlags` (keyword-only fields temperature, top_p, repetition_penalty,
+        no_repeat_ngram_size).
+    """
     what = {
         "temperature": "sampling temperature",
         "top_p": "nucleus sampling mass",
@@ -124,14 +150,29 @@ def sampler_flags(folder: str) -> type:
 
 
 def generation_config_file(folder: str | Path) -> Path:
-    """Where a model folder's generation config is (a .gguf file: its folder's)."""
+    """Where a model folder's generation config is (a .gguf file: its folder's).
+
+    Args:
+        folder: a model folder or a .gguf file.
+
+    Returns:
+        The path of generation_config.json.
+    """
     folder = Path(folder)
     return (folder.parent if folder.suffix == ".gguf" else folder) / "generation_config.json"
 
 
 def folder_sampler_settings(folder: str | Path) -> dict[str, float | int]:
-    """The sampler settings that `folder`'s generation_config.json sets; {} without the file. Only the keys the
-    file gives: transformers leaves the others None."""
+    """The sampler settings that `folder`'s generation_config.json sets.
+
+    Only the keys the file gives: transformers leaves the others None.
+
+    Args:
+        folder: a model folder or a .gguf file.
+
+    Returns:
+        Setting -> value, typed as in SAMPLER_DEFAULTS; {} without the file.
+    """
     path = generation_config_file(folder)
     if not path.is_file():
         return {}
@@ -143,8 +184,18 @@ def folder_sampler_settings(folder: str | Path) -> dict[str, float | int]:
 def sampler_settings(
     given: Mapping[str, Any], folder: str | Path | None
 ) -> tuple[dict[str, float | int], dict[str, str]]:
-    """Each sampler setting's value (in `given`, the command line's settings, and not None; else set by `folder`'s
-    generation_config.json; else SAMPLER_DEFAULTS; no folder: an oracle, no file to read) and where each came from."""
+    """Each sampler setting's value and where each came from.
+
+    The value in `given` where not None; else the one set by `folder`'s generation_config.json; else
+    SAMPLER_DEFAULTS.
+
+    Args:
+        given: the command line's settings.
+        folder: the model folder; None: an oracle, no file to read.
+
+    Returns:
+        (setting -> value, setting -> its source: FLAG_GIVEN, the generation_config.json path, or BUILT_IN).
+    """
     read = folder_sampler_settings(folder) if folder is not None else {}
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}

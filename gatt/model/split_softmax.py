@@ -67,7 +67,20 @@ class SplitSoftmax:
 
     @classmethod
     def from_columns(cls, strength: float, columns: Sequence[Sequence[int]], device: Any = None) -> SplitSoftmax:
-        """One list of instruction key columns per batch row (an empty list: no instruction in that row)."""
+        """Build it from one list of instruction key columns per batch row.
+
+        Args:
+            strength: s = 1 - k, in [0, 1] (0: no change, 1: all attention on the instruction).
+            columns: Per batch row, the key (cache) columns of its instruction tokens (an empty list: no
+                instruction in that row).
+            device: The device of the column tensor (default None: the CPU).
+
+        Returns:
+            The split-softmax, its columns padded with -1 into a (B, L) long tensor.
+
+        Raises:
+            ValueError: When a column is negative, or `strength` lies outside [0, 1].
+        """
         width = max((len(c) for c in columns), default=0)
         padded = torch.full((len(columns), max(width, 1)), -1, dtype=torch.long)
         for i, cols in enumerate(columns):
@@ -82,7 +95,17 @@ class SplitSoftmax:
         return 1.0 - self.strength
 
     def instruction_mask(self, key_length: int) -> Tensor:
-        """(B, Tk) bool: True on the instruction's key columns."""
+        """The instruction's key columns as a mask.
+
+        Args:
+            key_length: The number of key columns, Tk.
+
+        Returns:
+            (B, Tk) bool: True on the instruction's key columns.
+
+        Raises:
+            ValueError: When an instruction column lies beyond the `key_length` keys.
+        """
         if self.max_column >= key_length:
             raise ValueError(f"an instruction column ({self.max_column}) lies beyond the {key_length} keys")
         mask = torch.zeros(self.columns.shape[0], key_length + 1, dtype=torch.bool, device=self.columns.device)
@@ -90,7 +113,17 @@ class SplitSoftmax:
         return mask[:, :key_length]
 
     def boosted_queries(self, query_length: int, key_length: int) -> Tensor:
-        """(B, 1, Tq, 1) bool: the queries split-softmax changes, those after the row's last instruction token."""
+        """The queries split-softmax changes, those after the row's last instruction token.
+
+        The queries are the last Tq of the Tk key columns, as with a KV cache; a row without instruction has none.
+
+        Args:
+            query_length: The number of queries, Tq.
+            key_length: The number of key columns, Tk.
+
+        Returns:
+            (B, 1, Tq, 1) bool: True on the queries changed.
+        """
         last = self.last  # (B,), -1: no instruction
         query_columns = torch.arange(key_length - query_length, key_length, device=self.columns.device)  # (Tq,)
         boosted = (query_columns[None, :] > last[:, None]) & (last[:, None] >= 0)  # (B, Tq)
@@ -104,7 +137,21 @@ class SplitSoftmax:
 
 
 def split_softmax_weights(weights: Tensor, split: SplitSoftmax) -> Tensor:
-    """The paper's formula on explicit softmax weights (B, H, Tq, Tk) -> (B, H, Tq, Tk)."""
+    """The paper's formula on explicit softmax weights (B, H, Tq, Tk) -> (B, H, Tq, Tk).
+
+    Only the queries after a row's last instruction token change; a query with no weight on the instruction is
+    left as it is.
+
+    Args:
+        weights: Softmax weights, (B, H, Tq, Tk).
+        split: The strength and each row's instruction key columns.
+
+    Returns:
+        The rescaled weights, (B, H, Tq, Tk), in the dtype of `weights`.
+
+    Raises:
+        ValueError: When `split` has columns for another number of rows than the batch, or a column beyond Tk.
+    """
     batch, _, query_length, key_length = weights.shape
     split._check_batch(batch)
     on_instruction = split.instruction_mask(key_length)[:, None, None, :]  # (B, 1, 1, Tk)
@@ -121,10 +168,22 @@ def split_softmax_weights(weights: Tensor, split: SplitSoftmax) -> Tensor:
 def split_softmax_attention(
     query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, split: SplitSoftmax, *, scale: float | None = None
 ) -> Tensor:
-    """Attention with split-softmax, from two fused attention calls; (B, H, Tq, Dv).
+    """Attention with split-softmax, from two fused attention calls.
 
-    query (B, H, Tq, D), key (B, Hkv, Tk, D), value (B, Hkv, Tk, Dv); `mask` bool, broadcastable to
-    (B, H, Tq, Tk), with the causal part already in it (None: every query sees every key).
+    Args:
+        query: Queries, (B, H, Tq, D).
+        key: Keys, (B, Hkv, Tk, D).
+        value: Values, (B, Hkv, Tk, Dv).
+        mask: Bool, True where a query may attend, broadcastable to (B, H, Tq, Tk), with the causal part already in
+            it (None: every query sees every key).
+        split: The strength and each row's instruction key columns.
+        scale: Scale of the dot-product scores (default None: 1/sqrt(D)).
+
+    Returns:
+        The attention output, (B, H, Tq, Dv).
+
+    Raises:
+        ValueError: When `split` has columns for another number of rows than the batch, or a column beyond Tk.
     """
     batch, heads, query_length, _ = query.shape
     kv_heads, key_length, value_dim = key.shape[1], key.shape[2], value.shape[-1]

@@ -34,24 +34,56 @@ class StaticCache:
     """Each layer's keys and values in (B, H_kv, width, D) buffers; `update` writes the step's column in place.
 
     Satisfies the attention module's `KVCache` protocol; `get_seq_length` is the fixed width, so the model sees
-    the same shapes at every step."""
+    the same shapes at every step.
+
+    Args:
+        layers: Each layer's (keys, values) buffers, (B, H_kv, width, D) each.
+        column: (1,) long: the column this step writes.
+    """
 
     def __init__(self, layers: list[tuple[Tensor, Tensor]], column: Tensor) -> None:
         self.layers = layers  # each layer's (keys, values), (B, H_kv, width, D)
         self.column = column  # (1,) long: the column this step writes
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        """Write the step's keys and values into the layer's buffers at `column`, in place, in the buffers' dtype.
+
+        Returns the layer's whole (keys, values) buffers, (B, H_kv, width, D) each.
+
+        Args:
+            key_states: The step's keys, (B, H_kv, 1, D).
+            value_states: The step's values, (B, H_kv, 1, D).
+            layer_idx: The layer.
+            *args: Ignored.
+            **kwargs: Ignored.
+        """
         keys, values = self.layers[layer_idx]  # key_states, value_states: (B, H_kv, 1, D)
         keys.index_copy_(2, self.column, key_states.to(keys.dtype))
         values.index_copy_(2, self.column, value_states.to(values.dtype))
         return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
+        """The buffers' fixed width, so the model sees the same shapes at every step.
+
+        Args:
+            layer_idx: The layer (default 0).
+
+        Returns:
+            The width in columns, written or not.
+        """
         return self.layers[layer_idx][0].shape[-2]
 
 
 def bucketed(columns: int, bucket: int) -> int:
-    """`columns` rounded up to a multiple of `bucket`."""
+    """`columns` rounded up to a multiple of `bucket`.
+
+    Args:
+        columns: A number of columns.
+        bucket: The multiple.
+
+    Returns:
+        The smallest multiple of `bucket` not below `columns`.
+    """
     return -(-columns // bucket) * bucket
 
 
@@ -66,8 +98,20 @@ class StaticBuffers:
 
     @classmethod
     def around(cls, layers: list[tuple[Tensor, Tensor]], mask: Tensor, steps: int, bucket: int = 64) -> StaticBuffers:
-        """Buffers holding `layers` (each (B, H_kv, T, D)) and `mask` (B, T), with room for `steps` more columns,
-        their width rounded up to a multiple of `bucket` (later replies reuse the shapes)."""
+        """Buffers holding `layers` and `mask`, with room for `steps` more columns.
+
+        Their width is rounded up to a multiple of `bucket` (later replies reuse the shapes). Every tensor is marked as
+        a static address, which a CUDA graph writes in place at every replay.
+
+        Args:
+            layers: Each layer's (keys, values), (B, H_kv, T, D) each.
+            mask: The attention mask, (B, T).
+            steps: The columns to make room for (a reply's most tokens).
+            bucket: The width's multiple (default 64).
+
+        Returns:
+            The buffers: `layers` and `mask` in the first T columns (the rest zeros, masked out), `column` at T.
+        """
         filled = mask.shape[1]
         width = bucketed(filled + steps, bucket)
         buffers = []
@@ -100,10 +144,25 @@ def decode_step(
     output_attentions: bool = False,
     split_softmax: SplitSoftmax | None = None,
 ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
-    """Write and attend one column: tokens (B,) the last draws, feeding (B,) bool the rows that write them,
-    positions (B,) their positions -> the next logits (B, V) and, with `output_attentions`, each layer's
-    (B, H, 1, width) weights. Reads nothing to the host and branches on no value: `torch.compile(decode_step,
-    fullgraph=True)` takes it whole. The caller advances `buffers.column` after it."""
+    """Write and attend one column: the next logits after the last draws.
+
+    Reads nothing to the host and branches on no value: `torch.compile(decode_step, fullgraph=True)` takes it
+    whole. The caller advances `buffers.column` after it.
+
+    Args:
+        model: The model (the library's, as `ChatBatch(static=True)` requires).
+        buffers: The reply's static state: the mask's column `buffers.column` is set to `feeding`, and each layer's
+            keys and values are written there.
+        tokens: (B,) the last draws.
+        feeding: (B,) bool: the rows that write them.
+        positions: (B,) their positions.
+        pad: The token id the rows not feeding feed instead (masked).
+        output_attentions: Whether to return each layer's attention weights (the probe's).
+        split_softmax: The split-softmax boost of the forward call; None: off.
+
+    Returns:
+        The next logits (B, V) and, with `output_attentions`, each layer's (B, H, 1, width) weights.
+    """
     buffers.mask.index_copy_(1, buffers.column, feeding[:, None])
     output = model(
         input_ids=torch.where(feeding, tokens, pad)[:, None],  # (B, 1)
@@ -124,7 +183,16 @@ class GraphedStep:
     and its outputs (logits, the probe's weights) are the same tensors at every replay, overwritten by the next
     (read them before). Recording runs the step once first, on a side stream (lazy kernel and library set-up cannot
     be recorded); that run writes the column the first replay writes again. On a CPU (`record=False`) no graph is
-    recorded and each call runs the step on the owned inputs, as a replay would (what tests check on a CPU)."""
+    recorded and each call runs the step on the owned inputs, as a replay would (what tests check on a CPU).
+
+    Args:
+        model: The model, as `decode_step` takes it.
+        buffers: The reply's static state (`StaticBuffers.around`).
+        pad: The token id the rows not feeding feed instead (masked).
+        output_attentions: Whether the step returns each layer's attention weights (the probe's).
+        split_softmax: The split-softmax boost of each step; None: off.
+        record: Whether to record a CUDA graph (False on a CPU).
+    """
 
     def __init__(
         self,

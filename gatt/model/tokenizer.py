@@ -44,7 +44,24 @@ def train_tokenizer(
     min_frequency: int = 2,
     model_max_length: int = 2048,
 ) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE on `texts` and wrap it as a chat-ready PreTrainedTokenizerFast."""
+    """Train a byte-level BPE on `texts` and wrap it as a chat-ready PreTrainedTokenizerFast.
+
+    The vocabulary holds the full byte alphabet, so every string is encodable, and the special tokens (pad at id
+    0, bos, eos, which also ends each turn, and the role tokens).
+
+    Args:
+        texts: The training texts; empty ones are skipped.
+        vocab_size: The vocabulary size, at least 256 byte symbols plus the special tokens (default 4096).
+        min_frequency: How often a pair must occur to be merged (default 2).
+        model_max_length: The tokenizer's maximum sequence length (default 2048).
+
+    Returns:
+        The tokenizer, with bos, eos and pad tokens, the role tokens as extra special tokens and `CHAT_TEMPLATE`,
+        which marks assistant tokens.
+
+    Raises:
+        ValueError: When no text is non-empty, or `vocab_size` is below the byte alphabet plus the special tokens.
+    """
     texts = [t for t in texts if t]
     if not texts:
         raise ValueError("train_tokenizer expected at least one non-empty training text, got none")

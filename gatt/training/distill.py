@@ -18,7 +18,17 @@ from torch import Tensor, nn
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The model's decoder layers in order (any Hugging Face causal LM, wrapped by peft or Accelerate or not)."""
+    """The model's decoder layers in order (any Hugging Face causal LM, wrapped by peft or Accelerate or not).
+
+    Args:
+        model: the model.
+
+    Returns:
+        Its modules whose class name ends with `DecoderLayer`, in module order.
+
+    Raises:
+        ValueError: when the model has no such module.
+    """
     layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
     if not layers:
         raise ValueError(f"{type(model).__name__} has no module named *DecoderLayer: hidden states cannot be matched")
@@ -27,7 +37,17 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 @contextmanager
 def layer_outputs(model: nn.Module) -> Iterator[list[Tensor]]:
-    """Collects each decoder layer's output hidden states (B, T, C) of the forward passes run inside the block."""
+    """Collects each decoder layer's output hidden states (B, T, C) of the forward passes run inside the block.
+
+    Args:
+        model: the model whose decoder layers are hooked (the hooks are removed on leaving the block).
+
+    Yields:
+        The list the outputs are appended to, layer by layer, pass after pass.
+
+    Raises:
+        ValueError: when the model has no decoder layers (`decoder_layers`).
+    """
     outputs: list[Tensor] = []
 
     def keep(_: nn.Module, __: object, output: Tensor | tuple[Tensor, ...]) -> None:
@@ -44,8 +64,14 @@ def layer_outputs(model: nn.Module) -> Iterator[list[Tensor]]:
 def hidden_distance(student: list[Tensor], teacher: list[Tensor], index: Tensor) -> Tensor:
     """Sum over layers of mean ||h_student - h_teacher||^2 / mean ||h_teacher||^2 at the paired positions.
 
-    `student`, `teacher`: one (B, T, C) tensor per layer (the first forward pass's, in layer order); `index` (N, 2):
-    flat indices into the student's and the teacher's (B x T) positions."""
+    Args:
+        student: one (B, T, C) tensor per layer (the first forward pass's, in layer order).
+        teacher: one (B, T, C) tensor per layer (the first forward pass's, in layer order).
+        index: (N, 2) flat indices into the student's and the teacher's (B x T) positions.
+
+    Returns:
+        The distance, a scalar tensor.
+    """
     layers = len(teacher)
     terms = []
     for mine, theirs in zip(student[:layers], teacher, strict=True):

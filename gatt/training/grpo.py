@@ -35,19 +35,22 @@ from transformers import TrainerCallback, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 from trl import GRPOConfig, GRPOTrainer
 
-from gatt.data.checks import Check, Constraint, hold_out_families, load_constraints
+from gatt.data.check_types import Check
+from gatt.data.checks import Constraint, hold_out_families, load_constraints
 from gatt.eval.cache import weight_files
-from gatt.eval.gate import AnswerGate, GateConfig, GateItem, GateTurn, gate_flags, relevance_embedder, words
+from gatt.eval.gate import AnswerGate, GateConfig, GateItem, GateTurn, gate_flags, relevance_embedder
 from gatt.eval.inputs import EvalTurn, load_eval_constraints
+from gatt.eval.non_answers import words
 from gatt.eval.plan import EvalDialogue, plan_dialogues
-from gatt.eval.rollout import RolloutConfig, rollout
+from gatt.eval.rollout import rollout
+from gatt.eval.turns import RolloutConfig
 from gatt.io.config import REQUIRED, arg
 from gatt.io.files import atomic_path, write_json, write_text
 from gatt.model.chat_model import load_chat_model
 from gatt.model.embedded import model_path
 from gatt.model.numerics import resolve_auto
 from gatt.model.sampling import MAX_NEW_TOKENS, SAMPLER_DEFAULTS
-from gatt.training.trainer import lora_config
+from gatt.training.building import lora_config
 
 PROMPTS = "prompts"  # output_dir/prompts/: prompts.jsonl and settings.json, kept when only GRPO's own knobs change
 SUMMARY = "grpo.json"
@@ -106,6 +109,16 @@ class GRPOGattConfig(gate_flags(relevance_judge=False)):
     logging_steps: int = arg(1, "a metrics.jsonl line every N steps")
 
     def validate(self, source: str = "config") -> None:
+        """Refuse inconsistent settings, naming the keys.
+
+        Args:
+            source: Where the settings were read, named in errors (default "config").
+
+        Raises:
+            ValueError: When batch_size does not divide by gradient_accumulation_steps or by num_generations,
+                num_generations is below 2, prompt_turns is below 2, prompts_per_dialogue is below 1 or above
+                prompt_turns - 1, or one of prompt_dialogues, max_steps, max_new_tokens and save_steps is below 1.
+        """
         problems = []
         if self.batch_size % self.gradient_accumulation_steps:
             problems.append("batch_size must divide by gradient_accumulation_steps")
@@ -122,15 +135,24 @@ class GRPOGattConfig(gate_flags(relevance_judge=False)):
 
     @property
     def prompt_settings(self) -> dict[str, Any]:
-        """What the prompts depend on besides the start model's weights: prompts made with other settings are made
-        again."""
+        """What the prompts depend on besides the start model's weights.
+
+        Prompts made with other settings are made again.
+        """
         keys = ("model", "seed", "constraints", "heldout_families", "user_turns", "prompt_dialogues", "prompt_turns")
         keys += ("prompts_per_dialogue", "probe_every", "max_new_tokens", "repetition_penalty")
         return {key: getattr(self, key) for key in keys}
 
 
 def train_constraints(config: GRPOGattConfig) -> list[Constraint]:
-    """The constraints whose train split the prompts are drawn from (held-out families moved to the held-out split)."""
+    """The constraints whose train split the prompts are drawn from (held-out families moved to the held-out split).
+
+    Args:
+        config: The run's config: its `constraints` file (default the built-in ones) and `heldout_families`.
+
+    Returns:
+        Every constraint, with its split.
+    """
     constraints = load_constraints(config.constraints) if config.constraints else load_eval_constraints()
     if config.heldout_families:
         constraints = hold_out_families(constraints, config.heldout_families, config.constraints or "built-in")
@@ -138,7 +160,16 @@ def train_constraints(config: GRPOGattConfig) -> list[Constraint]:
 
 
 def prompt_dialogues(config: GRPOGattConfig, turns: Sequence[EvalTurn]) -> list[EvalDialogue]:
-    """The dialogues the start model rolls out: trained values only, the instruction in turn one, full or short."""
+    """The dialogues the start model rolls out: trained values only, the instruction in turn one, full or short.
+
+    Args:
+        config: The run's config: `prompt_dialogues` dialogues of `prompt_turns` turns, drawn with `seed`, a probe
+            every `probe_every` turns.
+        turns: The user messages the dialogues' turns are drawn from.
+
+    Returns:
+        The planned dialogues (`plan_dialogues`).
+    """
     return plan_dialogues(
         train_constraints(config),
         turns,
@@ -153,9 +184,22 @@ def prompt_dialogues(config: GRPOGattConfig, turns: Sequence[EvalTurn]) -> list[
 def prompt_records(
     transcripts: Sequence[dict[str, Any]], dialogues: Sequence[EvalDialogue], config: GRPOGattConfig
 ) -> list[dict[str, Any]]:
-    """Each dialogue cut at `prompts_per_dialogue` distinct turns in 2..`prompt_turns` (its own rollout before the cut):
-    `prompt` (chat messages, the instruction in the system message of turn one) and what the reward needs, the
-    checks and on-topic checks of the turn and the earlier turns, as JSON strings (a dataset column holds one type)."""
+    """Each dialogue cut at `prompts_per_dialogue` distinct turns in 2..`prompt_turns` (its own rollout before the cut).
+
+    A cut needs every turn before it, so a dialogue whose rollout stopped early is cut only within it; the cuts are
+    drawn with `config.seed` and the dialogue's id.
+
+    Args:
+        transcripts: The start model's rollouts of `dialogues`.
+        dialogues: The planned dialogues, by id.
+        config: The run's config (`prompts_per_dialogue`, `prompt_turns`, `seed`).
+
+    Returns:
+        One record a cut: `prompt` (chat messages, the instruction in the system message of turn one), the
+        dialogue's id, turn, family and instruction, and what the reward needs: the turn's kind and user message, its
+        checks and on-topic checks, and the earlier turns (with their on-topic checks), the last three as JSON strings
+        (a dataset column holds one type).
+    """
     by_id = {d.id: d for d in dialogues}
     records = []
     for transcript in transcripts:
@@ -190,8 +234,16 @@ def prompt_records(
 
 
 def reward_gate(config: GRPOGattConfig) -> GateConfig:
-    """The reward's answer gate: the report's (strict for a real chat model), with relevance judged by the embedding
-    judge wherever a judge is asked, so no verdict comes from the model being trained."""
+    """The reward's answer gate: the report's (strict for a real chat model), relevance judged by the embedding judge.
+
+    The embedding judge judges relevance wherever a judge is asked, so no verdict comes from the model being trained.
+
+    Args:
+        config: The run's config (`strict_gate`).
+
+    Returns:
+        The gate's config.
+    """
     return (GateConfig.strict() if config.strict_gate else GateConfig()).judged_by("embedding")
 
 
@@ -203,11 +255,18 @@ class ChecksAndGateReward:
     """GRPO's reward: the share of the turn's checks a reply passes, 0 for a reply the answer gate fails.
 
     Called by TRL with the batch's prompts, completions and dataset columns; it also logs the batch's share of replies
-    that pass every check (`checks`), of real answers (`real_answer`) and their mean length in words (`words`)."""
+    that pass every check (`checks`), of real answers (`real_answer`) and their mean length in words (`words`).
+    """
 
     __name__ = "checks_and_gate"
 
     def __init__(self, gate: GateConfig, device: str = "cpu") -> None:
+        """Build the answer gate, with its embedding judge where `gate` uses one.
+
+        Args:
+            gate: The gate's config (`reward_gate`).
+            device: The device of the embedding judge's model (default "cpu").
+        """
         self.gate = AnswerGate(gate, embedder=relevance_embedder(gate, device))
 
     def __call__(
@@ -224,6 +283,22 @@ class ChecksAndGateReward:
         log_metric: Any = None,
         **_: Any,
     ) -> list[float]:
+        """The rewards of a batch of completions, one a completion.
+
+        Args:
+            prompts: The batch's prompts (unused: the dataset columns carry what the reward needs).
+            completions: The completions: texts, or chat messages whose last one is the reply.
+            checks: Each prompt's turn checks, as JSON.
+            on_topic: Each prompt's on-topic checks, as JSON.
+            earlier: Each prompt's earlier turns, as JSON.
+            user: Each prompt's user message.
+            kind: Each prompt's turn kind ("chat" or "probe").
+            instruction: Each prompt's instruction.
+            log_metric: TRL's callable that logs a named metric, or None: nothing logged.
+
+        Returns:
+            Each reply's share of passed checks (1.0 without checks), or 0.0 where the gate fails it.
+        """
         replies = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         items = [
             GateItem(
@@ -248,8 +323,20 @@ class ChecksAndGateReward:
 
 
 def make_prompts(config: GRPOGattConfig, turns: Sequence[EvalTurn], *, progress: bool = True) -> list[dict[str, Any]]:
-    """`output_dir/prompts/prompts.jsonl`: read where it was made with these settings and the same start model's
-    weight files, else rolled out and written whole."""
+    """The prompt records of `output_dir/prompts/prompts.jsonl`, made where needed.
+
+    The file is read where it was made with these settings and the same start model's weight files, else the
+    dialogues are rolled out and the file written whole. The settings (`prompt_settings` and the weight files) are
+    written to `output_dir/prompts/settings.json`.
+
+    Args:
+        config: The run's config.
+        turns: The user messages the dialogues' turns are drawn from.
+        progress: Show the rollout's progress bar (default True).
+
+    Returns:
+        The prompt records (`prompt_records`).
+    """
     folder = Path(config.output_dir) / PROMPTS
     path, settings_path = folder / "prompts.jsonl", folder / "settings.json"
     start = model_path(config.model)
@@ -270,9 +357,22 @@ def make_prompts(config: GRPOGattConfig, turns: Sequence[EvalTurn], *, progress:
 
 
 def summarize(log_history: Sequence[dict[str, Any]], seconds: float, generation_seconds: float) -> dict[str, Any]:
-    """The run's record: per logged step the reward, the logged shares and the step's seconds (TRL's `step_time`,
-    generation included; kept in the checkpoints, so a resumed run's curve is whole), and the share of this
-    attempt's `seconds` that went into generating completions."""
+    """The run's record (grpo.json's curves and timing).
+
+    Per logged step the reward, the logged shares and the step's seconds, and the share of this attempt's `seconds`
+    that went into generating completions.
+
+    Args:
+        log_history: The trainer's log entries (TRL's `step_time` is the step's seconds, generation included; kept in
+            the checkpoints, so a resumed run's curve is whole).
+        seconds: This attempt's training time.
+        generation_seconds: This attempt's time generating completions.
+
+    Returns:
+        `{"steps", "seconds_per_step", "seconds_this_attempt", "generation_share", "curve"}`: `curve` has one point
+        per entry with a reward; `seconds_per_step` (None without step times) is the mean `step_time`; the share is
+        None without `seconds`.
+    """
     keys = ("reward", "reward_std", "frac_reward_zero_std", "checks", "real_answer", "words", "step_time")
     curve = [
         {"step": e["step"], **{key: round(e[key], 4) for key in keys if key in e}} for e in log_history if "reward" in e
@@ -287,17 +387,21 @@ def summarize(log_history: Sequence[dict[str, Any]], seconds: float, generation_
     }
 
 
-def train_grpo(config: GRPOGattConfig, turns: Sequence[EvalTurn], *, resume: bool = False) -> dict[str, Any]:
-    """Make the prompts, run TRL's GRPO from `config.model` (resuming from the newest checkpoint with `resume`) and
-    save `output_dir/final` with `grpo.json`."""
-    config.validate()
-    out = Path(config.output_dir)
-    records = make_prompts(config, turns)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    bf16 = resolve_auto(config.mixed_precision, device, "bf16", "no", "mixed_precision") == "bf16"
-    model, tokenizer = load_chat_model(model_path(config.model), device=device)
-    args = GRPOConfig(
-        output_dir=str(out / "checkpoints"),
+def grpo_arguments(config: GRPOGattConfig, checkpoints: Path, *, bf16: bool, device: str) -> GRPOConfig:
+    """TRL's `GRPOConfig` for a run of `config`.
+
+    Args:
+        config: The run's config.
+        checkpoints: Where TRL writes its checkpoints.
+        bf16: Whether to train in bf16 mixed precision.
+        device: "cuda" or "cpu".
+
+    Returns:
+        The arguments of `GRPOTrainer`: a linear schedule, TRL's sampling from the config's sampler settings, one
+        checkpoint every `save_steps`, no reporting.
+    """
+    return GRPOConfig(
+        output_dir=str(checkpoints),
         seed=config.seed,
         max_steps=config.max_steps,
         learning_rate=config.learning_rate,
@@ -322,6 +426,32 @@ def train_grpo(config: GRPOGattConfig, turns: Sequence[EvalTurn], *, resume: boo
         remove_unused_columns=False,
         disable_tqdm=False,
     )
+
+
+def train_grpo(config: GRPOGattConfig, turns: Sequence[EvalTurn], *, resume: bool = False) -> dict[str, Any]:
+    """Make the prompts, run TRL's GRPO from `config.model` and save `output_dir/final` with `grpo.json`.
+
+    A run whose newest checkpoint already reached `max_steps` takes no more steps; it only saves.
+
+    Args:
+        config: The run's config.
+        turns: The user messages of the prompts' dialogues.
+        resume: Resume from the newest checkpoint in `output_dir/checkpoints` (default False).
+
+    Returns:
+        The summary written to grpo.json: `settings`, `prompts` (their count), `mixed_precision` and `summarize`'s
+        record; {} on every process but the main one.
+
+    Raises:
+        ValueError: When the config's settings are inconsistent (`GRPOGattConfig.validate`).
+    """
+    config.validate()
+    out = Path(config.output_dir)
+    records = make_prompts(config, turns)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    bf16 = resolve_auto(config.mixed_precision, device, "bf16", "no", "mixed_precision") == "bf16"
+    model, tokenizer = load_chat_model(model_path(config.model), device=device)
+    args = grpo_arguments(config, out / "checkpoints", bf16=bf16, device=device)
     trainer = TimedGRPOTrainer(
         model=model,
         reward_funcs=[ChecksAndGateReward(reward_gate(config), device)],
@@ -376,11 +506,25 @@ class MetricsFile(TrainerCallback):
     """Each log line of the run into a JSONL file; a resumed run keeps the lines up to its checkpoint's step."""
 
     def __init__(self, path: Path, resumed_at: int) -> None:
+        """Start the file, keeping its lines up to `resumed_at`.
+
+        Args:
+            path: The JSONL file (metrics.jsonl).
+            resumed_at: The step the run resumes from; 0: a fresh run, the file starts empty.
+        """
         self.path = path
         kept = path.read_text().splitlines() if resumed_at and path.exists() else []
         write_text(path, "".join(line + "\n" for line in kept if line and json.loads(line)["step"] <= resumed_at))
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
+        """Append the logs as one line with the step, on the main process only.
+
+        Args:
+            args: The trainer's arguments (unused).
+            state: The trainer's state: its `global_step` and whether this is the main process.
+            control: The trainer's control (unused).
+            logs: The logged values (None or empty: nothing written).
+        """
         if logs and state.is_world_process_zero:
             with self.path.open("a") as f:
                 f.write(json.dumps({"step": state.global_step, **logs}) + "\n")

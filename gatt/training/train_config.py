@@ -114,8 +114,23 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config", overridden: Collection[str] = ()) -> TrainConfig:
-        """Build from a mapping; unknown keys are refused naming them, where they were given (`overridden`: on the
-        command line) and the valid ones."""
+        """Build from a mapping and validate it.
+
+        Unknown keys are refused naming them, where they were given and the valid ones. A `model` or `tokenizer` of
+        `embedded` becomes the shipped model's folder.
+
+        Args:
+            values: The settings, by key.
+            source: Where `values` were read, named in errors (default "config").
+            overridden: The keys given on the command line.
+
+        Returns:
+            The config.
+
+        Raises:
+            ValueError: When a key is unknown, a required one is missing, a value is outside its choices, or the
+                settings are inconsistent (`validate`).
+        """
         config = dataclass_from_dict(cls, values, source, overridden)
         config.model, config.tokenizer = (
             None if v is None else model_path(v) for v in (config.model, config.tokenizer)
@@ -124,7 +139,17 @@ class TrainConfig:
         return config
 
     def validate(self, source: str = "config") -> None:
-        """Refuse inconsistent settings, naming the key."""
+        """Refuse inconsistent settings, naming the key.
+
+        Args:
+            source: Where the settings were read, named in errors (default "config").
+
+        Raises:
+            ValueError: When not exactly one of `model` and `model_config`, or of `max_steps` and `num_epochs`, is
+                set; a new model has no tokenizer; the learning-rate schedule's keys disagree; `train_file` is not a
+                path or a non-empty list of paths; replay or distillation is half set; or batch_size does not divide
+                by gradient_accumulation_steps.
+        """
         if (self.model is None) == (self.model_config is None):
             raise ValueError(f"{source}: set exactly one of `model` (a directory) or `model_config` (a new model)")
         if self.model_config is not None and self.tokenizer is None and self.tokenizer_vocab_size <= 0:
@@ -169,7 +194,15 @@ class TrainConfig:
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Read a YAML config and apply `key=value` overrides (values parsed as YAML)."""
+    """Read a YAML config and apply `key=value` overrides (values parsed as YAML).
+
+    Args:
+        path: The YAML config file.
+        overrides: `key=value` strings, from the command line.
+
+    Returns:
+        The validated config.
+    """
     return TrainConfig.from_dict(read_yaml_config(path, overrides), str(path), override_keys(overrides))
 
 
@@ -182,8 +215,18 @@ DATA_COMMANDS: dict[str, str] = {
 
 
 def check_input_files(config: TrainConfig) -> None:
-    """Every data file and model folder the config names exists; a missing one is reported with its key (and, for
-    data, the command that makes it)."""
+    """Every data file and model folder the config names exists.
+
+    A missing one is reported with its key (and, for data, the command that makes it).
+
+    Args:
+        config: The run's config.
+
+    Raises:
+        FileNotFoundError: When a data file (train_file, replay_file, eval_file), the model folder or .gguf file, or
+            the tokenizer folder does not exist.
+        ValueError: When the model or tokenizer path is not a model folder (`check_model_folder`).
+    """
     if config.model is not None:
         check_model_folder(Path(config.model) / (config.gguf_file or ""), "model", tokenizer=config.tokenizer is None)
     if config.tokenizer is not None:
@@ -204,12 +247,31 @@ def check_input_files(config: TrainConfig) -> None:
 
 
 def train_files(config: TrainConfig) -> list[str]:
-    """`train_file` as a list of paths."""
+    """`train_file` as a list of paths.
+
+    Args:
+        config: The run's config.
+
+    Returns:
+        The paths, one when `train_file` is a string.
+    """
     return [config.train_file] if isinstance(config.train_file, str) else list(config.train_file)
 
 
 def read_records(path: str | Path, *, allow_empty: bool = False) -> list[dict[str, Any]]:
-    """JSONL records; a bad line is reported with its file and line number, an empty file unless `allow_empty`."""
+    """JSONL records; a bad line is reported with its file and line number, an empty file unless `allow_empty`.
+
+    Args:
+        path: The JSONL file; blank lines are skipped.
+        allow_empty: Whether a file with no records is accepted.
+
+    Returns:
+        The records, each an object with a `messages` list.
+
+    Raises:
+        ValueError: When a line is not valid JSON or not an object with a `messages` list, or the file has no records
+            and `allow_empty` is false.
+    """
     records = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
@@ -228,9 +290,21 @@ def read_records(path: str | Path, *, allow_empty: bool = False) -> list[dict[st
 
 
 def split_records(config: TrainConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
-    """The training and evaluation records of `config` and how many replayed records were drawn: the task files, the
-    replay sample (`replay_ratio` of the task records, its own seeded draw), then eval_file or a seeded
-    `eval_fraction` held out."""
+    """The training and evaluation records of `config` and how many replayed records were drawn.
+
+    The training records are the task files' (one may be empty, not all), then the replay sample (`replay_ratio` of
+    the task records, its own seeded draw); the evaluation records are eval_file's, or a seeded `eval_fraction` held
+    out of them (none when `eval_every` is 0).
+
+    Args:
+        config: The run's config.
+
+    Returns:
+        (training records, evaluation records, replayed count).
+
+    Raises:
+        ValueError: When the task files hold no records, or replay_file or eval_file is empty or malformed.
+    """
     # Several files (every GAtt round's data): one may be empty (a round whose teacher kept no dialogue), not all.
     records = [record for path in train_files(config) for record in read_records(path, allow_empty=True)]
     if not records:

@@ -21,33 +21,27 @@ import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
-from peft import LoraConfig, get_peft_model
 from torch.nn.parallel import DistributedDataParallel
-from torch.optim.lr_scheduler import LambdaLR
 from tqdm.auto import tqdm
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    get_cosine_with_hard_restarts_schedule_with_warmup,
-    get_cosine_with_min_lr_schedule_with_warmup,
-)
 
 import gatt  # noqa: F401  (registers the "gatt" model type and attention)
-from gatt.data.collator import IGNORE_INDEX, GAttCollator, later_events
+from gatt.data.collator import IGNORE_INDEX, GAttCollator
 from gatt.io.distributed import check_launch, last_reference_in_python, on_cpu
 from gatt.io.files import atomic_path, write_text
-from gatt.model.folder import loading_model
-from gatt.model.modeling import GattConfig, GattForCausalLM
+from gatt.model.modeling import GattForCausalLM
 from gatt.model.numerics import resolve_auto
-from gatt.model.tokenizer import train_tokenizer
+from gatt.training.building import (
+    build_model,
+    build_tokenizer,
+    learning_rate_schedule,
+    load_start_model,
+)
 from gatt.training.distill import hidden_distance, layer_outputs
 from gatt.training.train_config import TrainConfig, check_input_files, load_config, read_records, split_records
 
@@ -61,9 +55,19 @@ class TrainState:
     step: int = 0
 
     def state_dict(self) -> dict[str, int]:
+        """The step, as a checkpoint saves it.
+
+        Returns:
+            {"step": the step}.
+        """
         return {"step": self.step}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore the step from a checkpoint.
+
+        Args:
+            state: What `state_dict` returned.
+        """
         self.step = state["step"]
 
 
@@ -73,14 +77,34 @@ TEACHER_KEYS = ("teacher_input_ids", "teacher_attention_mask", "teacher_position
 def without_teacher(
     batch: dict[str, torch.Tensor],
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
-    """The model's inputs, and the teacher view's tensors where the collator made them (GAttCollator teacher_view)."""
+    """The model's inputs, and the teacher view's tensors where the collator made them (GAttCollator teacher_view).
+
+    Args:
+        batch: A collated batch, with the teacher view's tensors (TEACHER_KEYS) where the collator made them.
+
+    Returns:
+        The batch without the teacher keys and the teacher view's tensors; the batch itself and None when it has no
+        teacher view.
+    """
     if TEACHER_KEYS[0] not in batch:
         return batch, None
     return {k: v for k, v in batch.items() if k not in TEACHER_KEYS}, {k: batch[k] for k in TEACHER_KEYS if k in batch}
 
 
 def batch_indices(num_records: int, batch_size: int, seed: int, step: int) -> list[int]:
-    """The records of optimizer step `step`: epochs of seeded permutations, concatenated."""
+    """The records of optimizer step `step`: epochs of seeded permutations, concatenated.
+
+    A pure function of (seed, step): a resumed run draws the batches the killed one would have.
+
+    Args:
+        num_records: How many training records there are.
+        batch_size: Records per optimizer step (the global batch).
+        seed: The run's seed; each epoch's permutation is seeded by it and the epoch's number.
+        step: The optimizer step, from 0.
+
+    Returns:
+        The step's `batch_size` record indices (an epoch may end within them).
+    """
     start = step * batch_size
     out: list[int] = []
     while len(out) < batch_size:
@@ -90,97 +114,23 @@ def batch_indices(num_records: int, batch_size: int, seed: int, step: int) -> li
     return out
 
 
-def build_tokenizer(config: TrainConfig, records: list[dict[str, Any]], save_dir: Path) -> PreTrainedTokenizerBase:
-    """The model's tokenizer, or a new one trained on the records (saved, so a resumed run reuses it)."""
-    if config.tokenizer_vocab_size > 0 and config.tokenizer is None:
-        if (save_dir / "tokenizer_config.json").exists():
-            return AutoTokenizer.from_pretrained(save_dir)
-        texts = [m["content"] for r in records for m in r["messages"]]
-        texts += [r.get("instruction") or "" for r in records] + [r.get("instruction_short") or "" for r in records]
-        texts += [event["text"] for r in records for event in later_events(r)]
-        context = (config.model_config or {}).get("max_position_embeddings", 4096)
-        tokenizer = train_tokenizer(texts, vocab_size=config.tokenizer_vocab_size, model_max_length=context)
-        tokenizer.save_pretrained(save_dir)
-        return tokenizer
-    source = config.tokenizer or config.model
-    gguf = {"gguf_file": config.gguf_file} if config.gguf_file and not config.tokenizer else {}
-    with loading_model(Path(source) / gguf.get("gguf_file", "")):
-        return AutoTokenizer.from_pretrained(source, **gguf)
-
-
-def load_start_model(config: TrainConfig) -> PreTrainedModel:
-    """`config.model` (its .gguf file where `gguf_file` names one), as saved: no LoRA, no checkpointing."""
-    assert config.model is not None
-    kwargs = {"gguf_file": config.gguf_file} if config.gguf_file else {}
-    with loading_model(Path(config.model) / (config.gguf_file or ""), tokenizer=False):
-        return AutoModelForCausalLM.from_pretrained(config.model, **kwargs)
-
-
-def build_model(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
-    """Load or create the model; wrap it with LoRA adapters when lora_r > 0."""
-    if config.model_config is not None:
-        special = {
-            "pad_token_id": tokenizer.pad_token_id,
-            "bos_token_id": tokenizer.bos_token_id,
-            "eos_token_id": tokenizer.eos_token_id,
-            "vocab_size": len(tokenizer),
-        }
-        model = GattForCausalLM(GattConfig(**{**special, **config.model_config}))
-    else:
-        model = load_start_model(config)
-    if config.gradient_checkpointing:
-        model.activation_checkpointing_enable()
-    if config.lora_r > 0:
-        model = get_peft_model(model, lora_config(config))
-    return model
-
-
-class LoraSettings(Protocol):
-    """The LoRA fields a config carries (TrainConfig, gatt.training.grpo.GRPOGattConfig)."""
-
-    lora_r: int
-    lora_alpha: int
-    lora_dropout: float
-    lora_targets: list[str]
-
-
-def lora_config(config: LoraSettings) -> LoraConfig:
-    """The LoRA adapters a config asks for (`lora_r` > 0): rank, alpha, dropout and target modules."""
-    return LoraConfig(
-        r=config.lora_r,
-        lora_alpha=config.lora_alpha,
-        lora_dropout=config.lora_dropout,
-        target_modules=list(config.lora_targets),
-        task_type="CAUSAL_LM",
-    )
-
-
-def learning_rate_schedule(config: TrainConfig, optimizer: torch.optim.Optimizer) -> LambdaLR:
-    """Linear warm-up, then a cosine to `min_lr_ratio` (hard restarts or one re-warming where the config asks)."""
-    if config.lr_restarts:
-        return get_cosine_with_hard_restarts_schedule_with_warmup(
-            optimizer, config.warmup_steps, config.max_steps, num_cycles=config.lr_restarts + 1
-        )
-
-    def cosine(horizon: int) -> LambdaLR:
-        return get_cosine_with_min_lr_schedule_with_warmup(
-            optimizer, config.warmup_steps, horizon, min_lr_rate=config.min_lr_ratio
-        )
-
-    if not config.lr_rewarm_step:
-        return cosine(config.max_steps)
-    first, then = cosine(config.lr_first_horizon).lr_lambdas[0], cosine(config.max_steps).lr_lambdas[0]
-    # The scheduler's step s sets the rate of optimizer step s + 1: step lr_rewarm_step + 1 still has the first
-    # cosine's rate, as in a resumed run, whose optimizer state carries the rate it was stopped at.
-    return LambdaLR(optimizer, lambda step: first(step) if step <= config.lr_rewarm_step else then(step))
-
-
 EPOCHS_WARNING = 10  # past this many passes over the data a small run memorises it
 
 
 def sized_to_data(config: TrainConfig, records: int, replay: int, acc: Accelerator) -> TrainConfig:
-    """The config with max_steps set (from num_epochs where that is given), after printing the plan: records
-    (replay among them), epochs and steps; a warning past EPOCHS_WARNING epochs."""
+    """The config with max_steps set (from num_epochs where that is given), after printing the plan.
+
+    The plan: records (replay among them), epochs and steps; a warning past EPOCHS_WARNING epochs.
+
+    Args:
+        config: The run's config.
+        records: How many training records there are, replay included.
+        replay: How many of them are replay records.
+        acc: The accelerator, which prints the plan.
+
+    Returns:
+        A copy of `config` whose `max_steps` is set, to `ceil(num_epochs x records / batch_size)` when it was 0.
+    """
     steps = config.max_steps or math.ceil(config.num_epochs * records / config.batch_size)
     epochs = steps * config.batch_size / records
     mix = f" ({replay} of them replay)" if replay else ""
@@ -199,7 +149,17 @@ def sized_to_data(config: TrainConfig, records: int, replay: int, acc: Accelerat
 
 
 class Trainer:
-    """Holds the run's pieces; `train()` runs (or resumes) it to `max_steps`."""
+    """Holds the run's pieces; `train()` runs (or resumes) it to `max_steps`.
+
+    Args:
+        config: The run's config; the records that do not fit `max_length` are left out (with a warning).
+
+    Raises:
+        FileNotFoundError: When a data file or model folder the config names is missing.
+        ValueError: When no training record fits `max_length`, or the launch cannot run the settings (merge_lora
+            over sharded weights, a batch_size that does not split over processes and micro-batches, accumulation
+            under DeepSpeed).
+    """
 
     def __init__(self, config: TrainConfig) -> None:
         check_input_files(config)  # before any set-up: a missing file is named at once
@@ -304,7 +264,15 @@ class Trainer:
         return self.accelerator.reduce(torch.tensor(float(value), device=self.accelerator.device), reduction="sum")
 
     def train_step(self, step: int) -> dict[str, float]:
-        """One optimizer step over the global batch; returns its loss (mean over supervised tokens)."""
+        """One optimizer step over the global batch.
+
+        Args:
+            step: The optimizer step, from 0, which picks the global batch (`batch_indices`).
+
+        Returns:
+            The step's metrics: `loss` (mean over supervised tokens), `supervised_tokens`, `grad_norm`, and
+            `distill` (the hidden-state term, mean over processes) when distilling.
+        """
         batches = self._micro_batches(step)
         local_tokens = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
         global_tokens = self._global_count(local_tokens)
@@ -356,7 +324,11 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean token loss on the held-out records (this process's share, reduced over processes)."""
+        """Mean token loss on the held-out records (this process's share, reduced over processes).
+
+        Returns:
+            The loss summed over every process's supervised tokens, divided by their count.
+        """
         self.model.eval()
         acc, total, tokens = self.accelerator, 0.0, 0
         mine = self.eval_records[acc.process_index :: acc.num_processes]
@@ -372,7 +344,18 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------------
 
     def train(self, resume: bool = False) -> dict[str, Any]:
-        """Run to max_steps, resuming from the newest checkpoint when asked; returns the last metrics."""
+        """Run to max_steps, resuming from the newest checkpoint when asked.
+
+        Writes config.yaml and metrics.jsonl under `output_dir`, a checkpoint every `save_every` steps, then the final
+        model (`save_final`), and ends the job (`close`).
+
+        Args:
+            resume: Whether to resume from the newest checkpoint (`latest_checkpoint`), where there is one.
+
+        Returns:
+            The last step's metrics (step, loss, supervised_tokens, grad_norm, lr, elapsed_s; eval_loss and distill
+            where computed); {} when no step was left to run.
+        """
         config, acc = self.config, self.accelerator
         checkpoint = latest_checkpoint(self.out) if resume else None
         if checkpoint is not None:
@@ -440,8 +423,14 @@ class Trainer:
                 f.write(json.dumps(metrics) + "\n")
 
     def save_checkpoint(self, step: int) -> None:
-        """Accelerate's save_state into a temporary folder, renamed into place; old checkpoints pruned. The folder's
-        name is fixed, not `gatt.io.files.atomic_path`'s unique one: every rank writes into it."""
+        """Accelerate's save_state into a temporary folder, renamed into place; old checkpoints pruned.
+
+        The folder's name is fixed, not `gatt.io.files.atomic_path`'s unique one: every rank writes into it. The newest
+        `keep_checkpoints` checkpoints are kept.
+
+        Args:
+            step: The step saved, in the folder's name: `output_dir/checkpoints/step-NNNNNNN`.
+        """
         acc = self.accelerator
         final = self.out / "checkpoints" / f"step-{step:07d}"
         tmp = final.with_name(final.name + ".tmp")
@@ -482,7 +471,14 @@ class Trainer:
 
 
 def latest_checkpoint(output_dir: Path) -> Path | None:
-    """The newest complete checkpoint (incomplete ones keep their .tmp name)."""
+    """The newest complete checkpoint (incomplete ones keep their .tmp name).
+
+    Args:
+        output_dir: The run's output folder.
+
+    Returns:
+        The newest `checkpoints/step-NNNNNNN` folder, or None when there is none.
+    """
     found = sorted((output_dir / "checkpoints").glob("step-???????"))
     return found[-1] if found else None
 
@@ -496,7 +492,15 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
 
 def train(config: TrainConfig, resume: bool = False) -> dict[str, Any]:
-    """Build the trainer from `config` and run it."""
+    """Build the trainer from `config` and run it.
+
+    Args:
+        config: The run's config.
+        resume: Whether to resume from the newest checkpoint in `output_dir`.
+
+    Returns:
+        The last step's metrics (`Trainer.train`).
+    """
     return Trainer(config).train(resume=resume)
 
 

@@ -67,12 +67,29 @@ def masked_attention(
 ) -> tuple[Tensor, Tensor | None]:
     """Attend `query` (B, H, Tq, D) over `key` (B, Hkv, Tk, D) / `value` (B, Hkv, Tk, Dv).
 
-    `mask` is bool, broadcastable to (B, H, Tq, Tk); `is_causal` adds the causal mask with queries
-    aligned to the last Tq keys. `score=None` means scaled dot-product with `scale` (default
-    1/sqrt(D)): it takes the fast SDPA path unless `return_weights` asks for the weights.
-    `split_softmax`: boost each head's attention on the instruction's keys (gatt/model/split_softmax.py);
-    the returned weights are the boosted ones. Returns (output (B, H, Tq, Dv), weights (B, H, Tq, Tk)
-    or None). A query that may see no key at all (a padding row) gets zero weights and a zero output.
+    A query that may see no key at all (a padding row) gets zero weights and a zero output.
+
+    Args:
+        query: Queries, (B, H, Tq, D); H must be a multiple of Hkv (grouped-query attention).
+        key: Keys, (B, Hkv, Tk, D).
+        value: Values, (B, Hkv, Tk, Dv).
+        mask: Bool mask, True where a query may attend, broadcastable to (B, H, Tq, Tk) (default None: no mask).
+        is_causal: Add the causal mask, with queries aligned to the last Tq keys (default False).
+        score: Score function (default None: scaled dot-product with `scale`, which takes the fast SDPA path
+            unless `return_weights` asks for the weights or `split_softmax` is set).
+        scale: Scale of the dot-product scores when `score` is None (default None: 1/sqrt(D)).
+        dropout_p: Dropout probability on the attention weights (default 0.0: none).
+        return_weights: Also return the attention weights (takes the explicit path).
+        split_softmax: Boost each head's attention on the instruction's keys (gatt/model/split_softmax.py); the
+            returned weights are the boosted ones (default None: no boost).
+
+    Returns:
+        (output (B, H, Tq, Dv), weights (B, H, Tq, Tk) or None): the weights only when `return_weights`.
+
+    Raises:
+        ValueError: When query, key and value are not 4-D, disagree on batch, heads, length or head size, the
+            query heads are not a multiple of the key/value heads, or `mask` is not a bool tensor broadcastable
+            to (B, H, Tq, Tk).
     """
     _validate(query, key, value, mask)
     query_length, key_length = query.shape[2], key.shape[2]
@@ -159,6 +176,17 @@ def segmented_attention(
 
     Equal to `masked_attention` with the segment mask, but each segment runs the causal SDPA kernel on
     its own slice: the cost is the sum of len^2 over segments instead of T^2 per row.
+
+    Args:
+        query: Queries, (B, H, T, D); H may be a multiple of Hkv (grouped-query attention).
+        key: Keys, (B, Hkv, T, D).
+        value: Values, (B, Hkv, T, Dv).
+        spans: Per row, the [start, end) spans of its segments, covering the row (as `segment_spans` gives).
+        scale: Scale of the dot-product scores (default None: 1/sqrt(D)).
+        dropout_p: Dropout probability on the attention weights (default 0.0: none).
+
+    Returns:
+        The output, (B, H, T, Dv).
     """
     grouped = query.shape[1] != key.shape[1]
     rows = []
@@ -183,7 +211,15 @@ def segmented_attention(
 
 
 def repeat_kv(hidden: Tensor, n_rep: int) -> Tensor:
-    """(B, Hkv, T, D) -> (B, Hkv * n_rep, T, D): each key/value head serves n_rep query heads."""
+    """(B, Hkv, T, D) -> (B, Hkv * n_rep, T, D): each key/value head serves n_rep query heads.
+
+    Args:
+        hidden: Key or value heads, (B, Hkv, T, D).
+        n_rep: Number of query heads per key/value head.
+
+    Returns:
+        Each head repeated n_rep times in a row, (B, Hkv * n_rep, T, D); `hidden` itself when n_rep is 1.
+    """
     if n_rep == 1:
         return hidden
     batch, kv_heads, length, head_dim = hidden.shape

@@ -18,7 +18,20 @@ class KVCache(Protocol):
 
     def update(
         self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any, **kwargs: Any
-    ) -> tuple[Tensor, Tensor]: ...
+    ) -> tuple[Tensor, Tensor]:
+        """Append a layer's new keys and values to the cache.
+
+        Args:
+            key_states: The new keys, (B, Hkv, T_new, D).
+            value_states: The new values, (B, Hkv, T_new, D).
+            layer_idx: The layer whose keys and values they are.
+            *args: Whatever else the cache takes.
+            **kwargs: Whatever else the cache takes.
+
+        Returns:
+            The layer's keys and values, the cached ones included.
+        """
+        ...
 
 
 def check_forward_inputs(
@@ -41,7 +54,31 @@ def check_forward_inputs(
 ) -> None:
     """The forward's ValueErrors, each naming the argument at fault (key_padding_mask is checked after the cache).
 
-    `hidden_size`, `kdim`, `vdim`: the module's widths; `linformer`: whether it has Linformer's E and F.
+    The arguments before `hidden_size` are the forward's own.
+
+    Args:
+        hidden_states: The queries' source, (B, Tq, hidden_size).
+        position_embeddings: RoPE (cos, sin) of the queries (and of the keys in self-attention), or None.
+        mask: Bool attention mask, or None.
+        is_causal: The forward's `is_causal` (None: its default).
+        past_key_values: The KV cache, or None.
+        spans: Packed self-attention segments, or None.
+        split_softmax: The split-softmax boost, or None.
+        key_value_states: Cross-attention's key source, (B, Tk, kdim); None for self-attention.
+        value_states: Cross-attention's value source, (B, Tk, vdim), or None.
+        key_position_embeddings: Cross-attention's RoPE (cos, sin) of the keys, or None.
+        query_padding_mask: (B, Tq), True on real queries, or None.
+        hidden_size: The module's width.
+        kdim: The module's key source width.
+        vdim: The module's value source width.
+        linformer: Whether the module has Linformer's E and F.
+
+    Raises:
+        ValueError: When `hidden_states` is not (B, Tq, hidden_size); self-attention gets a cross-attention
+            argument, widths other than hidden_size or no `position_embeddings`; cross-attention gets a source of
+            the wrong shape, no `value_states` where kdim != vdim, RoPE on one side only, a cache or spans;
+            `query_padding_mask` is not (B, Tq); or Linformer gets `is_causal=True`, a cache, `mask`, `spans` or
+            `split_softmax`.
     """
     if hidden_states.ndim != 3 or hidden_states.shape[-1] != hidden_size:
         raise ValueError(
@@ -67,20 +104,26 @@ def check_forward_inputs(
             f"query_padding_mask must have shape (batch, Tq) = {(batch, query_length)}, got {tuple(query_padding_mask.shape)}"
         )
     if linformer:
-        given = {
-            "is_causal=True": bool(is_causal),
-            "past_key_values": past_key_values is not None,
-            "mask": mask is not None,
-            "spans": spans is not None,
-            "split_softmax": split_softmax is not None,
-        }
-        refused = [name for name, present in given.items() if present]
-        if refused:
-            raise ValueError(
-                f"{', '.join(refused)} cannot be used with Linformer: E and F mix every position (future ones "
-                "included) into each of the k projected keys, so it is neither causal nor addressable by key "
-                "position; use it for non-causal attention and pass key_padding_mask for padding"
-            )
+        _check_linformer(
+            {
+                "is_causal=True": bool(is_causal),
+                "past_key_values": past_key_values is not None,
+                "mask": mask is not None,
+                "spans": spans is not None,
+                "split_softmax": split_softmax is not None,
+            }
+        )
+
+
+def _check_linformer(given: dict[str, bool]) -> None:
+    """Refuse what Linformer cannot honour, naming each argument `given` (name -> whether it was passed)."""
+    refused = [name for name, present in given.items() if present]
+    if refused:
+        raise ValueError(
+            f"{', '.join(refused)} cannot be used with Linformer: E and F mix every position (future ones "
+            "included) into each of the k projected keys, so it is neither causal nor addressable by key "
+            "position; use it for non-causal attention and pass key_padding_mask for padding"
+        )
 
 
 def _check_self_attention(

@@ -27,17 +27,33 @@ def linformer_attention(
 ) -> tuple[Tensor, Tensor | None]:
     """Linformer attention: K' = E K and V' = F V over the sequence axis, then softmax(Q K'^T / sqrt(D)) V'.
 
-    query (B, H, Tq, D), key (B, Hkv, Tk, D), value (B, Hkv, Tk, Dv); E and F (k, n) with n >= Tk, shared
-    by every head. A sequence shorter than n uses the first Tk columns of E and F. `key_padding_mask`
-    (B, Tk), True/nonzero on real tokens: padded keys and values are zeroed before the projection, so K'
-    and V' mix real tokens only (the k projected keys themselves are never masked; a row with no real
-    key gets K' = V' = 0 and a zero output). `score`, `scale`, `dropout_p` and `return_weights` are those
-    of `masked_attention`, which runs on (Q, K', V'). Returns (output (B, H, Tq, Dv), weights
-    (B, H, Tq, k) or None). Cost O(Tq k) per head instead of O(Tq Tk).
+    `masked_attention` runs on (Q, K', V'). Cost O(Tq k) per head instead of O(Tq Tk).
 
     Not causal: every row of K' and V' mixes all Tk positions, so each query sees projections of the
     tokens after it. There is no `is_causal`; use Linformer for encoders, cross-attention and other
     non-causal attention, never for autoregressive decoding.
+
+    Args:
+        query: Queries, (B, H, Tq, D).
+        key: Keys, (B, Hkv, Tk, D).
+        value: Values, (B, Hkv, Tk, Dv).
+        E: The key projection, (k, n) with n >= Tk, shared by every head; a sequence shorter than n uses the first
+            Tk columns.
+        F: The value projection, (k, n), like `E`.
+        key_padding_mask: (B, Tk), True/nonzero on real tokens, or None: padded keys and values are zeroed before
+            the projection, so K' and V' mix real tokens only (the k projected keys themselves are never masked; a
+            row with no real key gets K' = V' = 0 and a zero output).
+        score: The score, as in `masked_attention` (None: scaled dot-product).
+        scale: The scale, as in `masked_attention` (None: 1/sqrt(D)).
+        dropout_p: Dropout on the attention weights, as in `masked_attention`.
+        return_weights: Whether to return the weights, as in `masked_attention`.
+
+    Returns:
+        (output (B, H, Tq, Dv), weights (B, H, Tq, k) or None).
+
+    Raises:
+        ValueError: When E and F are not both (k, n), key or value is not 4-D, Tk exceeds n, or `key_padding_mask`
+            is not (B, Tk).
     """
     # E and F keep the paper's names; this file does not use torch.nn.functional, the usual F.
     if E.ndim != 2 or E.shape != F.shape:

@@ -43,6 +43,27 @@ class MaskedMultiHeadAttention(nn.Module):
     before the projection; `is_causal=True`, a KV cache, `mask`, `spans` and `split_softmax` are refused (E mixes
     every position, future ones included). With RoPE the keys are rotated before E mixes them, which loses RoPE's
     relative-position property.
+
+    Args:
+        hidden_size: The width C of `hidden_states` and of the output.
+        num_heads: The number of query heads H.
+        num_key_value_heads: The number of key/value heads Hkv (default `num_heads`); `num_heads` must be a multiple
+            of it.
+        head_dim: A head's width D (default `hidden_size // num_heads`, which must then divide evenly).
+        score: The score function, one of "scaled_dot" (default: the fast SDPA path), "dot", "general" or "additive"
+            (`make_score`).
+        bias: Whether the projections have a bias.
+        dropout: Dropout on the attention weights, in training only.
+        layer_idx: The layer's index in the KV cache.
+        kdim: The width of the keys' source in cross-attention (default `hidden_size`).
+        vdim: The width of the values' source in cross-attention (default `hidden_size`).
+        linformer_k: Linformer's projected length k; given with `linformer_max_length` or not at all.
+        linformer_max_length: Linformer's longest key sequence n; given with `linformer_k` or not at all.
+
+    Raises:
+        ValueError: When `num_heads` is not a multiple of `num_key_value_heads`, `hidden_size` is not divisible by
+            `num_heads` (without `head_dim`), `kdim`, `vdim`, `linformer_k` or `linformer_max_length` is below 1, or
+            only one of `linformer_k` and `linformer_max_length` is given.
     """
 
     def __init__(
@@ -126,21 +147,38 @@ class MaskedMultiHeadAttention(nn.Module):
         query_padding_mask: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """hidden_states (B, T, C) -> (B, T, C); `mask` (bool, broadcastable to (B, H, T, Tk)) covers cached keys too.
-
-        `spans` (packed rows without cache): the segments `mask` describes, for the per-segment fast path.
-        `split_softmax`: boost the attention on the instruction's key columns (inference; gatt/model/split_softmax.py).
-        `is_causal=None` means causal for self-attention, not causal for cross-attention or Linformer.
-
-        Self-attention (no `key_value_states`): `position_embeddings` (cos, sin) (B, T, D) is required
-        and rotates queries and keys alike.
-
-        `query_padding_mask` (B, Tq) and `key_padding_mask` (B, Tk, cached keys included), either mode:
-        True/nonzero on real tokens (the opposite of `torch.nn.MultiheadAttention`'s key_padding_mask).
-        No query attends to a padded key; a padded query's output row is zero (after `o_proj`, bias
-        included) and its weights are zero.
+        """Attend: hidden_states (B, T, C) -> (B, T, C).
 
         Cross-attention and Linformer: the class's docstring.
+
+        Args:
+            hidden_states: The queries' source, (B, T, C); also the keys' and values' in self-attention.
+            position_embeddings: RoPE's (cos, sin), (B, T, D). Self-attention (no `key_value_states`): required, and
+                rotates queries and keys alike. Cross-attention: None turns RoPE off; given (with
+                `key_position_embeddings`), it rotates the queries.
+            mask: Bool, broadcastable to (B, H, T, Tk); covers cached keys too.
+            is_causal: Whether to add the causal mask; None means causal for self-attention, not causal for
+                cross-attention or Linformer.
+            past_key_values: The KV cache, which this layer's new keys and values are appended to (self-attention
+                only).
+            return_weights: Whether to return the attention weights.
+            spans: (packed rows without cache) the segments `mask` describes, for the per-segment fast path.
+            split_softmax: Boost the attention on the instruction's key columns (inference;
+                gatt/model/split_softmax.py).
+            key_value_states: Cross-attention: the keys' source, (B, Tk, kdim).
+            value_states: Cross-attention: the values' source, (B, Tk, vdim) (default `key_value_states`).
+            key_position_embeddings: Cross-attention: RoPE's (cos, sin) for the keys, (B, Tk, D).
+            query_padding_mask: (B, Tq), True/nonzero on real tokens, either mode: a padded query's output row is
+                zero (after `o_proj`, bias included) and its weights are zero.
+            key_padding_mask: (B, Tk, cached keys included), True/nonzero on real tokens, either mode (the opposite
+                of `torch.nn.MultiheadAttention`'s key_padding_mask): no query attends to a padded key.
+
+        Returns:
+            (output (B, T, C), the weights (B, H, T, Tk; k with Linformer) if `return_weights`, else None).
+
+        Raises:
+            ValueError: When an argument does not fit the module or the mode (gatt/model/attention/inputs.py), or
+                `key_padding_mask` is not (B, Tk).
         """
         cross = key_value_states is not None
         check_forward_inputs(
@@ -166,22 +204,12 @@ class MaskedMultiHeadAttention(nn.Module):
             hidden_states, key_value_states, value_states, position_embeddings, key_position_embeddings, past_key_values
         )
         batch, length, _ = hidden_states.shape
-        if key_padding_mask is not None and tuple(key_padding_mask.shape) != (batch, key.shape[2]):
-            raise ValueError(
-                f"key_padding_mask must have shape (batch, Tk) = {(batch, key.shape[2])} (cached keys included), "
-                f"got {tuple(key_padding_mask.shape)}"
-            )
         output, weights = self._attend(
             query, key, value, mask, is_causal, spans, split_softmax, key_padding_mask, return_weights
         )
         output = output.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)  # (B, T, H*D)
         output = self.o_proj(output.to(hidden_states.dtype))  # (B, T, C)
-        if query_padding_mask is not None:
-            real_queries = query_padding_mask.bool()  # (B, Tq)
-            output = output.masked_fill(~real_queries[:, :, None], 0.0)
-            if weights is not None:
-                weights = weights.masked_fill(~real_queries[:, None, :, None], 0.0)  # (B, H, Tq, Tk)
-        return output, weights
+        return _zero_padded_queries(output, weights, query_padding_mask)
 
     def _project(
         self,
@@ -239,6 +267,12 @@ class MaskedMultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """(B, H, T, D) outputs and the weights if asked: Linformer, the per-segment fast path (packed rows,
         nothing to return or change in the scores), or the masked core."""
+        batch, keys = key.shape[0], key.shape[2]  # key: (B, H_kv, Tk, D)
+        if key_padding_mask is not None and tuple(key_padding_mask.shape) != (batch, keys):
+            raise ValueError(
+                f"key_padding_mask must have shape (batch, Tk) = {(batch, keys)} (cached keys included), "
+                f"got {tuple(key_padding_mask.shape)}"
+            )
         dropout_p = self.dropout if self.training else 0.0
         if self.linformer_e is not None and self.linformer_f is not None:
             return linformer_attention(
@@ -269,3 +303,16 @@ class MaskedMultiHeadAttention(nn.Module):
             return_weights=return_weights,
             split_softmax=split_softmax,
         )
+
+
+def _zero_padded_queries(
+    output: Tensor, weights: Tensor | None, query_padding_mask: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
+    """The output rows (B, Tq, C) and weights (B, H, Tq, Tk) of padded queries (0 in `query_padding_mask`) zeroed."""
+    if query_padding_mask is None:
+        return output, weights
+    real_queries = query_padding_mask.bool()  # (B, Tq)
+    output = output.masked_fill(~real_queries[:, :, None], 0.0)
+    if weights is not None:
+        weights = weights.masked_fill(~real_queries[:, None, :, None], 0.0)  # (B, H, Tq, Tk)
+    return output, weights

@@ -24,11 +24,29 @@ def hf_attention_forward(
     is_causal: bool | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor | None]:
-    """The `AttentionInterface` signature: returns (output (B, Tq, H, Dv), weights or None).
+    """The `AttentionInterface` signature, run on the core's `masked_attention`.
 
     A `split_softmax=SplitSoftmax(...)` keyword given to the model's forward reaches every layer here
     through transformers' attention kwargs (`generate()` refuses keywords its model does not name; the
-    library's model names it, so its `generate()` takes it too)."""
+    library's model names it, so its `generate()` takes it too).
+
+    Args:
+        module: The attention layer calling; its `is_causal` is the default of `is_causal`.
+        query: The queries (B, H, Tq, D).
+        key: The keys (B, H_kv, Tk, D).
+        value: The values (B, H_kv, Tk, Dv).
+        attention_mask: The bool mask of the "gatt" mask function (transformers' SDPA one), True where a query may
+            attend, or None for a plain causal (or single-query) mask.
+        scaling: The scale of the dot-product scores (default None: 1/sqrt(D)).
+        dropout: The dropout probability of the attention weights (default 0.0).
+        is_causal: Whether attention is causal (default None: the module's `is_causal`, else True); applied only
+            without a mask and with more than one query.
+        **kwargs: Transformers' attention kwargs; `output_attentions` asks for the weights, `split_softmax` is
+            passed to the core.
+
+    Returns:
+        (output (B, Tq, H, Dv), weights or None).
+    """
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
     # The "gatt" mask function is transformers' SDPA one: None means a plain causal (or single-query) mask.
@@ -47,7 +65,11 @@ def hf_attention_forward(
 
 
 def register_with_transformers(name: str = "gatt") -> None:
-    """Register the core in transformers' attention and mask interfaces under `name`."""
+    """Register the core in transformers' attention and mask interfaces under `name`.
+
+    Args:
+        name: The `attn_implementation` name to register (default "gatt").
+    """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 

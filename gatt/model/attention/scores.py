@@ -16,17 +16,42 @@ class AttentionScore(nn.Module):
     """Base class of the score functions: maps queries and keys to one score per (query, key)."""
 
     def forward(self, query: Tensor, key: Tensor) -> Tensor:
+        """Score every query against every key; subclasses implement it.
+
+        Args:
+            query: Queries, (B, H, Tq, D).
+            key: Keys, (B, H, Tk, D).
+
+        Returns:
+            The scores, (B, H, Tq, Tk).
+
+        Raises:
+            NotImplementedError: Always, on the base class.
+        """
         raise NotImplementedError
 
 
 class ScaledDotScore(AttentionScore):
-    """Scaled dot product q.k / sqrt(D) (Vaswani et al.); `scale` overrides 1/sqrt(D)."""
+    """Scaled dot product q.k / sqrt(D) (Vaswani et al.).
+
+    Args:
+        scale: Factor applied to q.k; overrides 1/sqrt(D) (default None: 1/sqrt(D), D the head size).
+    """
 
     def __init__(self, scale: float | None = None) -> None:
         super().__init__()
         self.scale = scale
 
     def forward(self, query: Tensor, key: Tensor) -> Tensor:
+        """Score every query against every key as q.k times the scale.
+
+        Args:
+            query: Queries, (B, H, Tq, D).
+            key: Keys, (B, H, Tk, D).
+
+        Returns:
+            The scores, (B, H, Tq, Tk).
+        """
         scale = self.scale if self.scale is not None else query.shape[-1] ** -0.5
         return (query @ key.transpose(-2, -1)) * scale
 
@@ -35,11 +60,27 @@ class DotScore(AttentionScore):
     """Plain dot product q.k (Luong "dot")."""
 
     def forward(self, query: Tensor, key: Tensor) -> Tensor:
+        """Score every query against every key as the unscaled q.k.
+
+        Args:
+            query: Queries, (B, H, Tq, D).
+            key: Keys, (B, H, Tk, D).
+
+        Returns:
+            The scores, (B, H, Tq, Tk).
+        """
         return query @ key.transpose(-2, -1)
 
 
 class GeneralScore(AttentionScore):
-    """Bilinear q^T W k (Luong "general"), one W per head."""
+    """Bilinear q^T W k (Luong "general"), one W per head.
+
+    The score is scaled by 1/sqrt(D); W starts at the identity plus noise (`reset_parameters`).
+
+    Args:
+        num_heads: Number of heads H: one (D, D) matrix W each.
+        head_dim: Size D of a head's queries and keys.
+    """
 
     def __init__(self, num_heads: int, head_dim: int) -> None:
         super().__init__()
@@ -53,6 +94,15 @@ class GeneralScore(AttentionScore):
             self.weight.copy_(eye.expand_as(self.weight) + 0.02 * torch.randn_like(self.weight))
 
     def forward(self, query: Tensor, key: Tensor) -> Tensor:
+        """Score every query against every key as q^T W k / sqrt(D), with each head's own W.
+
+        Args:
+            query: Queries, (B, H, Tq, D).
+            key: Keys, (B, H, Tk, D).
+
+        Returns:
+            The scores, (B, H, Tq, Tk).
+        """
         query_w = torch.einsum("bhqd,hde->bhqe", query, self.weight)  # (B, H, Tq, D)
         return query_w @ key.transpose(-2, -1) * query.shape[-1] ** -0.5  # (B, H, Tq, Tk)
 
@@ -61,6 +111,11 @@ class AdditiveScore(AttentionScore):
     """Additive v^T tanh(W1 q + W2 k) (Bahdanau), one (W1, W2, v) per head.
 
     Materialises a (B, H, Tq, Tk, A) tensor: meant for study and short sequences.
+
+    Args:
+        num_heads: Number of heads H: one (W1, W2, v) each.
+        head_dim: Size D of a head's queries and keys.
+        attn_dim: Size A of the hidden layer inside tanh (default None: `head_dim`).
     """
 
     def __init__(self, num_heads: int, head_dim: int, attn_dim: int | None = None) -> None:
@@ -79,6 +134,15 @@ class AdditiveScore(AttentionScore):
         nn.init.normal_(self.v, std=attn_dim**-0.5)
 
     def forward(self, query: Tensor, key: Tensor) -> Tensor:
+        """Score every query against every key as v^T tanh(W1 q + W2 k), with each head's own parameters.
+
+        Args:
+            query: Queries, (B, H, Tq, D).
+            key: Keys, (B, H, Tk, D).
+
+        Returns:
+            The scores, (B, H, Tq, Tk).
+        """
         q = torch.einsum("bhqd,hda->bhqa", query, self.w_query)  # (B, H, Tq, A)
         k = torch.einsum("bhkd,hda->bhka", key, self.w_key)  # (B, H, Tk, A)
         hidden = torch.tanh(q.unsqueeze(3) + k.unsqueeze(2))  # (B, H, Tq, Tk, A)
@@ -86,7 +150,19 @@ class AdditiveScore(AttentionScore):
 
 
 def make_score(name: str, num_heads: int, head_dim: int) -> AttentionScore:
-    """Build a score function by name; `ValueError` names the valid ones."""
+    """Build a score function by name.
+
+    Args:
+        name: One of `SCORE_FUNCTIONS`: "scaled_dot", "dot", "general" or "additive".
+        num_heads: Number of heads, for the per-head parameters of "general" and "additive".
+        head_dim: Size of a head's queries and keys, for "general" and "additive".
+
+    Returns:
+        A new score module; "scaled_dot" uses the default scale 1/sqrt(D).
+
+    Raises:
+        ValueError: When `name` is unknown; the message names the valid ones.
+    """
     if name == "scaled_dot":
         return ScaledDotScore()
     if name == "dot":
