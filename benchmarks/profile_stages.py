@@ -59,7 +59,7 @@ def stage_of(stack: str) -> str:
     for command in reversed(PROCESS.findall(stack + ";")):
         if re.search(r"recipes/demo\.py", command):
             return "demo.py itself"
-        if re.search(r"-m gatt\.pretrained\b", command):
+        if re.search(r"-m gatt\.(model\.)?pretrained\b", command):
             return "base-model"  # smollm2: the model exported from its GGUF
         if found := STAGE_CONFIG.search(command):
             return found.group(1)

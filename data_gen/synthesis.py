@@ -127,7 +127,7 @@ class SynthesisConfig(gate_flags(frozen=True)):
             "drawn alike",
             "The teacher sees the instructions in force appended to every user turn; a reply after a withdrawal "
             "must not follow the old instruction. Records carry `kind` and `events`; the wordings are "
-            "gatt/events.yaml's or a constraint's own (`changes` in its entry)",
+            "gatt/data/events.yaml's or a constraint's own (`changes` in its entry)",
         ),
         nargs="+",
         choices=KINDS,

@@ -15,6 +15,7 @@ from gatt.data.check_types import BENCHMARK_CHECKS, Check
 from gatt.data.check_types import CHECK_TYPES as CHECK_TYPES  # re-exported: the names gatt.data.checks had before
 from gatt.data.check_types import CheckError as CheckError
 from gatt.data.check_types import resolve_function as resolve_function
+from gatt.data.language import detect_language as detect_language
 from gatt.io.files import atomic_path
 
 # The --constraints flag's help, wherever a constraint file is read.
@@ -143,7 +144,7 @@ class Constraint:
     split: str = "train"
     paraphrases: tuple[str, ...] = ()
     # Its own wordings of the events that give it late, replace another by it, withdraw it or add it
-    # (gatt/data/events.py; {late|replace|revoke|add: [...]}); an event without one uses gatt/events.yaml's.
+    # (gatt/data/events.py; {late|replace|revoke|add: [...]}); an event without one uses gatt/data/events.yaml's.
     changes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -11,7 +11,7 @@ A dialogue of kind
 An `Event` is what one user turn carries: the turn, its action (give, replace, revoke, add), the
 constraints it gives (or, for revoke, withdraws), the one it replaces, and its words. The GAtt data
 (`data_gen gatt --kinds`) and the report (`gatt.eval.evaluate --kinds`) draw events alike: the wordings are in
-gatt/events.yaml, or a constraint's own (`changes` in its constraint-file entry).
+gatt/data/events.yaml, or a constraint's own (`changes` in its constraint-file entry).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def kinds_help(dealt: str, detail: str) -> str:
 
 @functools.cache
 def builtin_wordings() -> dict[str, tuple[str, ...]]:
-    """The wordings of gatt/events.yaml, every list present.
+    """The wordings of gatt/data/events.yaml, every list present.
 
     Returns:
         Each event (late, replace, revoke, add) -> its wordings.

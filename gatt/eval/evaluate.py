@@ -328,6 +328,17 @@ def cli() -> None:
     main()
 
 
+def _repeated(args: EvalConfig, models: dict[str, str]) -> list[str]:
+    """The models reminded of the instruction every turn (--repeat-instruction; given bare: every model), after
+    checking that it and --paired-baseline name only --model columns (`run`'s Raises)."""
+    repeat = list(models) if args.repeat_instruction == [] else (args.repeat_instruction or [])
+    if unknown := sorted(set(repeat) - set(models)):
+        raise ValueError(f"--repeat-instruction names no --model: {', '.join(unknown)}")
+    if unknown := sorted(set(args.paired_baseline) - set(models)):
+        raise ValueError(f"--paired-baseline names no --model: {', '.join(unknown)}")
+    return repeat
+
+
 def run(args: EvalConfig) -> dict[str, Any]:
     """The report of `args`: plan the dialogues, roll every model out on them, judge the replies, write the report.
 
@@ -539,14 +550,3 @@ def gate_settings(
 
 if __name__ == "__main__":
     main()
-
-
-def _repeated(args: EvalConfig, models: dict[str, str]) -> list[str]:
-    """The models reminded of the instruction every turn (--repeat-instruction; given bare: every model), after
-    checking that it and --paired-baseline name only --model columns (`run`'s Raises)."""
-    repeat = list(models) if args.repeat_instruction == [] else (args.repeat_instruction or [])
-    if unknown := sorted(set(repeat) - set(models)):
-        raise ValueError(f"--repeat-instruction names no --model: {', '.join(unknown)}")
-    if unknown := sorted(set(args.paired_baseline) - set(models)):
-        raise ValueError(f"--paired-baseline names no --model: {', '.join(unknown)}")
-    return repeat

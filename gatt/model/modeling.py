@@ -335,7 +335,6 @@ class GattModel(GattPreTrainedModel):
             attentions=tuple(attentions) if output_attentions else None,
         )
 
-    @staticmethod
     def _cache(self, cache: Cache | None, use_cache: bool | None) -> tuple[Cache | None, bool]:
         """The cache forward writes to and whether it returns one: a new `DynamicCache` where none is given and one is
         used (`use_cache`, default the config's); none while training with gradient checkpointing (a layer replayed in
@@ -347,6 +346,7 @@ class GattModel(GattPreTrainedModel):
             cache = DynamicCache(config=self.config)
         return cache, use_cache
 
+    @staticmethod
     def _default_position_ids(attention_mask: Tensor | None, past_length: int, length: int, device: Any) -> Tensor:
         if attention_mask is not None and attention_mask.ndim == 2:
             # Left padding: a dialogue's first real token is position 0.
