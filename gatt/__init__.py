@@ -2,11 +2,14 @@
 
 The library in wings by concern:
 
-- `gatt.model`: masked multi-head attention, `GattForCausalLM` (Llama-compatible), its tokenizer and generation;
+- `gatt.io`: configs that are the command line, one-line errors, whole writes, the machine, a job's processes;
+- `gatt.model`: masked multi-head attention, `GattForCausalLM` (Llama-compatible), its tokenizer, generation and the
+  chat-model loader;
 - `gatt.data`: dialogues, the checks and constraint sets, instructions at any turn, the GAtt collator;
-- `gatt.training`: the Accelerate training loop, representation distillation, GRPO, multi-process plumbing;
 - `gatt.eval`: the adherence evaluation over 20+ turns (`python -m gatt.eval.evaluate`), the answer gate, the report;
-- `gatt.io`: model folders and the chat-model loader, configs that are the command line, whole writes, the machine.
+- `gatt.training`: the Accelerate training loop, representation distillation, GRPO.
+
+A wing imports only the wings above it in this list.
 
 The public names below are importable from `gatt` itself; the model's are imported at once, the others on first use
 (so `import gatt` does not load Accelerate, PEFT or the evaluation). The flat paths from before the wings

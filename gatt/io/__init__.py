@@ -1,2 +1,3 @@
-"""The outside world: model folders and the one chat-model loader (the embedded model, SmolLM2 from PyPI, any
-saved folder), configs that are the command line, files written whole, and the machine a timing came from."""
+"""The plumbing wing, below every other: configs that are the command line, one-line errors for bad input, files
+written whole, the machine a timing came from, and the processes of a job (the work split across them, process trees
+ended whole)."""

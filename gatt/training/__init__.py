@@ -1,2 +1,2 @@
-"""The training wing: the Accelerate training loop (GAtt and SFT), representation distillation, GRPO after GAtt,
-and the plumbing of multi-process jobs."""
+"""The training wing: the Accelerate training loop (GAtt and SFT), its config and building blocks, representation
+distillation, and GRPO after GAtt."""
