@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gatt.io.files import atomic_path, write_bytes, write_json, write_text
+from gatt.io.files import atomic_path, first_write, write_bytes, write_json, write_text
 
 
 def test_write_text_replaces_the_file_and_leaves_no_temporary(tmp_path: Path) -> None:
@@ -56,3 +56,23 @@ def test_write_json_and_bytes(tmp_path: Path) -> None:
     ) + "\n"
     write_bytes(tmp_path / "b.png", b"\x89PNG")
     assert (tmp_path / "b.png").read_bytes() == b"\x89PNG"
+
+
+def test_first_write_keeps_the_first_complete_folder_and_drops_a_later_one(tmp_path: Path) -> None:
+    target = tmp_path / "tokenizer"
+    with first_write(target) as folder:
+        folder.mkdir()
+        (folder / "a.json").write_text("first")
+    with first_write(target) as folder:  # another process, done later: its copy is dropped, the first one untouched
+        folder.mkdir()
+        (folder / "a.json").write_text("second")
+    assert (target / "a.json").read_text() == "first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer"]  # no temporary left beside it
+
+
+def test_first_write_leaves_nothing_when_the_block_fails(tmp_path: Path) -> None:
+    target = tmp_path / "tokenizer"
+    with pytest.raises(RuntimeError), first_write(target) as folder:
+        folder.mkdir()
+        raise RuntimeError("killed while writing")
+    assert list(tmp_path.iterdir()) == []

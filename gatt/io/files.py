@@ -44,6 +44,39 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             tmp.unlink(missing_ok=True)
 
 
+@contextmanager
+def first_write(path: str | Path) -> Iterator[Path]:
+    """A temporary name beside `path` for a file or folder that several processes may write alike (the same content):
+    the first complete one is renamed onto `path` and stays; a later one finds `path` there and is dropped. A reader
+    never sees `path` half-written or removed (`atomic_path` would replace a folder: rmtree, then rename).
+
+    Args:
+        path: The file or folder to write.
+
+    Yields:
+        The temporary path the block writes.
+
+    Raises:
+        OSError: When the rename fails and no other process's write is in its place.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        yield tmp
+        if not path.exists():
+            try:
+                os.replace(tmp, path)
+            except OSError:
+                if not path.exists():
+                    raise  # not another process's write that won the race
+    finally:
+        if tmp.is_dir():
+            shutil.rmtree(tmp)
+        else:
+            tmp.unlink(missing_ok=True)
+
+
 def write_text(path: str | Path, text: str) -> None:
     """`text` into `path` (UTF-8), written whole.
 

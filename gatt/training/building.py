@@ -20,6 +20,7 @@ from transformers import (
 
 import gatt  # noqa: F401  (registers the "gatt" model type and attention)
 from gatt.data.collator import later_events
+from gatt.io.files import first_write
 from gatt.model.folder import loading_model
 from gatt.model.modeling import GattConfig, GattForCausalLM
 from gatt.model.tokenizer import train_tokenizer
@@ -47,7 +48,10 @@ def build_tokenizer(config: TrainConfig, records: list[dict[str, Any]], save_dir
         texts += [event["text"] for r in records for event in later_events(r)]
         context = (config.model_config or {}).get("max_position_embeddings", 4096)
         tokenizer = train_tokenizer(texts, vocab_size=config.tokenizer_vocab_size, model_max_length=context)
-        tokenizer.save_pretrained(save_dir)
+        with first_write(
+            save_dir
+        ) as folder:  # every process of a launch trains the same one; none reads it half-written
+            tokenizer.save_pretrained(folder)
         return tokenizer
     source = config.tokenizer or config.model
     gguf = {"gguf_file": config.gguf_file} if config.gguf_file and not config.tokenizer else {}
