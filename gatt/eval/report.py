@@ -443,12 +443,13 @@ def write_report(report: dict[str, Any], transcripts: list[Transcript], out_dir:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_tables(report, out_dir)
-    write_bytes(out_dir / "adherence.png", png(adherence_figure(report, report_models(report))))
+    models = report_models(report)
+    write_bytes(out_dir / "adherence.png", png(adherence_figure(report, models)))
     if report.get("tiers"):
-        write_bytes(out_dir / "tiers.png", png(tiers_figure(report, report_models(report))))
+        write_bytes(out_dir / "tiers.png", png(tiers_figure(report, models)))
     if _has_kinds(report):
-        write_bytes(out_dir / "kinds.png", png(kinds_figure(report, report_models(report))))
-    maps = {m: attention_per_head([t for t in transcripts if t["model"] == m]) for m in report_models(report)}
-    write_bytes(out_dir / "attention.png", png(attention_figure(report, report_models(report), maps)))
+        write_bytes(out_dir / "kinds.png", png(kinds_figure(report, models)))
+    maps = {m: attention_per_head([t for t in transcripts if t["model"] == m]) for m in models}
+    write_bytes(out_dir / "attention.png", png(attention_figure(report, models, maps)))
     lines = "".join(json.dumps(t, ensure_ascii=False, sort_keys=False) + "\n" for t in transcripts)
     write_bytes(out_dir / "transcripts.jsonl", lines.encode("utf-8"))

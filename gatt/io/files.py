@@ -29,19 +29,14 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     Yields:
         The temporary path, in the same folder as `path` (one file system), for the block to write.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")  # same folder: one file system
+    path, tmp = _beside(path)
     try:
         yield tmp
         if tmp.is_dir() and path.is_dir():
             shutil.rmtree(path)  # a folder cannot be renamed onto a folder that holds files
         os.replace(tmp, path)
     finally:
-        if tmp.is_dir():
-            shutil.rmtree(tmp)
-        else:
-            tmp.unlink(missing_ok=True)
+        _remove(tmp)
 
 
 @contextmanager
@@ -59,9 +54,7 @@ def first_write(path: str | Path) -> Iterator[Path]:
     Raises:
         OSError: When the rename fails and no other process's write is in its place.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    path, tmp = _beside(path)
     try:
         yield tmp
         if not path.exists():
@@ -71,10 +64,23 @@ def first_write(path: str | Path) -> Iterator[Path]:
                 if not path.exists():
                     raise  # not another process's write that won the race
     finally:
-        if tmp.is_dir():
-            shutil.rmtree(tmp)
-        else:
-            tmp.unlink(missing_ok=True)
+        _remove(tmp)
+
+
+def _beside(path: str | Path) -> tuple[Path, Path]:
+    """`path` (its folder made) and a temporary name beside it, unique to this write (several processes may write one
+    file at once) and in the same folder, so on the same file system: the rename onto `path` is atomic."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path, path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def _remove(tmp: Path) -> None:
+    """The temporary file or folder, where a write left it (failed, or dropped by `first_write`)."""
+    if tmp.is_dir():
+        shutil.rmtree(tmp)
+    else:
+        tmp.unlink(missing_ok=True)
 
 
 def write_text(path: str | Path, text: str) -> None:
