@@ -48,9 +48,8 @@ def build_tokenizer(config: TrainConfig, records: list[dict[str, Any]], save_dir
         texts += [event["text"] for r in records for event in later_events(r)]
         context = (config.model_config or {}).get("max_position_embeddings", 4096)
         tokenizer = train_tokenizer(texts, vocab_size=config.tokenizer_vocab_size, model_max_length=context)
-        with first_write(
-            save_dir
-        ) as folder:  # every process of a launch trains the same one; none reads it half-written
+        # Every process of a launch trains the same tokenizer: the first complete folder stays, none is read half-written.
+        with first_write(save_dir) as folder:
             tokenizer.save_pretrained(folder)
         return tokenizer
     source = config.tokenizer or config.model
