@@ -29,6 +29,7 @@ from gatt.data.events import (
 )
 from gatt.eval.inputs import EvalTurn
 from gatt.eval.plan import plan_dialogues
+from gatt.eval.report import _kinds_section
 from gatt.eval.scoring import per_kind
 from gatt.eval.turns import RolloutConfig, user_message
 
@@ -288,12 +289,13 @@ def test_each_kind_plans_its_change_and_what_shows_the_old_instruction():
     assert user_message(late, late.turns[turn], plain) == late.turns[turn].user
 
 
-def _judged(kind: str, turns: list[tuple[int | None, bool | None, bool, bool | None]]) -> dict:
-    """A judged transcript; each turn (since, checks_passed, gate passed, old_followed)."""
+def _judged(kind: str, turns: list[tuple[int | None, bool | None, bool, bool | None]], family: str = "hobby") -> dict:
+    """A judged transcript of a constraint of `family`; each turn (since, checks_passed, gate passed, old_followed)."""
     return {
         "id": f"e-{kind}",
         "stratum": "train",
         "kind": kind,
+        "constraint": {"family": family},
         "instruction": "x",
         "turns": [
             {"turn": i, "since": s, "checks_passed": c, "gate": {"passed": g}, "old_followed": o}
@@ -326,3 +328,38 @@ def test_per_kind_scores_adherence_and_the_old_instruction_by_d():
     assert {d: v["adherence"] for d, v in revoke["after"].items()} == {"0": 1.0, "1": 1.0, "2": 0.0}
     assert {d: (v["share"], v["n"]) for d, v in revoke["old_followed"].items()} == {"0": (1.0, 1), "1": (0.0, 1)}
     assert set(revoke["old_followed"]["0"]) == {"share", "n", "ci95"}
+    assert {f: (v["share"], v["n"]) for f, v in revoke["old_followed_per_family"].items()} == {"hobby": (0.0, 1)}
+
+
+def test_old_followed_per_family_pools_the_ds_every_dialogue_reaches_by_the_old_instructions_family():
+    transcripts = [  # the last d of each: 2, 3, 2, so d = 1..2 count (d = 0, the change's own turn, does not)
+        _judged(
+            "replace",
+            [(None, True, True, None), (0, True, True, True), (1, True, True, True), (2, True, True, True)],
+            "salutation",
+        ),
+        _judged(
+            "replace",
+            [(0, True, True, False), (1, True, True, False), (2, True, True, None), (3, True, True, True)],
+            "salutation",
+        ),
+        _judged("replace", [(0, True, True, False), (1, True, True, False), (2, True, True, False)], "language"),
+    ]
+    replace = per_kind(transcripts)["replace"]
+    assert {f: (v["share"], v["n"]) for f, v in replace["old_followed_per_family"].items()} == {
+        "language": (0.0, 2),
+        "salutation": (round(2 / 3, 6), 3),  # a turn where it does not show (old_followed None) is not counted
+    }
+    assert replace["pooled_ds"] == [1, 2]
+    assert sum(v["n"] for v in replace["old_followed_per_family"].values()) == sum(
+        replace["old_followed"][d]["n"] for d in ("1", "2")
+    )
+    markdown = "\n".join(_kinds_section({"gatt": {"per_kind": {"replace": replace}}}))
+    table = markdown.split(
+        "### replace: given in turn one, replaced by another value of its family; old instruction "
+        "followed, by its family (d = 1..2)\n"
+    )[1]
+    assert table.splitlines()[2:4] == [
+        "| language | 0.0% [0.0–65.8] (n=2) |",
+        "| salutation | 66.7% [20.8–93.9] (n=3) |",
+    ]

@@ -69,7 +69,7 @@ class EvalConfig(sampler_flags("the first --model's"), gate_flags()):
             "dealt in turn",
             "A change comes at a turn from 2 to 11 of 30, so 19 turns follow it. report.json gives "
             "MODEL.per_kind.KIND.after[d] by d, the turns since the instruction or the change, and for replace and "
-            "revoke old_followed[d]; the per-turn tables are those of `first`",
+            "revoke old_followed[d] and old_followed_per_family[family]; the per-turn tables are those of `first`",
         ),
         nargs="+",
         choices=KINDS,

@@ -292,6 +292,15 @@ def _kinds_section(report: dict[str, Any]) -> list[str]:
             ds = sorted({d for d in KIND_DS if d in present} | {max(present)})
             rows = [(str(d), [cell(table.get(str(d))) for table in tables]) for d in ds]
             parts += [f"### {kind}: {title}; {label}", _table("d", models, rows)]
+        by_family = [(e or {}).get("old_followed_per_family", {}) for e in entries]
+        families = sorted({f for table in by_family for f in table})
+        if families:
+            first, last = next(e["pooled_ds"] for e in entries if e and "pooled_ds" in e)
+            rows = [(f, [_cell(table.get(f), "share") for table in by_family]) for f in families]
+            parts += [
+                f"### {kind}: {title}; old instruction followed, by its family (d = {first}..{last})",
+                _table("Family", models, rows),
+            ]
     return parts
 
 

@@ -105,7 +105,10 @@ def per_kind(transcripts: Iterable[Transcript], strata: Sequence[str] = TRAIN) -
       answer gate;
     - `old_followed[d]` (replace, revoke): replies that still follow the replaced or withdrawn instruction, by
       the checks that show it (gatt/data/events.py `following_checks`: language, capitals, an opening or a sign-off on
-      every turn; a hobby or a persona on its probes), over the turns where it is checkable.
+      every turn; a hobby or a persona on its probes), over the turns where it is checkable;
+    - `old_followed_per_family[family]` (replace, revoke): the same share by the old instruction's family (the
+      one the dialogue's constraint names), pooled over d = 1 to `pooled_ds`' end, the last d every dialogue of
+      the kind reaches (19 in 30 turns with changes at turns 2-11), to say which families a change fails.
 
     Args:
         transcripts: Judged transcripts (each turn with "since", "checks_passed", "gate" and, where checkable,
@@ -113,8 +116,9 @@ def per_kind(transcripts: Iterable[Transcript], strata: Sequence[str] = TRAIN) -
         strata: The strata to score: stratum names, or `tier_stratum(TIER)` for one held-out tier (default TRAIN).
 
     Returns:
-        Kind -> `{"dialogues": count, "after": {d: rate}}`, with `"old_followed": {d: share}` for replace and
-        revoke; d as a string. A kind with no turn after its event is left out.
+        Kind -> `{"dialogues": count, "after": {d: rate}}`, with `"old_followed": {d: share}` and
+        `"old_followed_per_family": {family: share}` and `"pooled_ds": [1, last d]` for replace and revoke; d as a
+        string. A kind with no turn after its event is left out.
     """
     selected = _select(transcripts, strata)
     out: dict[str, dict[str, Any]] = {}
@@ -124,6 +128,8 @@ def per_kind(transcripts: Iterable[Transcript], strata: Sequence[str] = TRAIN) -
         total: Counter[int] = Counter()
         followed: Counter[int] = Counter()
         judged: Counter[int] = Counter()
+        by_family: list[tuple[str, int, bool]] = []  # (the old instruction's family, d, followed) of judged turns
+        last_d: list[int] = []  # per dialogue, its last d
         for t in group:
             for turn in t["turns"]:
                 d = turn.get("since")
@@ -134,6 +140,8 @@ def per_kind(transcripts: Iterable[Transcript], strata: Sequence[str] = TRAIN) -
                 if turn.get("old_followed") is not None:
                     judged[d] += 1
                     followed[d] += bool(turn["old_followed"])
+                    by_family.append((t["constraint"]["family"], d, bool(turn["old_followed"])))
+            last_d += [max((turn["since"] for turn in t["turns"] if turn.get("since") is not None), default=-1)]
         if not total:
             continue
         entry: dict[str, Any] = {
@@ -142,6 +150,13 @@ def per_kind(transcripts: Iterable[Transcript], strata: Sequence[str] = TRAIN) -
         }
         if kind in ("replace", "revoke"):
             entry["old_followed"] = {str(d): share(followed[d], judged[d]) for d in sorted(judged)}
+            end = min(last_d)
+            pooled = [(family, f) for family, d, f in by_family if 1 <= d <= end]
+            entry["old_followed_per_family"] = {
+                family: share(sum(f for g, f in pooled if g == family), sum(g == family for g, _ in pooled))
+                for family in sorted({g for g, _ in pooled})
+            }
+            entry["pooled_ds"] = [1, end]
         out[kind] = entry
     return out
 
