@@ -12,7 +12,8 @@ and the report of the GAtt model alone. K = all is a finished main job's own GAt
 its report (so --config should be the one that made it). Then OUT/families.json and OUT/families.png (or
 variety.json and variety.png): the families and distinct values the GAtt data held -> GAtt adherence at --turn
 on trained values, held-out values, held-out families and each held-out tier, each with its n and 95% Wilson
-interval (every turn's figures under `per_turn`).
+interval (every turn's figures under `per_turn`), with --seeds each cell the seeds' replies pooled; OUT/families.md
+(variety.md) has the same as tables.
 `key=value` overrides DemoConfig fields of --config for every point.
 """
 
@@ -75,17 +76,73 @@ def point(config: DemoConfig, axis: str, k: str, out: Path, turn: str, demo_run:
     }
 
 
+def _pool(cells: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Cells of one stratum and turn at several seeds as one: successes and n added, a Wilson interval on the sum."""
+    present = [c for c in cells if c]
+    if not present:
+        return None
+    return rate(sum(round(c["adherence"] * c["n"]) for c in present), sum(c["n"] for c in present))
+
+
 def pooled(points: list[dict[str, Any]]) -> dict[str, Any]:
-    """One K's points at several seeds as one: each stratum's replies at the turn pooled (successes and n added,
-    a Wilson interval on the sum), the distinct values of the first seed's data, each seed's point under `seeds`."""
+    """One K's points at several seeds as one: each stratum's replies pooled at the curve's turn and at every turn
+    of `per_turn`, the distinct values of the first seed's data, each seed's point under `seeds`."""
     if len(points) == 1:
         return points[0]
     out: dict[str, Any] = {key: points[0][key] for key in (*AXES.values(), "distinct_values") if key in points[0]}
+    per_turn: dict[str, dict[str, Any]] = {}
     for stratum in points[0]["per_turn"]:
-        cells = [p[stratum] for p in points if p[stratum]]
-        passed = sum(round(c["adherence"] * c["n"]) for c in cells)
-        out[stratum] = rate(passed, sum(c["n"] for c in cells)) if cells else None
-    return {**out, "per_turn": points[0]["per_turn"], "seeds": points}
+        out[stratum] = _pool([p[stratum] for p in points])
+        turns = sorted({t for p in points for t in p["per_turn"][stratum]}, key=int)
+        per_turn[stratum] = {t: _pool([p["per_turn"][stratum].get(t) for p in points]) for t in turns}
+    return {**out, "per_turn": per_turn, "seeds": points}
+
+
+TABLE_TURNS = ("2", "4", "6", "10", "20", "30")  # the columns of the markdown's per-stratum tables, where present
+
+
+def _cell(cell: dict[str, Any] | None) -> str:
+    if not cell:
+        return "–"
+    lo, hi = cell["ci95"]
+    return f"{100 * cell['adherence']:.1f}% [{100 * lo:.1f}–{100 * hi:.1f}] (n={cell['n']})"
+
+
+def markdown(points: list[dict[str, Any]], axis: str, turn: str, seeds: list[int]) -> str:
+    """The curve as tables: every stratum at `turn` by K, then each stratum by turn."""
+    key = AXES[axis]
+    strata = list(points[0]["per_turn"])
+
+    def row(label: str, cells: list[str]) -> str:
+        return "| " + " | ".join([label, *cells]) + " |"
+
+    def labelled(p: dict[str, Any]) -> str:
+        return f"{p[key]} ({len(p['distinct_values'])} families, {sum(p['distinct_values'].values())} values)"
+
+    lines = [
+        f"# GAtt adherence against the {axis} in its data",
+        "",
+        f"Seeds {', '.join(map(str, seeds))}, each cell their replies pooled (n) with its 95% Wilson interval; K = all"
+        " is the make-demo run's own GAtt model. K, then the families and distinct values the GAtt data held (the"
+        " first seed's).",
+        "",
+        f"## Turn {turn}",
+        "",
+        row("K", strata),
+        row("---", ["---"] * len(strata)),
+        *(row(labelled(p), [_cell(p[s]) for s in strata]) for p in points),
+    ]
+    for stratum in strata:
+        turns = [t for t in TABLE_TURNS if any(t in p["per_turn"][stratum] for p in points)]
+        lines += [
+            "",
+            f"## {stratum}, by turn",
+            "",
+            row("K", [f"turn {t}" for t in turns]),
+            row("---", ["---"] * len(turns)),
+            *(row(str(p[key]), [_cell(p["per_turn"][stratum].get(t)) for t in turns]) for p in points),
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def adherence(p: dict[str, Any], name: str) -> float:
@@ -173,6 +230,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             json.dumps({"turn": args.turn, "demo_run": args.demo_run, "seeds": seeds, "points": points}, indent=2)
             + "\n",
         )
+        write_text(out / f"{name}.md", markdown(points, axis, args.turn, seeds))
         plot(points, axis, args.turn, out / f"{name}.png")
     for p in points:
         print(
@@ -180,7 +238,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             f"distinct={sum(p['distinct_values'].values()):>4} "
             + "  ".join(f"{stratum} {adherence(p, stratum):5.1f}%" for stratum in p["per_turn"])
         )
-    print(f"wrote {out / f'{name}.json'} and {out / f'{name}.png'}")
+    print(f"wrote {out / f'{name}.json'}, {out / f'{name}.md'} and {out / f'{name}.png'}")
     return points
 
 

@@ -23,6 +23,7 @@ import recipes.stages  # noqa: E402
 from data_gen.constraints import HELDOUT_FAMILIES  # noqa: E402
 from gatt.data.checks import load_constraints  # noqa: E402
 from gatt.data.events import KINDS  # noqa: E402
+from gatt.eval.scoring import rate  # noqa: E402
 from gatt.io.machine import REFERENCE_WORK_SECONDS  # noqa: E402
 from gatt.io.processes import TreeTimeout, running  # noqa: E402
 from gatt.model.embedded import FOLDER as EMBEDDED_FOLDER  # noqa: E402
@@ -31,7 +32,7 @@ from gatt.training.trainer import TrainConfig  # noqa: E402
 from recipes import train_gatt  # noqa: E402
 from recipes.demo import DemoConfig, load_config, main, stages  # noqa: E402
 from recipes.stages import Stage, fingerprint, run_stage  # noqa: E402
-from recipes.variety_curve import distinct_values  # noqa: E402
+from recipes.variety_curve import distinct_values, markdown, pooled  # noqa: E402
 from recipes.variety_curve import main as variety_curve  # noqa: E402
 
 # The `main` each stage command runs: `python -m MODULE ARGS` or `python SCRIPT ARGS`.
@@ -208,8 +209,28 @@ def test_demo_runs_every_stage_then_skips_what_is_done(tmp_path, capsys, monkeyp
     assert set(points[1]["held-out families"]) == {"adherence", "n", "ci95"}
     assert json.loads((families / "families.json").read_text())["points"] == points
     assert (families / "families.png").stat().st_size > 0
+    assert "\n| 3 (" in (families / "families.md").read_text()
     with pytest.raises(SystemExit):  # one axis at a time
         variety_curve(["--families", "3", "--values", "1"])
+
+
+def test_a_curve_point_pools_its_seeds_replies_at_every_turn():
+    def seed_point(passed_2: int, passed_20: int) -> dict:
+        per_turn = {"2": rate(passed_2, 64), "20": rate(passed_20, 64)}
+        return {
+            "trained_families": "5",
+            "distinct_values": {"animal": 3, "hobby": 4},
+            "tier: behaviours": per_turn["20"],
+            "per_turn": {"tier: behaviours": per_turn},
+        }
+
+    point = pooled([seed_point(60, 20), seed_point(62, 0), seed_point(64, 10)])
+    assert point["tier: behaviours"] == rate(30, 192)  # turn 20: 20 + 0 + 10 of 3 x 64
+    assert point["per_turn"]["tier: behaviours"] == {"2": rate(186, 192), "20": rate(30, 192)}
+    assert len(point["seeds"]) == 3 and point["distinct_values"] == {"animal": 3, "hobby": 4}
+    text = markdown([point], "families", "20", [0, 1, 2])
+    assert "| 5 (2 families, 7 values) | 15.6% [11.2–21.4] (n=192) |" in text
+    assert "| 5 | 96.9% [93.4–98.6] (n=192) | 15.6% [11.2–21.4] (n=192) |" in text
 
 
 def test_base_model_trains_the_chat_model_from_scratch_and_packages_it_with_its_record(tmp_path, monkeypatch):
