@@ -382,7 +382,9 @@ def test_cli_rolls_out_every_dialogue_kind_and_scores_it_by_turns_since_its_even
     for name in ("base", "other", "base+repeat"):
         # the test file's train stratum is one hobby: no value to change to, nothing to add (those stay `first`)
         assert set(report[name]["per_kind"]) == {"first", "late", "revoke"}
-        assert set(report[name]["per_kind"]["revoke"]) == {"dialogues", "after", "old_followed"}
+        revoke = report[name]["per_kind"]["revoke"]
+        assert set(revoke) == {"dialogues", "after", "old_followed", "old_followed_per_family", "pooled_ds"}
+        assert set(revoke["old_followed_per_family"]) == {"hobby"}  # the old instruction's family
         assert report[name]["per_kind"]["late"]["after"]["0"]["n"] == 1
     late = {line["model"]: line for line in lines if line["kind"] == "late"}
     (event,) = late["base"]["events"]
