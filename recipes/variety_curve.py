@@ -27,6 +27,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from gatt.eval.report import rate_cell
 from gatt.eval.scoring import rate
 from gatt.io.cli import exit_on_bad_input
 from gatt.io.files import write_text
@@ -101,13 +102,6 @@ def pooled(points: list[dict[str, Any]]) -> dict[str, Any]:
 TABLE_TURNS = ("2", "4", "6", "10", "20", "30")  # the columns of the markdown's per-stratum tables, where present
 
 
-def _cell(cell: dict[str, Any] | None) -> str:
-    if not cell:
-        return "–"
-    lo, hi = cell["ci95"]
-    return f"{100 * cell['adherence']:.1f}% [{100 * lo:.1f}–{100 * hi:.1f}] (n={cell['n']})"
-
-
 def markdown(points: list[dict[str, Any]], axis: str, turn: str, seeds: list[int]) -> str:
     """The curve as tables: every stratum at `turn` by K, then each stratum by turn."""
     key = AXES[axis]
@@ -130,7 +124,7 @@ def markdown(points: list[dict[str, Any]], axis: str, turn: str, seeds: list[int
         "",
         row("K", strata),
         row("---", ["---"] * len(strata)),
-        *(row(labelled(p), [_cell(p[s]) for s in strata]) for p in points),
+        *(row(labelled(p), [rate_cell(p[s]) for s in strata]) for p in points),
     ]
     for stratum in strata:
         turns = [t for t in TABLE_TURNS if any(t in p["per_turn"][stratum] for p in points)]
@@ -140,7 +134,7 @@ def markdown(points: list[dict[str, Any]], axis: str, turn: str, seeds: list[int
             "",
             row("K", [f"turn {t}" for t in turns]),
             row("---", ["---"] * len(turns)),
-            *(row(str(p[key]), [_cell(p["per_turn"][stratum].get(t)) for t in turns]) for p in points),
+            *(row(str(p[key]), [rate_cell(p["per_turn"][stratum].get(t)) for t in turns]) for p in points),
         ]
     return "\n".join(lines) + "\n"
 

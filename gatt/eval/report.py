@@ -97,7 +97,16 @@ def build_report(
     return report if reminded is None else {**report, "followable": reminded}
 
 
-def _cell(r: dict[str, Any] | None, key: str = "adherence") -> str:
+def rate_cell(r: dict[str, Any] | None, key: str = "adherence") -> str:
+    """A rate as a table cell: "87.5% [77.2–93.5] (n=64)"; "–" for none.
+
+    Args:
+        r: A rate (`gatt.eval.scoring.rate` or `share`), or None.
+        key: The rate's value key ("adherence", "share", "on_topic").
+
+    Returns:
+        The cell's text.
+    """
     if r is None:
         return "–"
     lo, hi = r["ci95"]
@@ -131,7 +140,7 @@ def format_table(report: dict[str, Any], key: str = "per_turn", *, checks_only: 
     """
     models = report_models(report)
     tables = [_scores(report, m, checks_only)[key] for m in models]
-    rows = [(str(t), [_cell(table.get(str(t))) for table in tables]) for t in _table_turns(tables)]
+    rows = [(str(t), [rate_cell(table.get(str(t))) for table in tables]) for t in _table_turns(tables)]
     return _table("Turn", models, rows)
 
 
@@ -167,7 +176,7 @@ def _adherence_sections(report: dict[str, Any], checks_only: bool, level: str) -
             parts += _followable_section(report, level)
     families = sorted({f for m in models for f in scores[m]["per_family"]})
     if families:
-        rows = [(f, [_cell(scores[m]["per_family"].get(f, {}).get("overall")) for m in models]) for f in families]
+        rows = [(f, [rate_cell(scores[m]["per_family"].get(f, {}).get("overall")) for m in models]) for f in families]
         parts += [f"{level} Adherence per family (all turns)", _table("Family", models, rows)]
     rows = []
     for split in ("train", "heldout"):
@@ -186,7 +195,7 @@ def _adherence_sections(report: dict[str, Any], checks_only: bool, level: str) -
         regression = [scores[m].get(key) for m in models]
         if any(regression):
             rows += [
-                (f"on topic, {where}", [_cell(r, "on_topic") for r in regression]),
+                (f"on topic, {where}", [rate_cell(r, "on_topic") for r in regression]),
                 (
                     f"mean words per reply, {where}",
                     ["–" if r is None else f"{r['mean_words']:.1f}" for r in regression],
@@ -201,7 +210,7 @@ def _followable_section(report: dict[str, Any], level: str) -> list[str]:
     """The train constraints of the families the reminded model follows, and the families beyond it."""
     f = report["followable"]
     tables = [f["per_turn"].get(m, {}) for m in report_models(report)]
-    rows = [(str(t), [_cell(table.get(str(t))) for table in tables]) for t in _table_turns(tables)]
+    rows = [(str(t), [rate_cell(table.get(str(t))) for table in tables]) for t in _table_turns(tables)]
     beyond = ", ".join(f"{family} ({100 * a:.0f}%)" for family, a in f["beyond_the_model"].items()) or "none"
     text = (
         f"Families that `{f['reference']}` follows in >= {100 * f['threshold']:.0f}% of all turns: "
@@ -235,7 +244,7 @@ def _tier_sections(report: dict[str, Any]) -> list[str]:
     models, parts = report_models(report), []
     for tier, families in report.get("tiers", {}).items():
         tables = [report[m].get("tier_per_turn", {}).get(tier, {}) for m in models]
-        rows = [(str(t), [_cell(table.get(str(t))) for table in tables]) for t in _table_turns(tables)]
+        rows = [(str(t), [rate_cell(table.get(str(t))) for table in tables]) for t in _table_turns(tables)]
         parts += [
             f"## Adherence per turn (held-out tier `{tier}`: {', '.join(families)})",
             _table("Turn", models, rows),
@@ -282,8 +291,8 @@ def _kinds_section(report: dict[str, Any]) -> list[str]:
         if not any(entries):
             continue
         for key, label, cell in (
-            ("after", "adherence", _cell),
-            ("old_followed", "old instruction followed", lambda r: _cell(r, "share")),
+            ("after", "adherence", rate_cell),
+            ("old_followed", "old instruction followed", lambda r: rate_cell(r, "share")),
         ):
             tables = [(e or {}).get(key, {}) for e in entries]
             present = {int(d) for table in tables for d in table}
@@ -296,7 +305,7 @@ def _kinds_section(report: dict[str, Any]) -> list[str]:
         families = sorted({f for table in by_family for f in table})
         if families:
             first, last = next(e["pooled_ds"] for e in entries if e and "pooled_ds" in e)
-            rows = [(f, [_cell(table.get(f), "share") for table in by_family]) for f in families]
+            rows = [(f, [rate_cell(table.get(f), "share") for table in by_family]) for f in families]
             parts += [
                 f"### {kind}: {title}; old instruction followed, by its family (d = {first}..{last})",
                 _table("Family", models, rows),
@@ -328,7 +337,7 @@ def _rounds_section(rounds: list[dict[str, Any]]) -> list[str]:
                     else "–"
                     for f in families
                 ),
-                *(_cell(r["per_turn"].get(str(t))) for t in turns),
+                *(rate_cell(r["per_turn"].get(str(t))) for t in turns),
             ],
         )
         for r in rounds
