@@ -131,17 +131,18 @@ def per_kind(transcripts: Iterable[Transcript], strata: Sequence[str] = TRAIN) -
         by_family: list[tuple[str, int, bool]] = []  # (the old instruction's family, d, followed) of judged turns
         last_d: list[int] = []  # per dialogue, its last d
         for t in group:
+            last_d.append(-1)
             for turn in t["turns"]:
                 d = turn.get("since")
                 if d is None:
                     continue
+                last_d[-1] = max(last_d[-1], d)
                 total[d] += 1
                 obeyed[d] += turn["checks_passed"] is not False and bool(turn["gate"]["passed"])
                 if turn.get("old_followed") is not None:
                     judged[d] += 1
                     followed[d] += bool(turn["old_followed"])
                     by_family.append((t["constraint"]["family"], d, bool(turn["old_followed"])))
-            last_d += [max((turn["since"] for turn in t["turns"] if turn.get("since") is not None), default=-1)]
         if not total:
             continue
         entry: dict[str, Any] = {
@@ -151,10 +152,14 @@ def per_kind(transcripts: Iterable[Transcript], strata: Sequence[str] = TRAIN) -
         if kind in ("replace", "revoke"):
             entry["old_followed"] = {str(d): share(followed[d], judged[d]) for d in sorted(judged)}
             end = min(last_d)
-            pooled = [(family, f) for family, d, f in by_family if 1 <= d <= end]
+            family_judged: Counter[str] = Counter()
+            family_followed: Counter[str] = Counter()
+            for family, d, was_followed in by_family:
+                if 1 <= d <= end:
+                    family_judged[family] += 1
+                    family_followed[family] += was_followed
             entry["old_followed_per_family"] = {
-                family: share(sum(f for g, f in pooled if g == family), sum(g == family for g, _ in pooled))
-                for family in sorted({g for g, _ in pooled})
+                family: share(family_followed[family], family_judged[family]) for family in sorted(family_judged)
             }
             entry["pooled_ds"] = [1, end]
         out[kind] = entry
