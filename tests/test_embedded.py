@@ -54,9 +54,13 @@ def test_make_base_models_config_is_the_recorded_one(record):
     # The record holds the demo config (its stage sections) and the training config the model was made with. It was
     # made into another folder (`out`) from a copy of the training config make base-model names: where it wrote and
     # that file's path are set aside here, and the training config it resolved to is compared whole, its paths moved.
-    made = record["demo_config"]
+    made = dict(record["demo_config"])
     ours = yaml_values(dataclasses.asdict(config))
-    ours["data"] = {name: section(config, f"data.{name}") for name in config.data}  # `config: FILE` read, as it runs
+
+    def read(data: dict) -> dict:  # the data sections as they run: each `config: FILE` read, the section's keys over it
+        return {name: section(dataclasses.replace(config, data=data), f"data.{name}") for name in data}
+
+    ours["data"], made["data"] = read(config.data), read(made["data"])
     # Keys added since the model was made are at their defaults, which make it as before.
     added = {f.name: f.default for f in dataclasses.fields(config) if f.name not in made}
     assert all(ours[key] == value for key, value in added.items())
