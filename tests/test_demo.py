@@ -335,8 +335,9 @@ def test_each_stage_reads_its_section_of_the_demo_config(tmp_path):
     recipe = yaml.safe_load((ROOT / "recipes" / "configs" / "demo.yaml").read_text())["train"]["gatt"]
     sizes = {"max_steps"}  # the smoke run's own
     assert {k: v for k, v in recipe.items() if k not in sizes}.items() <= section.items()  # make demo's GAtt recipe
-    assert (trained.replay_ratio, trained.warmup_steps) == tuple(
-        yaml.safe_load(tiny.read_text())[k] for k in ("replay_ratio", "warmup_steps")
+    assert (trained.replay_ratio, trained.warmup_steps) == (
+        section["replay_ratio"],
+        yaml.safe_load(tiny.read_text())["warmup_steps"],
     )
     assert trained.replay_file == str(tmp_path / "data" / "base" / "base.jsonl")
 
