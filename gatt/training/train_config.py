@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from gatt.data.collator import RENDERINGS
+from gatt.data.recovery import recovery_copies
 from gatt.io.config import REQUIRED, arg, dataclass_from_dict, override_keys, read_yaml_config
 from gatt.model.embedded import model_path
 from gatt.model.folder import check_model_folder
@@ -42,6 +43,11 @@ class TrainConfig:
         None, "records mixed in against forgetting (e.g. the SFT data or data_gen replay's), replay_ratio of them"
     )
     replay_ratio: float = arg(0.0, "replay records drawn per training record (replay_ratio x len(train_file))")
+    recovery_share: float = arg(
+        0.0,
+        "this share of the GAtt records also trained as a recovery copy: its first reply under another value of its "
+        "family, not trained on, so GAtt follows the system message over its own miss (gatt/data/recovery.py)",
+    )
     mode: str = arg(
         "last",
         "which replies carry loss (GAttCollator): last (the paper's: the last reply), all, expand",
@@ -182,6 +188,8 @@ class TrainConfig:
                 f"{source}: replay needs both `replay_file` and `replay_ratio` > 0, got "
                 f"{self.replay_file!r} and {self.replay_ratio}"
             )
+        if not 0.0 <= self.recovery_share <= 1.0:
+            raise ValueError(f"{source}: recovery_share must be in [0, 1], got {self.recovery_share}")
         if self.batch_size % self.gradient_accumulation_steps:
             raise ValueError(
                 f"{source}: batch_size ({self.batch_size}) must be divisible by gradient_accumulation_steps"
@@ -293,8 +301,9 @@ def split_records(config: TrainConfig) -> tuple[list[dict[str, Any]], list[dict[
     """The training and evaluation records of `config` and how many replayed records were drawn.
 
     The training records are the task files' (one may be empty, not all), then the replay sample (`replay_ratio` of
-    the task records, its own seeded draw); the evaluation records are eval_file's, or a seeded `eval_fraction` held
-    out of them (none when `eval_every` is 0).
+    the task records, its own seeded draw), then with `recovery_share` the recovery copies of the training GAtt
+    records (gatt/data/recovery.py; none of a held-out one); the evaluation records are eval_file's, or a seeded
+    `eval_fraction` held out of them (none when `eval_every` is 0).
 
     Args:
         config: The run's config.
@@ -315,7 +324,11 @@ def split_records(config: TrainConfig) -> tuple[list[dict[str, Any]], list[dict[
         replayed = min(len(replay), round(config.replay_ratio * len(records)))
         records += random.Random(f"replay-{config.seed}").sample(replay, replayed)
     if config.eval_file:
-        return records, read_records(config.eval_file), replayed
-    shuffled = random.Random(config.seed).sample(records, len(records))
-    n_eval = int(len(records) * config.eval_fraction) if config.eval_every else 0
-    return shuffled[n_eval:], shuffled[:n_eval], replayed
+        train, evaluation = records, read_records(config.eval_file)
+    else:
+        shuffled = random.Random(config.seed).sample(records, len(records))
+        n_eval = int(len(records) * config.eval_fraction) if config.eval_every else 0
+        train, evaluation = shuffled[n_eval:], shuffled[:n_eval]
+    if config.recovery_share:
+        train += recovery_copies(train, config.recovery_share, config.seed)
+    return train, evaluation, replayed

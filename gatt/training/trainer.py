@@ -174,6 +174,9 @@ class Trainer:
         set_seed(config.seed)
         self._check_layout(config)
         self.train_records, self.eval_records, replayed = split_records(config)
+        if config.recovery_share:
+            copies = sum("recovery" in record.get("meta", {}) for record in self.train_records)
+            self.accelerator.print(f"{copies} recovery copies among the training records (gatt/data/recovery.py)")
         self.tokenizer = build_tokenizer(config, self.train_records, self.out / "tokenizer")
         self.collator = GAttCollator(
             self.tokenizer,
