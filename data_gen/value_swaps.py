@@ -8,26 +8,26 @@ writes <<Update>> and <<Insight>> under <<Chronicle>> from turn one (docs/main-j
 copy shows the same replies under other values at no teacher cost, so only reading the value from the instruction
 fits them all.
 
-A swap is written only where it is exact: the value shows verbatim (as written, or in lower, upper or title case,
-as whole words) in the instruction, its short form and every reply; the new wording is one of the new constraint's
-own wordings; and every reply of the copy passes every check in force (the new constraint's and the others', probe
-turns' checks included) and no longer shows the old value. A value's other marks in a reply are not its value and
-stay as they were (the toy world's emoji after a hobby: "My favorite hobby is golf 🏀." from basketball's). Values
-come from the constraints synthesis draws from (for `make demo`, the trained values: never a held-out one); a user's
-own constraints without a `family` have no sibling and are never swapped, nor are records that carry `events`
-(`data_gen gatt --kinds`).
+A swap is written only where it is exact: the value shows verbatim (as written, or in lower, upper or title case, as
+whole words: gatt/data/values.py) in the instruction, its short form and every reply; the new wording is one of the
+new constraint's own wordings; and every reply of the copy passes every check in force (the new constraint's and the
+others', probe turns' checks included) and no longer shows the old value. A value's other marks in a reply are not
+its value and stay as they were (the toy world's emoji after a hobby: "My favorite hobby is golf 🏀." from
+basketball's). Values come from the constraints synthesis draws from (for `make demo`, the trained values: never a
+held-out one); a user's own constraints without a `family` have no sibling and are never swapped, nor are records
+that carry `events` (`data_gen gatt --kinds`).
 """
 
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from gatt.data.checks import CUSTOM_FAMILY, Constraint, passes_all, reply_checks
 from gatt.data.events import constraint_entry, instruction_text
+from gatt.data.values import shows, substitute
 
 
 def families(constraints: Sequence[Constraint]) -> dict[str, list[Constraint]]:
@@ -74,11 +74,11 @@ def swapped(
     new_constraints, swaps = [], {}
     for c in constraints:
         others = [o for o in pool.get(c.family, ()) if o.value != c.value]
-        if not others or not all(_shows(text, c.value) for text in texts):
+        if not others or not all(shows(text, c.value) for text in texts):
             new_constraints.append(c)
             continue
         other = rng.choice(others)
-        wording = _substitute(c.instruction, c.value, other.value)
+        wording = substitute(c.instruction, c.value, other.value)
         if wording not in (other.instruction, *other.paraphrases):
             new_constraints.append(c)
             continue
@@ -89,10 +89,10 @@ def swapped(
     new_replies = []
     for reply in replies:
         for old, new in swaps.items():
-            reply = _substitute(reply, old, new)
+            reply = substitute(reply, old, new)
         new_replies.append(reply)
     for user, reply in zip(users, new_replies):
-        if not passes_all(reply, reply_checks(new_constraints, user)) or any(_shows(reply, old) for old in swaps):
+        if not passes_all(reply, reply_checks(new_constraints, user)) or any(shows(reply, old) for old in swaps):
             return None
     answers = iter(new_replies)
     messages = [{**m, "content": next(answers)} if m["role"] == "assistant" else dict(m) for m in record["messages"]]
@@ -105,24 +105,3 @@ def swapped(
         "messages": messages,
         "meta": {**record["meta"], "swapped_from": record["id"], "swaps": swaps},
     }
-
-
-def _forms(value: str) -> dict[str, str]:
-    """How a value may be written in a reply (a case rule may have changed it), and how its swap is then cased."""
-    return {value.title(): "title", value.upper(): "upper", value.lower(): "lower", value: ""}  # as written wins
-
-
-def _pattern(form: str) -> str:
-    return rf"(?<!\w){re.escape(form)}(?!\w)"
-
-
-def _shows(text: str, value: str) -> bool:
-    return any(re.search(_pattern(form), text) for form in _forms(value))
-
-
-def _substitute(text: str, old: str, new: str) -> str:
-    """`text` with every whole-word `old` (in any of its forms) replaced by `new` in the same form."""
-    for form, case in sorted(_forms(old).items(), key=lambda item: item[0] != old):  # the value as written first
-        cased = {"lower": new.lower(), "upper": new.upper(), "title": new.title()}.get(case, new)
-        text = re.sub(_pattern(form), lambda _, swap=cased: swap, text)  # the value itself, never a template
-    return text

@@ -88,6 +88,27 @@ def test_a_value_whose_replacement_still_passes_is_passed_over():
     assert set(copies) == {"a-recovery", "b-recovery", "g-recovery"}
 
 
+def test_a_value_is_found_and_replaced_as_whole_words_in_the_case_it_is_written():
+    # The value only inside a longer word ("Whale" in "Whales") is not in the reply: no copy, where a substring
+    # match would have written "Dolphins".
+    def animal(value: str) -> dict:
+        return {"family": "animal", "value": value, "checks": [{"type": "contains_any", "words": [value]}]}
+
+    def record(value: str, first: str, ident: str) -> dict:
+        out = copy.deepcopy(RECORDS[0])
+        out.update(id=ident, constraints=[animal(value)])
+        out["messages"][1]["content"] = first
+        return out
+
+    inside = record("Whale", "Whales sing.", "w")
+    upper = record("Whale", "A WHALE sings.", "u")
+    copies = recovery_copies([inside, upper, record("Dolphin", "A dolphin swims.", "d")], 1.0, seed=0)
+    by_id = {c["id"]: c["messages"][1]["content"] for c in copies}
+    assert "w-recovery" not in by_id
+    assert by_id["u-recovery"] == "A DOLPHIN sings."  # upper case kept
+    assert by_id["d-recovery"] == "A whale swims."  # lower case kept
+
+
 def test_split_records_adds_copies_of_training_records_only_and_the_collator_leaves_their_first_reply_out(
     tmp_path: Path,
 ):

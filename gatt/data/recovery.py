@@ -8,14 +8,14 @@ failed replies on trained values at turns 2-30 are in the 7% of dialogues it got
 (docs/main-job.md). Its GAtt data never show a wrong reply: every reply there passed its checks.
 
 A recovery copy is a kept GAtt dialogue whose first reply names another value of the same constraint's family (its
-value replaced as written, in lower case and in title case), so that it fails that constraint's checks, marked not
-sampled with the instruction (`sampled_with_instruction[0] = false`: no loss on it). Its later replies, each
-written with the instruction in view, are trained on as before: the lesson meant is to follow the system message
-over a reply of its own that did not. The values come from the same records, so a copy holds only values the data
-already holds (for make demo, trained values: never a held-out one).
+value replaced as whole words, in the case it is written: `gatt.data.values`), so that it fails that constraint's
+checks, marked not sampled with the instruction (`sampled_with_instruction[0] = false`: no loss on it). Its later
+replies, each written with the instruction in view, are trained on as before: the lesson meant is to follow the
+system message over a reply of its own that did not. The values come from the same records, so a copy holds only
+values the data already holds (for make demo, trained values: never a held-out one).
 
 Not in make demo's recipe: at a quarter of the records (`recovery_share: 0.25`), over three seeds, trained values
-moved -0.0 [-1.0, +1.1] points over turns 2-30 and the turn-one misses stayed missed (docs/main-job.md).
+moved -0.7 [-2.1, +0.7] points over turns 2-30 and the turn-one misses stayed missed (docs/main-job.md).
 """
 
 from __future__ import annotations
@@ -27,20 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gatt.data.check_types import Check
-
-CASES = (str, str.lower, str.title)  # the ways a value is written in a reply: as given, in lower and in title case
-
-
-def _forms(value: str) -> list[str]:
-    """The written forms of a value, each once."""
-    return list(dict.fromkeys(case(value) for case in CASES))
-
-
-def _replaced(reply: str, old: str, new: str) -> str:
-    """`reply` with each written form of `old` replaced by the same form of `new`."""
-    for case in CASES:
-        reply = reply.replace(case(old), case(new))
-    return reply
+from gatt.data.values import shows, substitute
 
 
 def _first_reply(record: dict[str, Any]) -> int | None:
@@ -82,7 +69,7 @@ def recovery_copies(records: Sequence[dict[str, Any]], share: float, seed: int) 
         if not record.get("constraints") or not sampled or len(sampled) < 2 or not sampled[0] or first is None:
             continue
         reply = record["messages"][first]["content"]
-        shown = [c for c in record["constraints"] if c.get("value") and any(f in reply for f in _forms(c["value"]))]
+        shown = [c for c in record["constraints"] if c.get("value") and shows(reply, c["value"])]
         if shown:
             candidates.append((record, first, shown))
     copies = []
@@ -93,8 +80,8 @@ def recovery_copies(records: Sequence[dict[str, Any]], share: float, seed: int) 
         checks = [Check.from_dict(c, f"record {record.get('id', '?')}") for c in constraint.get("checks", [])]
         others = sorted(values[constraint["family"]] - {old})
         for new in rng.sample(others, len(others)):
-            written = _replaced(reply, old, new)
-            if all(f not in written for f in _forms(old)) and not all(c.passes(written) for c in checks):
+            written = substitute(reply, old, new)
+            if not shows(written, old) and not all(c.passes(written) for c in checks):
                 break
         else:
             continue  # no other value makes the reply miss: no copy
