@@ -12,6 +12,7 @@ from gatt.data.check_types import Check
 from gatt.data.checks import Constraint, passes_all
 from gatt.data.collator import IGNORE_INDEX, GAttCollator
 from gatt.data.recovery import recovery_copies
+from gatt.data.values import substitute
 from gatt.model.tokenizer import train_tokenizer
 from gatt.training.train_config import TrainConfig, split_records
 
@@ -37,13 +38,41 @@ def test_a_copy_names_another_value_in_its_first_reply_which_fails_and_carries_n
         (constraint,) = record["constraints"]
         first = out["messages"][1]["content"]
         new = out["meta"]["recovery"]["written"]
-        assert out["meta"]["recovery"] == {"family": "startword", "value": constraint["value"], "written": new}
+        recovery = {"family": "startword", "value": constraint["value"], "written": new, "reply": 1}
+        assert out["meta"]["recovery"] == recovery
         assert new in {c.value for c in STARTWORDS} - {constraint["value"]}  # a value the records hold
         assert first == record["messages"][1]["content"].replace(constraint["value"], new)
         assert constraint["value"] not in first and not passes_all(first, checks_of(constraint))
         assert out["messages"][2:] == record["messages"][2:] and out["instruction"] == record["instruction"]
         assert out["sampled_with_instruction"] == [False, True, True, True]
     assert RECORDS == originals  # the originals are left as they were
+
+
+def test_any_turn_replaces_one_reply_with_a_reply_after_it_and_leaves_the_rest_trained():
+    records = [record_under([STARTWORDS[i % 3]], f"d-{i}") for i in range(30)]
+    copies = recovery_copies(records, 1.0, seed=0, turn="any")
+    assert len(copies) == 30
+    by_id = {r["id"]: r for r in records}
+    numbers = set()
+    for out in copies:
+        record, number = by_id[out["id"].removesuffix("-recovery")], out["meta"]["recovery"]["reply"]
+        numbers.add(number)
+        (constraint,) = record["constraints"]
+        index = 2 * number - 1  # messages: user, reply, user, reply, ...
+        replaced = out["messages"][index]["content"]
+        assert replaced == substitute(
+            record["messages"][index]["content"], constraint["value"], out["meta"]["recovery"]["written"]
+        )
+        assert not passes_all(replaced, checks_of(constraint))
+        assert [m for i, m in enumerate(out["messages"]) if i != index] == [
+            m for i, m in enumerate(record["messages"]) if i != index
+        ]
+        assert out["sampled_with_instruction"] == [k != number - 1 for k in range(4)]
+    assert numbers == {1, 2, 3}  # every reply but the last is drawn, never the last (nothing after it to learn)
+    # "first" copies are the ones made before "any" existed: the reply is drawn from a generator of its own.
+    assert [c["meta"]["recovery"]["reply"] for c in recovery_copies(records, 1.0, seed=0)] == [1] * 30
+    with pytest.raises(ValueError, match="recovery_turn must be one of first, any, got 'last'"):
+        recovery_copies(records, 1.0, seed=0, turn="last")
 
 
 def test_the_share_is_drawn_by_seed_and_what_cannot_miss_gets_no_copy():
@@ -126,6 +155,8 @@ def test_split_records_adds_copies_of_training_records_only_and_the_collator_lea
     assert [r for r in train if "recovery" not in r["meta"]] == plain
     with pytest.raises(ValueError, match="recovery_share must be in \\[0, 1\\], got -0.1"):
         TrainConfig.from_dict({**values, "recovery_share": -0.1})
+    with pytest.raises(ValueError, match="recovery_turn"):
+        TrainConfig.from_dict({**values, "recovery_share": 0.5, "recovery_turn": "last"})
 
     texts = [m["content"] for r in train for m in r["messages"]] + [r["instruction"] for r in train]
     tokenizer = train_tokenizer(texts, vocab_size=400)

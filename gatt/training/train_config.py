@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from gatt.data.collator import RENDERINGS
-from gatt.data.recovery import recovery_copies
+from gatt.data.recovery import RECOVERY_TURNS, recovery_copies
 from gatt.io.config import REQUIRED, arg, dataclass_from_dict, override_keys, read_yaml_config
 from gatt.model.embedded import model_path
 from gatt.model.folder import check_model_folder
@@ -45,8 +45,13 @@ class TrainConfig:
     replay_ratio: float = arg(0.0, "replay records drawn per training record (replay_ratio x len(train_file))")
     recovery_share: float = arg(
         0.0,
-        "this share of the GAtt records also trained as a recovery copy: its first reply under another value of its "
-        "family, not trained on, so GAtt follows the system message over its own miss (gatt/data/recovery.py)",
+        "this share of the GAtt records also trained as a recovery copy: a reply (recovery_turn) under another value of "
+        "its family, not trained on, so GAtt follows the system message over its own miss (gatt/data/recovery.py)",
+    )
+    recovery_turn: str = arg(
+        "first",
+        "which reply a recovery copy replaces: the first, or any (one that has a reply after it)",
+        choices=list(RECOVERY_TURNS),
     )
     mode: str = arg(
         "last",
@@ -330,5 +335,5 @@ def split_records(config: TrainConfig) -> tuple[list[dict[str, Any]], list[dict[
         n_eval = int(len(records) * config.eval_fraction) if config.eval_every else 0
         train, evaluation = shuffled[n_eval:], shuffled[:n_eval]
     if config.recovery_share:
-        train += recovery_copies(train, config.recovery_share, config.seed)
+        train += recovery_copies(train, config.recovery_share, config.seed, config.recovery_turn)
     return train, evaluation, replayed
