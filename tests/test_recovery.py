@@ -69,8 +69,15 @@ def test_any_turn_replaces_one_reply_with_a_reply_after_it_and_leaves_the_rest_t
         ]
         assert out["sampled_with_instruction"] == [k != number - 1 for k in range(4)]
     assert numbers == {1, 2, 3}  # every reply but the last is drawn, never the last (nothing after it to learn)
-    # "first" copies are the ones made before "any" existed: the reply is drawn from a generator of its own.
+    # "first" copies are the ones made before "any" existed (the reply is drawn from a generator of its own): the
+    # values and records below are what the first-reply-only code drew at seed 0.
     assert [c["meta"]["recovery"]["reply"] for c in recovery_copies(records, 1.0, seed=0)] == [1] * 30
+    assert [c["meta"]["recovery"]["written"] for c in recovery_copies(RECORDS, 1.0, seed=0)] == [
+        "Naturally",
+        "Naturally",
+        "Certainly",
+    ]
+    assert [c["id"] for c in recovery_copies(RECORDS, 0.5, seed=0)] == ["d-0-recovery", "d-1-recovery"]
     with pytest.raises(ValueError, match="recovery_turn must be one of first, any, got 'last'"):
         recovery_copies(records, 1.0, seed=0, turn="last")
 

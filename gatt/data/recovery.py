@@ -85,7 +85,7 @@ def recovery_copies(
             continue
         options = []  # (number, index, shown) of each reply that can be replaced
         last = len(sampled) - 1  # a replaced reply has a reply after it
-        for k, index in enumerate(replies[:last] if turn == "any" else replies[: min(1, last)]):
+        for k, index in enumerate(replies[: last if turn == "any" else min(1, last)]):
             reply = record["messages"][index]["content"]
             shown = [c for c in record["constraints"] if c.get("value") and shows(reply, c["value"])]
             if sampled[k] and shown:
